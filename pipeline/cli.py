@@ -1,0 +1,65 @@
+"""Command line: `python -m pipeline <stage> [options]` (also installed as `react-pipeline`).
+
+Each stage lives in its own module exposing `add_arguments(parser)` and `main(args) -> int`;
+modules are imported only when their stage runs, so `--help` and light stages start fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# stage name -> (module, one-line help)
+STAGES: dict[str, tuple[str, str]] = {
+    "data": ("pipeline.hotpotqa_cli", "HotpotQA: fetch/locate the data, build the eval sample and offline splits"),
+    "wiki": ("pipeline.wiki.cli", "local Wikipedia: build the SQLite index, drive the environment by hand"),
+    "generate": ("pipeline.generate", "a prompted teacher answers questions with each method -> trajectories"),
+    "filter": ("pipeline.filter", "keep correct trajectories -> one SFT dataset per method"),
+    "train": ("pipeline.train", "launch pipeline/finetune.py with accelerate for a student and method"),
+    "eval": ("pipeline.evaluate", "run prompted or fine-tuned models through the environment -> EM/F1"),
+    "plot": ("pipeline.plot", "summaries -> the paper's figure 3 (prompting vs fine-tuning) and a table"),
+    "run": ("pipeline.run", "chain generate -> filter -> train -> eval -> plot for an experiment grid"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m pipeline",
+        description="ReAct fine-tuning pipeline: bootstrap trajectories with a teacher, "
+        "fine-tune students, evaluate, plot.",
+    )
+    sub = parser.add_subparsers(dest="stage", metavar="STAGE")
+    for name, (_, help_text) in STAGES.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from pipeline.errors import PipelineError
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if not argv or argv[0] not in STAGES:
+        parser.parse_args(argv or ["--help"])  # prints help / an "invalid choice" error and exits
+        return 2
+    stage, rest = argv[0], argv[1:]
+    module_name, help_text = STAGES[stage]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name == module_name:
+            print(f"error: stage '{stage}' is not built yet ({module_name} is missing)", file=sys.stderr)
+            return 2
+        raise
+    stage_parser = argparse.ArgumentParser(prog=f"python -m pipeline {stage}", description=help_text)
+    module.add_arguments(stage_parser)
+    args = stage_parser.parse_args(rest)
+    try:
+        return int(module.main(args) or 0)
+    except PipelineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted: finished work is saved; re-run the same command to resume", file=sys.stderr)
+        return 130

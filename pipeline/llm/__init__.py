@@ -1,0 +1,1 @@
+"""Language-model backends behind one interface (`pipeline.llm.base.LLM`)."""

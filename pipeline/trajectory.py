@@ -1,0 +1,132 @@
+"""The one owner of the trajectory text format (paper appendix, ReAct repo prompts).
+
+The same text is used to prompt a teacher (after exemplars), as SFT training data, and as the
+zero-shot format a fine-tuned student decodes. Formats, for a question Q:
+
+  standard  Question: Q\nAnswer: A\n
+  cot       Question: Q\nThought: Let's think step by step. R\nAnswer: A\n
+  act       Question: Q\nAction 1: Search[x]\nObservation 1: ...\n...Action n: Finish[A]\nObservation n: Episode finished, reward = 1\n
+  react     Question: Q\nThought 1: ...\nAction 1: Search[x]\nObservation 1: ...\n...
+
+`render` splits the text into the prompt (the question line) and the completion (everything the
+model must produce), and gives the character spans of observation text inside the completion,
+so training can mask them (`mask_observations`) without re-parsing.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+
+METHODS = ("standard", "cot", "act", "react")
+COT_PREFIX = "Let's think step by step. "
+
+
+@dataclass
+class Step:
+    thought: str | None = None
+    action: str | None = None
+    observation: str | None = None
+
+
+@dataclass
+class Trajectory:
+    question: str
+    method: str
+    steps: list[Step] = field(default_factory=list)  # act / react
+    answer: str | None = None  # standard / cot answer line; act / react Finish argument
+    reasoning: str | None = None  # cot only, the text after "Let's think step by step."
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Trajectory:
+        steps = [Step(**s) for s in d.get("steps") or []]
+        return cls(d["question"], d["method"], steps, d.get("answer"), d.get("reasoning"))
+
+
+@dataclass
+class Rendered:
+    prompt: str  # "Question: ...\n"
+    completion: str  # what the model decodes
+    observation_spans: list[tuple[int, int]]  # [start, end) inside `completion`
+
+    @property
+    def text(self) -> str:
+        return self.prompt + self.completion
+
+
+def question_line(question: str) -> str:
+    return f"Question: {one_line(question)}\n"
+
+
+def one_line(text: str) -> str:
+    """Observations and thoughts are single lines in the format (the original strips newlines)."""
+    return re.sub(r"\s*\n\s*", " ", text).strip()
+
+
+def render(traj: Trajectory) -> Rendered:
+    if traj.method not in METHODS:
+        raise ValueError(f"unknown method {traj.method!r}; expected one of {METHODS}")
+    parts: list[str] = []
+    spans: list[tuple[int, int]] = []
+    offset = 0
+
+    def add(text: str, observation: bool = False) -> None:
+        nonlocal offset
+        if observation:
+            spans.append((offset, offset + len(text)))
+        parts.append(text)
+        offset += len(text)
+
+    if traj.method == "standard":
+        add(f"Answer: {one_line(traj.answer or '')}\n")
+    elif traj.method == "cot":
+        add(f"Thought: {COT_PREFIX}{one_line(traj.reasoning or '')}\n")
+        add(f"Answer: {one_line(traj.answer or '')}\n")
+    else:
+        for i, step in enumerate(traj.steps, start=1):
+            if traj.method == "react":
+                add(f"Thought {i}: {one_line(step.thought or '')}\n")
+            add(f"Action {i}: {one_line(step.action or '')}\n")
+            if step.observation is not None:
+                add(f"Observation {i}: ")
+                add(one_line(step.observation), observation=True)
+                add("\n")
+    return Rendered(question_line(traj.question), "".join(parts), spans)
+
+
+_STEP_LINE = re.compile(r"^(Thought|Action|Observation)(?: (\d+))?: ?(.*)$")
+
+
+def parse(text: str, method: str) -> Trajectory:
+    """Parse rendered text (ours, or the paper's exemplars) back into a Trajectory."""
+    lines = [ln for ln in text.strip("\n").split("\n") if ln.strip()]
+    if not lines or not lines[0].startswith("Question:"):
+        raise ValueError("trajectory text must start with 'Question:'")
+    traj = Trajectory(question=lines[0][len("Question:"):].strip(), method=method)
+    for line in lines[1:]:
+        if line.startswith("Answer:"):
+            traj.answer = line[len("Answer:"):].strip()
+            continue
+        m = _STEP_LINE.match(line)
+        if not m:
+            continue
+        kind, _, body = m.groups()
+        if method == "cot" and kind == "Thought":
+            traj.reasoning = body[len(COT_PREFIX):] if body.startswith(COT_PREFIX) else body
+        elif kind == "Thought" or (kind == "Action" and method == "act"):
+            traj.steps.append(Step())
+        if kind == "Thought" and method != "cot":
+            traj.steps[-1].thought = body
+        elif kind == "Action":
+            if not traj.steps:
+                traj.steps.append(Step())
+            traj.steps[-1].action = body
+            finish = re.fullmatch(r"[Ff]inish\[(.*)\]", body.strip())
+            if finish:
+                traj.answer = finish.group(1)
+        elif kind == "Observation" and traj.steps:
+            traj.steps[-1].observation = body
+    return traj

@@ -1,0 +1,1 @@
+"""The Wikipedia environment (Search / Lookup / Finish) and its page backends."""

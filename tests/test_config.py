@@ -1,0 +1,94 @@
+"""Layered configs: defaults < YAML < key=value, with clear errors for bad keys and types."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import load_config, to_dict
+from pipeline.errors import PipelineError
+
+
+@dataclass
+class Sampling:
+    temperature: float = 0.0
+    n: int = 1
+
+
+@dataclass
+class StageConfig:
+    methods: list[str] = field(default_factory=lambda: ["react"])
+    limit: int | None = None
+    out_dir: Path = Path("runs/x")
+    verbose: bool = False
+    sampling: Sampling = field(default_factory=Sampling)
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_then_yaml_then_overrides(tmp_path):
+    path = write(tmp_path, "limit: 5\nsampling:\n  n: 21\n")
+    cfg = load_config(StageConfig, path, ["sampling.temperature=0.7", "methods=[act, cot]"])
+    assert cfg.limit == 5 and cfg.sampling.n == 21 and cfg.sampling.temperature == 0.7
+    assert cfg.methods == ["act", "cot"] and cfg.out_dir == Path("runs/x")
+
+
+def test_section_of_an_experiment_file(tmp_path):
+    path = write(tmp_path, "generate:\n  limit: 3\nfilter:\n  cap: 10\n")
+    assert load_config(StageConfig, path, section="generate").limit == 3
+
+
+def test_single_value_for_a_list_key():
+    assert load_config(StageConfig, None, ["methods=react"]).methods == ["react"]
+
+
+def test_unknown_key_suggests_the_close_one(tmp_path):
+    with pytest.raises(PipelineError, match=r"unknown key 'limt'; did you mean 'limit'"):
+        load_config(StageConfig, write(tmp_path, "limt: 5\n"))
+    with pytest.raises(PipelineError, match=r"unknown key 'sampling.temprature'; did you mean 'sampling.temperature'"):
+        load_config(StageConfig, None, ["sampling.temprature=1"])
+
+
+@pytest.mark.parametrize("override,key", [("limit=many", "limit"), ("verbose=3", "verbose"),
+                                          ("sampling.n=1.5", "sampling.n"), ("sampling=4", "sampling")])
+def test_wrong_types_name_the_key(override, key):
+    with pytest.raises(PipelineError, match=f"'{key}'"):
+        load_config(StageConfig, None, [override])
+
+
+def test_bad_files(tmp_path):
+    with pytest.raises(PipelineError, match="config file not found"):
+        load_config(StageConfig, tmp_path / "missing.yaml")
+    with pytest.raises(PipelineError, match="not valid YAML"):
+        load_config(StageConfig, write(tmp_path, "a: [1,\n"))
+    with pytest.raises(PipelineError, match="mapping"):
+        load_config(StageConfig, write(tmp_path, "- 1\n- 2\n"))
+    with pytest.raises(PipelineError, match="not key=value"):
+        load_config(StageConfig, None, ["limit"])
+
+
+def test_yaml_is_loaded_safely(tmp_path):
+    path = write(tmp_path, "limit: !!python/object/apply:os.system ['echo pwned']\n")
+    with pytest.raises(PipelineError, match="not valid YAML"):
+        load_config(StageConfig, path)
+
+
+def test_to_dict_is_json_friendly():
+    assert to_dict(StageConfig())["out_dir"] == "runs/x"
+
+
+def test_cli_lists_every_stage_and_rejects_unknown():
+    out = subprocess.run([sys.executable, "-m", "pipeline", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0
+    for stage in ("data", "wiki", "generate", "filter", "train", "eval", "plot", "run"):
+        assert stage in out.stdout
+    bad = subprocess.run([sys.executable, "-m", "pipeline", "bogus"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "invalid choice" in bad.stderr
