@@ -1,0 +1,176 @@
+"""`python -m pipeline data`: fetch or locate the HotpotQA files, show question sets, build splits.
+
+    python -m pipeline data fetch prompts                      # the paper's exemplars -> data/react/
+    python -m pipeline data fetch hotpotqa --split dev-distractor
+    python -m pipeline data fetch wiki-abstracts               # enwiki-2017 intros (tar.bz2)
+    python -m pipeline data show react-dev500 --sample 3
+    python -m pipeline data split --seed 0                     # -> splits/offline-v1/
+
+Each file resolves as: explicit path > data/ cache > local mirror (../shared/data) > download.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+from pathlib import Path
+
+from pipeline.errors import PipelineError
+from pipeline.io import atomic_write_json, atomic_write_text
+
+FETCH_SOURCES = {
+    "prompts": "react-prompts",
+    "wiki-abstracts": "wiki-abstracts",
+}
+HOTPOT_SPLITS = {
+    "train": "hotpotqa-train",
+    "dev-distractor": "hotpotqa-dev-distractor",
+    "dev-fullwiki": "hotpotqa-dev-fullwiki",
+    "dev-simplified": "hotpotqa-dev-simplified",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    fetch = sub.add_parser("fetch", help="locate a data file, downloading it into data/ if needed",
+                           description="Resolve a file: data/ cache > local mirror > official download.")
+    fetch.add_argument("what", choices=["prompts", "hotpotqa", "wiki-abstracts"],
+                       help="prompts: ReAct's prompts_naive.json; hotpotqa: an official HotpotQA file; "
+                       "wiki-abstracts: HotpotQA's enwiki-2017 intro dump")
+    fetch.add_argument("--split", choices=list(HOTPOT_SPLITS), default="dev-distractor",
+                       help="which HotpotQA file (with `fetch hotpotqa`; default dev-distractor)")
+    fetch.add_argument("--force", action="store_true",
+                       help="download into data/ even if the cache or the mirror already has the file")
+
+    show = sub.add_parser("show", help="print counts and a sample of a question set",
+                          description="Counts (split, type, level, context) and a few questions.")
+    show.add_argument("name", help="react-dev500, offline-eval, offline-bootstrap, dev, train, "
+                      "hf:distractor:validation, or a path to a HotpotQA file")
+    show.add_argument("--limit", type=int, default=None, help="only the first N questions")
+    show.add_argument("--sample", type=int, default=3, help="how many questions to print (default 3)")
+
+    split = sub.add_parser("split", help="build the offline eval / bootstrap id lists",
+                           description="Seeded offline benchmark split of with_context.jsonl: an eval "
+                           "set of dev questions whose gold paragraphs are all in the corpus, and a "
+                           "disjoint bootstrap pool (train + remaining dev, minus react-dev500).")
+    split.add_argument("--seed", type=int, default=0, help="shuffle seed (default 0)")
+    split.add_argument("--eval-size", type=int, default=500, help="eval questions (default 500)")
+    split.add_argument("--questions", type=Path, default=None,
+                       help="with_context.jsonl (default: data/ cache, then the mirror)")
+    split.add_argument("--corpus", type=Path, default=None,
+                       help="wiki corpus JSONL of {title, ...} (default: data/ cache, then the mirror)")
+    split.add_argument("--out", type=Path, default=None, help="output folder (default splits/offline-v1)")
+
+
+def main(args: argparse.Namespace) -> int:
+    return {"fetch": fetch, "show": show, "split": split}[args.command](args)
+
+
+def fetch(args: argparse.Namespace) -> int:
+    from pipeline.paths import SOURCES, data_dir, resolve_source
+
+    name = HOTPOT_SPLITS[args.split] if args.what == "hotpotqa" else FETCH_SOURCES[args.what]
+    path = resolve_source(name, force_download=args.force)
+    where = "data/ cache" if path.resolve().is_relative_to(data_dir().resolve()) else "local mirror"
+    if name == "react-prompts":
+        _check_prompts(path)
+    print(f"{SOURCES[name].description}: {path} ({where}, {path.stat().st_size:,} bytes)")
+    return 0
+
+
+def _check_prompts(path: Path) -> None:
+    try:
+        prompts = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise PipelineError(f"{path}: not valid JSON ({exc}); delete it and fetch again") from None
+    if not isinstance(prompts, dict) or "webthink_simple6" not in prompts:
+        raise PipelineError(f"{path}: has no 'webthink_simple6' exemplars; is this ReAct's prompts_naive.json?")
+
+
+def show(args: argparse.Namespace) -> int:
+    from pipeline.hotpotqa import load_question_set
+
+    questions = load_question_set(args.name, limit=args.limit)
+    print(f"{args.name}: {len(questions)} questions")
+    for label, values in [
+        ("split", [q.split for q in questions]),
+        ("type", [q.type for q in questions]),
+        ("level", [q.level for q in questions]),
+        ("context", ["yes" if q.context is not None else "no" for q in questions]),
+        ("source", [q.source for q in questions]),
+    ]:
+        counts = Counter(values).most_common()
+        print(f"  {label:8s} " + ", ".join(f"{k}: {v}" for k, v in counts))
+    for q in questions[: max(args.sample, 0)]:
+        gold = f"  gold: {q.gold_titles}" if q.supporting_facts else ""
+        print(f"- {q.id} [{q.type}] {q.question}\n  answer: {q.answer}{gold}")
+    return 0
+
+
+def split(args: argparse.Namespace) -> int:
+    from pipeline import hotpotqa
+    from pipeline.paths import resolve_source
+
+    questions_path = resolve_source("hotpotqa-with-context", args.questions)
+    corpus_path = resolve_source("wiki-corpus", args.corpus)
+    rows = hotpotqa.read_with_context(questions_path)
+    titles = hotpotqa.corpus_titles(corpus_path)
+    result = hotpotqa.build_offline_split(rows, titles, seed=args.seed, eval_size=args.eval_size,
+                                          exclude_dev_indices=hotpotqa.react_dev500_indices())
+    out = args.out or hotpotqa.SPLITS_DIR / hotpotqa.OFFLINE_SPLIT
+    header = {
+        "format": hotpotqa.SPLIT_FORMAT,
+        "seed": args.seed,
+        "rule": RULE.format(eval_size=args.eval_size),
+        "questions_file": questions_path.name,
+        "questions_sha256": hotpotqa.sha256_of(questions_path),
+        "corpus_file": corpus_path.name,
+        "corpus_sha256": hotpotqa.sha256_of(corpus_path),
+        "command": f"python -m pipeline data split --seed {args.seed} --eval-size {args.eval_size}",
+        "counts": result["counts"],
+    }
+    for part in ("eval", "bootstrap"):
+        atomic_write_json(out / f"{part}.json", {"name": f"{out.name}/{part}", **header, "ids": result[part]})
+    atomic_write_text(out / "README.md", _split_readme(out.name, header))
+    counts = result["counts"]
+    print(f"wrote {out}/eval.json ({counts['eval']} ids), {out}/bootstrap.json ({counts['bootstrap']} ids), "
+          f"{out}/README.md")
+    return 0
+
+
+RULE = (
+    "eval: {eval_size} dev rows whose supporting-fact titles are all pages of the corpus, "
+    "context_setting == 'distractor' first, then other settings, each shuffled with "
+    "random.Random(seed) after sorting by _id; bootstrap: all train rows plus the dev rows not in "
+    "eval and not in the react-dev500 sample, shuffled with the same generator"
+)
+
+
+def _split_readme(name: str, header: dict) -> str:
+    c = header["counts"]
+    settings = ", ".join(f"{k}: {v}" for k, v in c["eval_by_context_setting"].items())
+    return f"""# Offline benchmark split `{name}`
+
+Generated by `{header['command']}` (seed {header['seed']}); do not edit by hand.
+Files: `eval.json`, `bootstrap.json` — a JSON header plus `ids`, HotpotQA `_id`s of rows in
+`{header['questions_file']}` (sha256 {header['questions_sha256'][:12]}...), checked against the page
+titles of `{header['corpus_file']}` (sha256 {header['corpus_sha256'][:12]}...).
+Load them with `load_question_set("offline-eval")` / `("offline-bootstrap")`.
+
+## Rule
+- **eval** ({c['eval']} questions): dev questions whose supporting-fact titles are ALL pages of the
+  local corpus ({c['dev_gold_in_corpus']} of {c['dev_rows']} dev rows qualify,
+  {c['dev_gold_in_corpus_distractor']} of them with `context_setting == "distractor"`). Distractor
+  rows are taken first, others only if needed; by setting: {settings}.
+  {c['eval_in_react_dev500']} of them are also in the react-dev500 sample (harmless: both are test sets).
+- **bootstrap** ({c['bootstrap']} questions): all {c['train_rows']} train rows plus the
+  {c['bootstrap_dev']} dev rows that are neither in eval nor in the react-dev500 sample
+  ({c['dev_excluded_react_dev500']} dev rows left out for that reason, so react-dev500 stays clean
+  for comparison with published numbers). {c['bootstrap_gold_in_corpus']} of the pool have all
+  gold paragraphs in the corpus.
+- eval and bootstrap are disjoint. Order: rows sorted by `_id`, then `random.Random({header['seed']})`
+  shuffles the distractor candidates, the other candidates, and the pool, in that order, so
+  `limit=N` takes a random subset.
+"""
