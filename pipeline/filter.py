@@ -1,0 +1,394 @@
+"""Filter: correct, finished trajectories -> one SFT dataset per method (paper: 3,000 each).
+
+    python -m pipeline filter --config configs/demo.yaml
+    python -m pipeline filter inputs=[runs/generate/demo] out_dir=runs/sft/demo tokenizer=smollm2
+    python -m pipeline filter --from-fireact ../shared/data/fireact/alpaca_format/hotpotqa_multimethod.json out_dir=runs/sft/fireact
+
+Inputs are generate output folders (`<method>.jsonl` + a complete manifest.json) and/or FireAct's
+released files (pipeline.importers). Per method it keeps episodes that finished with EM = 1
+(optionally F1 >= min_f1), drops repeated question ids (the first is kept), caps the rest at
+`max_per_method` by a seeded draw, and writes `<out_dir>/<method>/` (FORMATS.md): train.jsonl,
+README.md (dataset card), stats.json, manifest.json. The folder appears by one rename, so a reader
+never sees half a dataset. A re-run whose inputs (fingerprints) and settings match the manifest
+skips the method; `force=true` rebuilds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import add_config_arguments, load_config, to_dict
+from pipeline.errors import PipelineError
+from pipeline.io import (
+    file_fingerprint,
+    read_jsonl,
+    read_manifest,
+    require_complete,
+    write_manifest,
+)
+from pipeline.trajectory import METHODS, Trajectory, render
+
+REQUIRED_FIELDS = ("id", "method", "em", "finished", "trajectory")
+# Why an episode was not kept, in the order the checks run.
+DROP_REASONS = ("unfinished", "incorrect", "low_f1", "bad_trajectory", "duplicate", "over_cap")
+# Settings that change a dataset's content; out_dir/force/methods do not.
+CONTENT_KEYS = ("min_f1", "require_finished", "max_per_method", "seed", "tokenizer", "fireact_other_tasks")
+
+
+@dataclass
+class FilterConfig:
+    inputs: list[str] = field(default_factory=list)  # generate output folders
+    fireact: list[str] = field(default_factory=list)  # FireAct alpaca .json / gpt .jsonl files or folders
+    fireact_other_tasks: bool = False  # keep non-HotpotQA questions of FireAct's multitask files
+    out_dir: str = "runs/sft"
+    methods: list[str] = field(default_factory=list)  # empty: every method the inputs hold
+    min_f1: float | None = None  # also require F1 >= this (EM = 1 is always required)
+    require_finished: bool = True
+    max_per_method: int = 3000
+    seed: int = 0
+    tokenizer: str | None = None  # "smollm2", a local folder or a hub id: token-length stats
+    force: bool = False
+
+
+@dataclass
+class Selection:
+    """One method's outcome: the kept episodes and why the others went."""
+
+    method: str
+    kept: list[dict]
+    seen: int
+    dropped: Counter
+
+
+# ---------------------------------------------------------------- reading inputs
+
+
+def collect_episodes(cfg: FilterConfig) -> tuple[dict[str, list[dict]], list[dict], list[dict]]:
+    """(episodes by method in input order, input fingerprints, FireAct import reports)."""
+    by_method: dict[str, list[dict]] = {}
+    fingerprints: list[dict] = []
+    reports: list[dict] = []
+    for folder in map(Path, cfg.inputs):
+        for path, episodes in _read_generate_folder(folder):
+            fingerprints.append(file_fingerprint(path))
+            for episode in episodes:
+                by_method.setdefault(episode["method"], []).append(episode)
+    if cfg.fireact:
+        from pipeline.importers import find_fireact_files, read_fireact_trajectories
+
+        for path in (f for p in cfg.fireact for f in find_fireact_files(p)):
+            episodes, report = read_fireact_trajectories(path, other_tasks=cfg.fireact_other_tasks)
+            print(report.line())
+            fingerprints.append(file_fingerprint(path))
+            reports.append(report.to_dict())
+            for episode in episodes:
+                by_method.setdefault(episode["method"], []).append(episode)
+    return by_method, fingerprints, reports
+
+
+def _read_generate_folder(folder: Path) -> list[tuple[Path, list[dict]]]:
+    if not folder.is_dir():
+        raise PipelineError(f"inputs: {folder} is not a folder; give a generate output folder")
+    require_complete(folder / "manifest.json", f"generate output {folder}")
+    out = []
+    for path in sorted(folder.glob("*.jsonl")):
+        if path.stem not in METHODS:
+            # CoT-SC and hybrids are eval-time methods: no training format of their own
+            print(f"note: {path} skipped (method '{path.stem}' is not a training format: {', '.join(METHODS)})")
+            continue
+        episodes = read_jsonl(path)
+        for i, episode in enumerate(episodes, 1):
+            missing = [k for k in REQUIRED_FIELDS if k not in episode]
+            if missing:
+                raise PipelineError(f"{path}: record {i} lacks {', '.join(missing)}; not an episode record (FORMATS.md)")
+            episode.setdefault("source", "generate")
+        out.append((path, episodes))
+    if not out:
+        raise PipelineError(f"{folder}: no <method>.jsonl files ({', '.join(METHODS)}); is it a generate output folder?")
+    return out
+
+
+# ---------------------------------------------------------------- selecting
+
+
+def select(method: str, episodes: list[dict], cfg: FilterConfig) -> Selection:
+    """Keep finished EM=1 (and F1 >= min_f1) episodes, first of each question id, at most N."""
+    dropped: Counter = Counter()
+    eligible, seen_ids = [], set()
+    for episode in episodes:
+        reason = _drop_reason(episode, method, cfg)
+        if reason is None and episode["id"] in seen_ids:
+            reason = "duplicate"
+        if reason:
+            dropped[reason] += 1
+            continue
+        seen_ids.add(episode["id"])
+        eligible.append(episode)
+    kept = eligible
+    if len(eligible) > cfg.max_per_method:
+        chosen = sorted(random.Random(cfg.seed).sample(range(len(eligible)), cfg.max_per_method))
+        kept = [eligible[i] for i in chosen]  # input order, for a stable, readable file
+        dropped["over_cap"] = len(eligible) - len(kept)
+    return Selection(method, kept, len(episodes), dropped)
+
+
+def _drop_reason(episode: dict, method: str, cfg: FilterConfig) -> str | None:
+    if cfg.require_finished and not episode.get("finished"):
+        return "unfinished"
+    if float(episode.get("em") or 0.0) != 1.0:
+        return "incorrect"
+    if cfg.min_f1 is not None and float(episode.get("f1") or 0.0) < cfg.min_f1:
+        return "low_f1"
+    try:
+        traj = Trajectory.from_dict(episode["trajectory"])
+        render(traj)
+    except (KeyError, TypeError, ValueError):
+        return "bad_trajectory"
+    if traj.method != method or not (traj.answer or "").strip():
+        return "bad_trajectory"
+    return None
+
+
+def sft_example(episode: dict) -> dict:
+    """One training row (FORMATS.md): the renderer's prompt/completion and observation spans."""
+    traj = Trajectory.from_dict(episode["trajectory"])
+    rendered = render(traj)
+    return {
+        "id": episode["id"], "question": traj.question, "method": traj.method,
+        "prompt": rendered.prompt, "completion": rendered.completion,
+        "observation_spans": [list(span) for span in rendered.observation_spans],
+        "answer": traj.answer, "source": episode.get("source", "generate"),
+    }
+
+
+# ---------------------------------------------------------------- statistics
+
+
+def summarize(values: list[float]) -> dict[str, float] | None:
+    """min / mean / p50 / p95 / max (nearest-rank percentiles)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+
+    def rank(p: float) -> float:
+        return ordered[max(0, min(len(ordered) - 1, round(p * len(ordered) + 0.5) - 1))]
+
+    return {"min": ordered[0], "mean": round(statistics.fmean(ordered), 2), "p50": rank(0.50),
+            "p95": rank(0.95), "max": ordered[-1]}
+
+
+def load_tokenizer(name: str):
+    """The student's tokenizer: "smollm2" (the embedded model), a local folder, or a hub id."""
+    from transformers import AutoTokenizer
+
+    if name == "smollm2":
+        from pipeline.llm.smollm2 import local_smollm2_dir
+
+        name = str(local_smollm2_dir())
+    try:
+        return AutoTokenizer.from_pretrained(name)
+    except (OSError, ValueError) as exc:
+        raise PipelineError(f"tokenizer '{name}' cannot be loaded ({str(exc).splitlines()[0]}); "
+                            "give a local folder, a cached hub id, or 'smollm2'") from None
+
+
+def token_lengths(examples: list[dict], tokenizer) -> list[int]:
+    """Tokens per example exactly as training builds it (pipeline.sft: prompt with the tokenizer's
+    special tokens, completion, EOS), so these stats size `max_length` for the trainer."""
+    from tqdm import tqdm
+
+    from pipeline.sft import tokenize_example
+
+    return [len(tokenize_example(tokenizer, e["prompt"], e["completion"])["input_ids"])
+            for e in tqdm(examples, desc="token lengths", unit="ex", leave=False, disable=len(examples) < 1000)]
+
+
+def dataset_stats(selection: Selection, examples: list[dict], tokenizer=None, tokenizer_name: str | None = None) -> dict:
+    steps = Counter(len(Trajectory.from_dict(e["trajectory"]).steps) for e in selection.kept)
+    stats: dict[str, Any] = {
+        "method": selection.method,
+        "seen": selection.seen,
+        "kept": len(examples),
+        "dropped": {r: selection.dropped[r] for r in DROP_REASONS if selection.dropped[r]},
+        "sources": dict(Counter(e["source"] for e in examples)),
+        "steps": {"histogram": {str(k): steps[k] for k in sorted(steps)},
+                  "mean": round(statistics.fmean(steps.elements()), 2) if examples else None},
+        "chars": summarize([len(e["prompt"]) + len(e["completion"]) for e in examples]),
+        "tokens": None,
+    }
+    if tokenizer is not None:
+        stats["tokens"] = {"tokenizer": tokenizer_name, "counted": "prompt (with special tokens) + completion + EOS, as pipeline.sft tokenizes",
+                           **(summarize(token_lengths(examples, tokenizer)) or {})}
+    return stats
+
+
+def stats_line(stats: dict) -> str:
+    dropped = ", ".join(f"{r} {n}" for r, n in stats["dropped"].items()) or "none"
+    steps = " ".join(f"{k}:{v}" for k, v in stats["steps"]["histogram"].items())
+    line = f"{stats['method']}: kept {stats['kept']} / {stats['seen']} seen (dropped: {dropped})"
+    if steps and steps != f"0:{stats['kept']}":
+        line += f"; steps {steps}"
+    tokens = stats.get("tokens")
+    if tokens:
+        line += (f"; tokens ({tokens['tokenizer']}) min {tokens['min']} mean {tokens['mean']} "
+                 f"p50 {tokens['p50']} p95 {tokens['p95']} max {tokens['max']}")
+    elif stats["chars"]:
+        line += f"; chars p50 {stats['chars']['p50']} max {stats['chars']['max']} (no tokenizer configured)"
+    return line
+
+
+# ---------------------------------------------------------------- writing
+
+
+def dataset_card(stats: dict, cfg: FilterConfig) -> str:
+    method = stats["method"]
+    sources = ", ".join(f"{s} ({n})" for s, n in stats["sources"].items())
+    fireact = any(s.startswith("fireact") for s in stats["sources"])
+    lines = [
+        f"# SFT dataset: HotpotQA, {method} trajectories",
+        "",
+        f"{stats['kept']} training examples kept of {stats['seen']} seen. Sources: {sources}.",
+        "",
+        "Rows: `{id, question, method, prompt, completion, observation_spans, answer, source}`.",
+        "`prompt` is the question line, `completion` the trajectory as pipeline.trajectory renders it",
+        "(append the tokenizer's EOS token at tokenization); `observation_spans` are [start, end)",
+        "character offsets of observation text inside `completion`, for optional loss masking.",
+        "",
+        "Selection (pipeline.filter): finished episodes with exact match 1"
+        + (f" and F1 >= {cfg.min_f1}" if cfg.min_f1 is not None else "")
+        + f"; repeated question ids dropped (first kept); at most {cfg.max_per_method} by a seeded draw"
+        f" (seed {cfg.seed}). Drops: {json.dumps(stats['dropped'])}.",
+    ]
+    if fireact:
+        lines += ["", "FireAct rows: GPT-4 trajectories released by FireAct (Chen et al. 2023). Their observations",
+                  "are Google search snippets, not this project's Wikipedia environment; no gold answers were",
+                  "released, so correctness is FireAct's own finish reward."]
+    lines += ["", "Questions and answers: HotpotQA (Yang et al. 2018), CC BY-SA 4.0.", "",
+              "    datasets.load_dataset(\"json\", data_files=\"train.jsonl\")", ""]
+    return "\n".join(lines)
+
+
+def write_dataset_dir(target: Path, files: dict[str, str], manifest: dict) -> None:
+    """Write every file into a temporary folder beside `target`, then swap it in by rename."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    old = None
+    try:
+        for name, text in files.items():
+            with open(tmp / name, "w", encoding="utf-8") as fh:
+                fh.write(text)
+                fh.flush()
+                os.fsync(fh.fileno())
+        write_manifest(tmp / "manifest.json", **manifest)
+        (tmp / "manifest.json").chmod(0o644)  # mkstemp/mkdtemp create owner-only files
+        tmp.chmod(0o755)
+        if target.exists():
+            old = target.with_name(f".{target.name}.old-{os.getpid()}")
+            os.replace(target, old)
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            if old is not None:  # put the previous dataset back rather than lose it
+                os.replace(old, target)
+                old = None
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def content_key(cfg: FilterConfig) -> dict:
+    settings = to_dict(cfg)
+    return {k: settings[k] for k in CONTENT_KEYS}
+
+
+def is_up_to_date(folder: Path, inputs: list[dict], cfg: FilterConfig) -> bool:
+    manifest = read_manifest(folder / "manifest.json") if folder.is_dir() else None
+    return bool(manifest and manifest.get("complete") and manifest.get("inputs") == inputs
+                and manifest.get("settings") == content_key(cfg) and (folder / "train.jsonl").exists())
+
+
+# ---------------------------------------------------------------- the stage
+
+
+def run_filter(cfg: FilterConfig) -> dict:
+    """Build every method's dataset; returns {method: stats} (stats of skipped methods are re-read)."""
+    if not cfg.inputs and not cfg.fireact:
+        raise PipelineError("filter: nothing to read; set inputs=[<generate output folder>] or pass --from-fireact PATH")
+    if cfg.max_per_method < 1:
+        raise PipelineError(f"filter: max_per_method must be >= 1, got {cfg.max_per_method}")
+    unknown = [m for m in cfg.methods if m not in METHODS]
+    if unknown:
+        raise PipelineError(f"filter: methods {unknown} are not training formats; choose from {list(METHODS)}")
+    by_method, inputs, reports = collect_episodes(cfg)
+    methods = cfg.methods or [m for m in METHODS if m in by_method]
+    missing = [m for m in methods if m not in by_method]
+    if missing or not methods:
+        raise PipelineError(f"filter: no input episodes for {missing or 'any method'} "
+                            f"(inputs hold: {sorted(by_method) or 'nothing'})")
+    out_dir = Path(cfg.out_dir)
+    tokenizer = None
+    results, empty = {}, []
+    for method in methods:
+        folder = out_dir / method
+        if not cfg.force and is_up_to_date(folder, inputs, cfg):
+            results[method] = json.loads((folder / "stats.json").read_text(encoding="utf-8"))
+            print(f"{method}: up to date ({folder}/manifest.json matches the inputs); force=true rebuilds")
+            continue
+        selection = select(method, by_method[method], cfg)
+        examples = [sft_example(e) for e in selection.kept]
+        if not examples:
+            empty.append(method)
+            print(f"warning: {method}: 0 of {selection.seen} episodes kept ({dict(selection.dropped)}); no dataset written")
+            if folder.is_dir():  # a dataset from earlier inputs would now be a lie
+                shutil.rmtree(folder)
+                print(f"removed the stale {folder}")
+            continue
+        if cfg.tokenizer and tokenizer is None:
+            tokenizer = load_tokenizer(cfg.tokenizer)
+        stats = dataset_stats(selection, examples, tokenizer, cfg.tokenizer)
+        files = {
+            "train.jsonl": "".join(json.dumps(e, ensure_ascii=False) + "\n" for e in examples),
+            "stats.json": json.dumps(stats, indent=2) + "\n",
+            "README.md": dataset_card(stats, cfg),
+        }
+        write_dataset_dir(folder, files, {"stage": "filter", "config": to_dict(cfg), "complete": True,
+                                          "method": method, "inputs": inputs, "settings": content_key(cfg),
+                                          "counts": {"seen": stats["seen"], "kept": stats["kept"]},
+                                          "fireact_imports": reports})
+        print(stats_line(stats))
+        results[method] = stats
+    if not results:
+        raise PipelineError(f"filter: no method kept any episode ({', '.join(empty)}); check the inputs' em/finished fields")
+    write_manifest(out_dir / "manifest.json", stage="filter", config=to_dict(cfg), complete=True,
+                   inputs=inputs, methods=sorted(results), empty_methods=empty,
+                   counts={m: {"seen": s["seen"], "kept": s["kept"]} for m, s in results.items()})
+    written = ", ".join(f"{m} {s['kept']}" for m, s in results.items())
+    print(f"datasets in {out_dir}/<method>/train.jsonl: {written}")
+    return results
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_arguments(parser)
+    parser.add_argument("--from-fireact", action="append", default=[], metavar="PATH",
+                        help="add a FireAct alpaca .json / gpt .jsonl file or folder as input (repeatable)")
+    parser.add_argument("--force", action="store_true", help="rebuild datasets even when up to date")
+
+
+def main(args: argparse.Namespace) -> int:
+    cfg = load_config(FilterConfig, args.config, args.overrides, section="filter")
+    cfg.fireact = [*cfg.fireact, *args.from_fireact]
+    cfg.force = cfg.force or args.force
+    run_filter(cfg)
+    return 0

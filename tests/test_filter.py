@@ -1,0 +1,234 @@
+"""Filter stage: keep/drop/dedup/cap, the dataset folder, stats, skips, refusal, CLI exit codes.
+
+    .venv/bin/python -m pytest tests/test_filter.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.errors import PipelineError
+from pipeline.filter import FilterConfig, run_filter, select, write_dataset_dir
+from pipeline.io import read_jsonl, read_manifest, write_manifest
+from pipeline.trajectory import Step, Trajectory, render
+
+REPO = Path(__file__).resolve().parents[1]
+FIREACT = REPO.parent / "shared" / "data" / "fireact"
+
+
+def episode(qid: str, method: str = "react", *, em: float = 1.0, f1: float | None = None, finished: bool = True,
+            answer: str = "Paris", note: str = "") -> dict:
+    question = f"Where is thing {qid}?{note}"
+    if method in ("act", "react"):
+        steps = [Step("I should search it." if method == "react" else None, f"Search[thing {qid}]",
+                      f"Thing {qid} is in {answer}. It is old."),
+                 Step("So it is Paris." if method == "react" else None, f"Finish[{answer}]",
+                      "Episode finished, reward = 1")]
+        traj = Trajectory(question, method, steps, answer)
+    else:
+        traj = Trajectory(question, method, [], answer, "It is in Paris." if method == "cot" else None)
+    return {"id": qid, "question": question, "gold_answer": "Paris", "method": method, "teacher": "oracle",
+            "prediction": answer, "em": em, "f1": em if f1 is None else f1, "finished": finished,
+            "end_reason": "finish" if finished else "step_limit", "n_steps": len(traj.steps),
+            "steps": [vars(s) for s in traj.steps], "trajectory": traj.to_dict(), "text": render(traj).text,
+            "prompt_tokens": 10, "completion_tokens": 20, "seconds": 0.1, "source": "generate"}
+
+
+def generate_folder(path: Path, by_method: dict[str, list[dict]], complete: bool = True) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    for method, episodes in by_method.items():
+        (path / f"{method}.jsonl").write_text("".join(json.dumps(e) + "\n" for e in episodes))
+    write_manifest(path / "manifest.json", stage="generate", config={}, complete=complete)
+    return path
+
+
+def test_select_keeps_correct_finished_first_of_each_id():
+    episodes = [episode("a", note=" first"), episode("b", em=0.0), episode("c", finished=False),
+                episode("a", note=" second"), episode("d", f1=0.5), episode("e", "cot"),
+                {**episode("f"), "trajectory": {"question": "q", "method": "bogus", "steps": []}}]
+    result = select("react", episodes, FilterConfig(min_f1=0.8))
+    assert [e["id"] for e in result.kept] == ["a"]
+    assert result.kept[0]["question"].endswith(" first")
+    assert dict(result.dropped) == {"incorrect": 1, "unfinished": 1, "duplicate": 1, "low_f1": 1, "bad_trajectory": 2}
+    # without min_f1 the low-F1 one stays; without require_finished the unfinished correct one stays
+    assert [e["id"] for e in select("react", episodes, FilterConfig(require_finished=False)).kept] == ["a", "c", "d"]
+
+
+def test_cap_is_seeded_and_keeps_input_order():
+    episodes = [episode(f"q{i:02d}") for i in range(20)]
+    first = select("react", episodes, FilterConfig(max_per_method=5, seed=1))
+    again = select("react", episodes, FilterConfig(max_per_method=5, seed=1))
+    other = select("react", episodes, FilterConfig(max_per_method=5, seed=2))
+    ids = [e["id"] for e in first.kept]
+    assert len(ids) == 5 and ids == sorted(ids) and ids == [e["id"] for e in again.kept]
+    assert ids != [e["id"] for e in other.kept]
+    assert first.dropped["over_cap"] == 15 and first.seen == 20
+
+
+def test_dataset_folder_rows_stats_card_manifest(tmp_path, capsys):
+    inputs = generate_folder(tmp_path / "gen", {
+        "react": [episode("a"), episode("b", em=0.0), episode("a")],
+        "cot": [episode("a", "cot"), episode("b", "cot")],
+        "cot_sc": [episode("z", "cot")],
+    })
+    out = tmp_path / "sft"
+    stats = run_filter(FilterConfig(inputs=[str(inputs)], out_dir=str(out)))
+    assert set(stats) == {"cot", "react"}
+    assert stats["react"]["kept"] == 1 and stats["react"]["seen"] == 3
+    assert stats["react"]["dropped"] == {"incorrect": 1, "duplicate": 1}
+    assert stats["react"]["steps"]["histogram"] == {"2": 1}
+    assert "react: kept 1 / 3 seen (dropped: incorrect 1, duplicate 1)" in capsys.readouterr().out
+    rows = read_jsonl(out / "react" / "train.jsonl")
+    expected = render(Trajectory.from_dict(episode("a")["trajectory"]))
+    assert rows[0]["prompt"] == "Question: Where is thing a?\n" == expected.prompt
+    assert rows[0]["completion"] == expected.completion and rows[0]["answer"] == "Paris"
+    assert [rows[0]["completion"][s:e] for s, e in rows[0]["observation_spans"]] == \
+        ["Thing a is in Paris. It is old.", "Episode finished, reward = 1"]
+    assert set(rows[0]) == {"id", "question", "method", "prompt", "completion", "observation_spans", "answer", "source"}
+    assert json.loads((out / "react" / "stats.json").read_text()) == stats["react"]
+    assert "react trajectories" in (out / "react" / "README.md").read_text()
+    manifest = read_manifest(out / "react" / "manifest.json")
+    assert manifest["complete"] and manifest["stage"] == "filter" and manifest["counts"] == {"seen": 3, "kept": 1}
+    assert read_manifest(out / "manifest.json")["methods"] == ["cot", "react"]
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary folders left
+
+
+def test_datasets_library_loads_the_folder(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    inputs = generate_folder(tmp_path / "gen", {"act": [episode("a", "act"), episode("b", "act")]})
+    run_filter(FilterConfig(inputs=[str(inputs)], out_dir=str(tmp_path / "sft")))
+    ds = datasets.load_dataset("json", data_files=str(tmp_path / "sft" / "act" / "train.jsonl"),
+                               cache_dir=str(tmp_path / "cache"))["train"]
+    assert ds.num_rows == 2 and ds[0]["completion"].startswith("Action 1: Search[thing a]")
+
+
+def test_incomplete_or_missing_manifest_is_refused(tmp_path):
+    inputs = generate_folder(tmp_path / "gen", {"react": [episode("a")]}, complete=False)
+    with pytest.raises(PipelineError, match="incomplete"):
+        run_filter(FilterConfig(inputs=[str(inputs)], out_dir=str(tmp_path / "sft")))
+    (inputs / "manifest.json").unlink()
+    with pytest.raises(PipelineError, match="no manifest"):
+        run_filter(FilterConfig(inputs=[str(inputs)], out_dir=str(tmp_path / "sft")))
+    assert not (tmp_path / "sft").exists()
+
+
+def test_bad_requests_are_clear_errors(tmp_path):
+    inputs = generate_folder(tmp_path / "gen", {"react": [episode("a")]})
+    with pytest.raises(PipelineError, match="nothing to read"):
+        run_filter(FilterConfig(out_dir=str(tmp_path / "sft")))
+    with pytest.raises(PipelineError, match=r"no input episodes for \['act'\]"):
+        run_filter(FilterConfig(inputs=[str(inputs)], methods=["act"], out_dir=str(tmp_path / "sft")))
+    with pytest.raises(PipelineError, match="not training formats"):
+        run_filter(FilterConfig(inputs=[str(inputs)], methods=["cot_sc"], out_dir=str(tmp_path / "sft")))
+    generate_folder(tmp_path / "wrong", {"react": [episode("w", em=0.0)]})
+    with pytest.raises(PipelineError, match="no method kept any episode"):
+        run_filter(FilterConfig(inputs=[str(tmp_path / "wrong")], out_dir=str(tmp_path / "sft")))
+    (inputs / "react.jsonl").write_text(json.dumps({"id": "a", "method": "react"}) + "\n")
+    with pytest.raises(PipelineError, match="lacks em, finished, trajectory"):
+        run_filter(FilterConfig(inputs=[str(inputs)], out_dir=str(tmp_path / "sft")))
+
+
+def test_rerun_skips_until_inputs_or_settings_change(tmp_path, capsys):
+    inputs = generate_folder(tmp_path / "gen", {"react": [episode("a"), episode("b")]})
+    cfg = FilterConfig(inputs=[str(inputs)], out_dir=str(tmp_path / "sft"))
+    run_filter(cfg)
+    train = tmp_path / "sft" / "react" / "train.jsonl"
+    inode = train.stat().st_ino
+    capsys.readouterr()
+    assert run_filter(cfg)["react"]["kept"] == 2
+    assert "up to date" in capsys.readouterr().out and train.stat().st_ino == inode
+    run_filter(FilterConfig(inputs=[str(inputs)], out_dir=str(tmp_path / "sft"), max_per_method=1))
+    assert len(read_jsonl(train)) == 1
+    (inputs / "react.jsonl").write_text(json.dumps(episode("c")) + "\n")
+    os.utime(inputs / "react.jsonl", (1, 1))
+    run_filter(cfg)
+    assert [r["id"] for r in read_jsonl(train)] == ["c"]
+    inode = train.stat().st_ino
+    run_filter(FilterConfig(inputs=[str(inputs)], out_dir=str(tmp_path / "sft"), force=True))
+    assert train.stat().st_ino != inode
+    # inputs that no longer yield a react dataset remove the stale one instead of leaving it
+    (inputs / "react.jsonl").write_text(json.dumps(episode("c", em=0.0)) + "\n")
+    (inputs / "cot.jsonl").write_text(json.dumps(episode("c", "cot")) + "\n")
+    run_filter(cfg)
+    assert not (tmp_path / "sft" / "react").exists() and (tmp_path / "sft" / "cot" / "train.jsonl").exists()
+    assert read_manifest(tmp_path / "sft" / "manifest.json")["empty_methods"] == ["react"]
+
+
+def test_failed_write_keeps_the_previous_dataset(tmp_path, monkeypatch):
+    target = tmp_path / "sft" / "react"
+    write_dataset_dir(target, {"train.jsonl": "old\n"}, {"stage": "filter", "config": {}, "complete": True})
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr("pipeline.filter.write_manifest", broken)
+    with pytest.raises(OSError):
+        write_dataset_dir(target, {"train.jsonl": "new\n"}, {"stage": "filter", "config": {}, "complete": True})
+    assert (target / "train.jsonl").read_text() == "old\n"
+    assert [p.name for p in target.parent.iterdir()] == ["react"]
+
+
+def _word_tokenizer(path: Path, words: set[str]) -> Path:
+    """A real fast tokenizer: whitespace words, unknown words -> [UNK], EOS "</s>"."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(["[UNK]", "</s>", *sorted(words)])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", eos_token="</s>").save_pretrained(path)
+    return path
+
+
+def test_token_lengths_under_the_configured_tokenizer(tmp_path):
+    episodes = [episode("a"), episode("bb", answer="Rome"), episode("ccc", answer="New York City")]
+    inputs = generate_folder(tmp_path / "gen", {"react": episodes})
+    tokenizer = _word_tokenizer(tmp_path / "tok", {"Question:", "Where"})
+    stats = run_filter(FilterConfig(inputs=[str(inputs)], out_dir=str(tmp_path / "sft"), tokenizer=str(tokenizer)))
+    lengths = sorted(len(render(Trajectory.from_dict(e["trajectory"])).text.split()) + 1 for e in episodes)
+    tokens = stats["react"]["tokens"]
+    assert (tokens["min"], tokens["p50"], tokens["max"]) == (lengths[0], lengths[1], lengths[2])
+    assert tokens["mean"] == round(sum(lengths) / 3, 2) and tokens["tokenizer"] == str(tokenizer)
+    with pytest.raises(PipelineError, match="tokenizer"):
+        run_filter(FilterConfig(inputs=[str(inputs)], out_dir=str(tmp_path / "sft2"), tokenizer=str(tmp_path / "none")))
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipeline", "filter", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_cli_exit_codes(tmp_path):
+    inputs = generate_folder(tmp_path / "gen", {"react": [episode("a")]})
+    config = tmp_path / "exp.yaml"
+    config.write_text(f"filter:\n  inputs: [{inputs}]\n  out_dir: {tmp_path / 'sft'}\n")
+    proc = _cli("--config", str(config))
+    assert proc.returncode == 0, proc.stderr
+    assert "react: kept 1 / 1 seen" in proc.stdout
+    proc = _cli("--config", str(config), "max_per_methd=3")
+    assert proc.returncode == 2 and "did you mean 'max_per_method'" in proc.stderr
+    generate_folder(tmp_path / "partial", {"react": [episode("a")]}, complete=False)
+    proc = _cli(f"inputs=[{tmp_path / 'partial'}]", f"out_dir={tmp_path / 'sft2'}")
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and "incomplete" in proc.stderr
+    assert _cli(f"out_dir={tmp_path / 'sft3'}").returncode == 2
+
+
+@pytest.mark.skipif(not FIREACT.is_dir(), reason="FireAct data not present at ../shared/data/fireact")
+def test_cli_from_fireact_dedups_across_files(tmp_path):
+    out = tmp_path / "sft"
+    proc = _cli("--from-fireact", str(FIREACT / "alpaca_format" / "hotpotqa_multimethod.json"),
+                "--from-fireact", str(FIREACT / "gpt_format" / "hotpotqa.jsonl"), f"out_dir={out}", "max_per_method=300")
+    assert proc.returncode == 0, proc.stderr
+    react = json.loads((out / "react" / "stats.json").read_text())
+    assert react["seen"] == 1000 and react["kept"] == 300 and react["dropped"] == {"duplicate": 500, "over_cap": 200}
+    cot = json.loads((out / "cot" / "stats.json").read_text())
+    assert cot["kept"] == 186 and cot["sources"] == {"fireact:alpaca_format/hotpotqa_multimethod.json": 186}
+    rows = read_jsonl(out / "react" / "train.jsonl")
+    assert all(r["completion"].endswith("Episode finished, reward = 1\n") for r in rows)
+    assert "Google search snippets" in (out / "react" / "README.md").read_text()
