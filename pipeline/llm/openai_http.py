@@ -1,0 +1,187 @@
+"""An OpenAI-compatible HTTP endpoint as the teacher or student: `vllm serve`, TGI, a hosted API.
+
+    llm:
+      backend: openai
+      base_url: http://127.0.0.1:8000/v1   # where `vllm serve MODEL` listens
+      model: meta-llama/Llama-3.1-70B-Instruct
+      mode: completions                      # or chat (one user message per prompt)
+      api_key_env: OPENAI_API_KEY            # the key is read from this variable only
+      max_concurrency: 8
+
+Each request is one HTTP call (`n` samples in one call); up to `max_concurrency` calls are in
+flight at once. A call that still fails after its retries becomes `n` completions with
+finish_reason="error" and the reason, so the other episodes go on. Stop strings are sent to the
+server and applied again here, because not every server honours them (or all of them).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from pipeline.errors import PipelineError
+from pipeline.http import JsonHttpClient, RequestFailed, TransientPayload
+from pipeline.llm.base import Completion, GenerationRequest, cut_at_stop
+from pipeline.llm.config import LLMConfig
+
+MODES = ("completions", "chat")
+
+
+class OpenAICompatibleLLM:
+    """The `LLM` protocol over POST {base_url}/completions or /chat/completions."""
+
+    def __init__(self, cfg: LLMConfig, *, backoff_base_s: float = 0.5,
+                 backoff_max_s: float = 30.0, sleep: Callable[[float], None] = time.sleep):
+        """`backoff_*` and `sleep` shape the retry schedule (tests shrink it)."""
+        if cfg.mode not in MODES:
+            raise PipelineError(f"llm.mode '{cfg.mode}' is unknown; use one of {list(MODES)}")
+        if not cfg.base_url.startswith(("http://", "https://")):
+            raise PipelineError(f"llm.base_url '{cfg.base_url}' is not an http(s) URL, e.g. "
+                                "http://127.0.0.1:8000/v1")
+        if cfg.max_concurrency < 1:
+            raise PipelineError(f"llm.max_concurrency must be >= 1, got {cfg.max_concurrency}")
+        self.name = cfg.label
+        self.model = cfg.model
+        self.mode = cfg.mode
+        self.base_url = cfg.base_url.rstrip("/")
+        self.api_key_env = cfg.api_key_env
+        self.max_concurrency = cfg.max_concurrency
+        key = os.environ.get(cfg.api_key_env, "") if cfg.api_key_env else ""
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        schedule = {"backoff_base_s": backoff_base_s, "backoff_max_s": backoff_max_s,
+                    "sleep": sleep, "headers": headers, "secrets": [key]}
+        self.client = JsonHttpClient(timeout_s=cfg.timeout_s, max_retries=cfg.max_retries,
+                                     **schedule)
+        # The availability check must answer fast: one retry, not the generation schedule.
+        self._probe = JsonHttpClient(timeout_s=min(cfg.timeout_s, 10.0), max_retries=1,
+                                     **schedule)
+        self._has_key = bool(key)
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
+
+    def __repr__(self) -> str:  # the key lives only inside the clients' headers
+        return (f"OpenAICompatibleLLM(model={self.model!r}, base_url={self.base_url!r}, "
+                f"mode={self.mode!r}, key_from=${self.api_key_env})")
+
+    # -- the LLM protocol -------------------------------------------------------------------
+
+    def generate(self, requests: list[GenerationRequest]) -> list[list[Completion]]:
+        if not requests:
+            return []
+        return list(self._executor().map(self._generate_one, requests))
+
+    def check_available(self) -> None:
+        """Raise PipelineError (one line) unless the endpoint answers and serves `model`."""
+        url = f"{self.base_url}/models"
+        try:
+            payload = self._probe.get_json(url)
+        except RequestFailed as e:
+            hint = ""
+            if "HTTP 401" in e.reason or "HTTP 403" in e.reason:
+                hint = f" (the key from ${self.api_key_env} was {'refused' if self._has_key else 'not set'})"
+            raise PipelineError(f"OpenAI-compatible endpoint unavailable: {e.reason}{hint}; "
+                                "start the server or fix llm.base_url / llm.api_key_env") from None
+        models = payload.get("data") if isinstance(payload, dict) else None
+        served = [m.get("id") for m in models if isinstance(m, dict)] \
+            if isinstance(models, list) else []
+        if self.model not in served:
+            raise PipelineError(f"model '{self.model}' is not served by {self.base_url} "
+                                f"(it serves {served[:10]}); fix llm.model")
+
+    def close(self) -> None:
+        with self._pool_lock:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
+
+    # -- one request --------------------------------------------------------------------------
+
+    def _executor(self) -> ThreadPoolExecutor:
+        # One pool per backend, so max_concurrency bounds all calls even across generate()s.
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.max_concurrency,
+                                                thread_name_prefix="openai-http")
+            return self._pool
+
+    def _generate_one(self, request: GenerationRequest) -> list[Completion]:
+        url, body = self._request_body(request)
+        try:
+            payload = self.client.post_json(url, body, check=_check_choices)
+        except RequestFailed as e:
+            return _failed(request, e.reason)
+        try:
+            return _completions(payload, request, chat=self.mode == "chat")
+        except (TypeError, ValueError, AttributeError) as e:  # e.g. usage {"prompt_tokens": "x"}
+            return _failed(request, self.client.redact(f"malformed answer from {url}: {e}"))
+
+    def _request_body(self, request: GenerationRequest) -> tuple[str, dict[str, Any]]:
+        body: dict[str, Any] = {"model": self.model, "max_tokens": request.max_new_tokens,
+                                "temperature": request.temperature, "n": request.n}
+        if request.stop:
+            body["stop"] = list(request.stop)
+        if request.seed is not None:
+            body["seed"] = request.seed
+        if self.mode == "chat":
+            body["messages"] = [{"role": "user", "content": request.prompt}]
+            return f"{self.base_url}/chat/completions", body
+        body["prompt"] = request.prompt
+        return f"{self.base_url}/completions", body
+
+
+def _failed(request: GenerationRequest, reason: str) -> list[Completion]:
+    return [Completion(text="", finish_reason="error", error=reason) for _ in range(request.n)]
+
+
+def _check_choices(payload: Any) -> None:
+    """A 200 without choices is a broken answer (a proxy, a half-started server): ask again."""
+    choices = payload.get("choices") if isinstance(payload, dict) else None
+    if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
+        raise TransientPayload("answer has no 'choices' list of objects")
+
+
+def _completions(payload: dict, request: GenerationRequest, *, chat: bool) -> list[Completion]:
+    choices = sorted(payload["choices"], key=lambda c: c.get("index", 0))[: request.n]
+    texts = [_choice_text(c, chat) for c in choices]
+    usage = payload.get("usage") or {}
+    prompt_tokens = int(usage.get("prompt_tokens") or 0)
+    shares = _split_tokens(int(usage.get("completion_tokens") or 0), texts)
+    out = []
+    for choice, text, tokens in zip(choices, texts, shares, strict=True):
+        text, stopped = cut_at_stop(text, request.stop)
+        reason = choice.get("finish_reason")
+        finish, error = "stop", None
+        if stopped or reason in (None, "stop", "eos"):
+            finish = "stop"
+        elif reason == "length":
+            finish = "length"
+        else:  # e.g. content_filter: the text is not the model's own ending
+            finish, error = "error", f"finish_reason={reason}"
+        out.append(Completion(text=text, prompt_tokens=prompt_tokens, completion_tokens=tokens,
+                              finish_reason=finish, error=error))
+    out += [Completion(text="", finish_reason="error",
+                       error=f"endpoint returned {len(choices)} of {request.n} choices")
+            for _ in range(request.n - len(out))]
+    return out
+
+
+def _choice_text(choice: dict, chat: bool) -> str:
+    if chat:
+        return str((choice.get("message") or {}).get("content") or "")
+    return str(choice.get("text") or "")
+
+
+def _split_tokens(total: int, texts: list[str]) -> list[int]:
+    """`usage` counts the n samples together; share it out by text length, summing exactly.
+    Every completion carries the prompt's token count (the length it was conditioned on)."""
+    if not texts:
+        return []
+    weights = [len(t) + 1 for t in texts]
+    shares = [total * w // sum(weights) for w in weights]
+    for i in range(total - sum(shares)):
+        shares[i % len(shares)] += 1
+    return shares

@@ -1,0 +1,222 @@
+"""The OpenAI-compatible HTTP backend against a fake endpoint on 127.0.0.1 (never the internet).
+
+    .venv/bin/python -m pytest tests/test_llm_openai.py -q
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+
+import pytest
+from http_servers import FAULT_KINDS, FakeOpenAI, Fault
+
+from pipeline.errors import PipelineError
+from pipeline.llm.base import Completion, GenerationRequest
+from pipeline.llm.config import LLMConfig
+from pipeline.llm.openai_http import OpenAICompatibleLLM
+
+KEY_ENV = "REACT_TEST_OPENAI_KEY"
+PLANTED = "sk-PLANTED-7f3a9c1e5b2d4068"
+
+
+def make_llm(server: FakeOpenAI, monkeypatch, *, key: str | None = None,
+             **cfg) -> OpenAICompatibleLLM:
+    if key is None:
+        monkeypatch.delenv(KEY_ENV, raising=False)
+    else:
+        monkeypatch.setenv(KEY_ENV, key)
+    cfg.setdefault("timeout_s", 0.25)
+    cfg.setdefault("max_retries", 3)
+    config = LLMConfig(backend="openai", model=server.model, base_url=f"{server.url}/v1",
+                       api_key_env=KEY_ENV, **cfg)
+    return OpenAICompatibleLLM(config, backoff_base_s=0.01, backoff_max_s=0.05,
+                               sleep=lambda s: None)
+
+
+@pytest.fixture
+def server():
+    with FakeOpenAI() as s:
+        yield s
+
+
+def test_completions_send_the_request_and_read_texts_and_usage(server, monkeypatch):
+    server.replies["Q: one\nThought 1:"] = [" I should search.\nAction 1: Search[x]"]
+    llm = make_llm(server, monkeypatch)
+    out = llm.generate([
+        GenerationRequest("Q: one\nThought 1:", stop=["\nObservation 1:"], max_new_tokens=50,
+                          temperature=0.0, seed=7),
+        GenerationRequest("Q: two", max_new_tokens=3),
+    ])
+    assert out == [
+        [Completion(" I should search.\nAction 1: Search[x]", prompt_tokens=4,
+                    completion_tokens=6, finish_reason="stop")],
+        [Completion("sample 0: Q:", prompt_tokens=2, completion_tokens=3,
+                    finish_reason="length")],
+    ]
+    bodies = sorted((r.body for r in server.requests), key=lambda b: b["prompt"])
+    assert bodies[0] == {"model": "fake-model", "prompt": "Q: one\nThought 1:", "max_tokens": 50,
+                         "temperature": 0.0, "n": 1, "stop": ["\nObservation 1:"], "seed": 7}
+    assert "stop" not in bodies[1] and "seed" not in bodies[1]
+    assert {r.path for r in server.requests} == {"/v1/completions"}
+    assert "Authorization" not in server.requests[0].headers  # no key set: none sent
+    assert llm.name == "fake-model"
+
+
+def test_chat_mode_sends_one_user_message(server, monkeypatch):
+    llm = make_llm(server, monkeypatch, mode="chat", name="teacher-x")
+    [[c]] = llm.generate([GenerationRequest("What is 2+2?", max_new_tokens=20)])
+    assert c.text == "sample 0: What is 2+2?" and c.finish_reason == "stop"
+    assert c.prompt_tokens == 3 and c.completion_tokens == 5
+    request = server.requests[0]
+    assert request.path == "/v1/chat/completions"
+    assert request.body["messages"] == [{"role": "user", "content": "What is 2+2?"}]
+    assert llm.name == "teacher-x"
+
+
+def test_n_samples_come_back_in_index_order_with_usage_shared_out(server, monkeypatch):
+    server.replies["p"] = ["a b c", "d", "e f"]
+    [samples] = make_llm(server, monkeypatch).generate(
+        [GenerationRequest("p", n=3, temperature=0.7, max_new_tokens=10)])
+    assert [c.text for c in samples] == ["a b c", "d", "e f"]  # the server sent them reversed
+    assert sum(c.completion_tokens for c in samples) == 6  # the usage total, split exactly
+    assert all(c.prompt_tokens == 1 for c in samples)
+    assert server.requests[0].body["n"] == 3 and len(server.requests) == 1
+
+
+def test_stop_is_applied_even_when_the_server_ignores_it(monkeypatch):
+    with FakeOpenAI(honour_stop=False) as server:
+        server.replies["p"] = ["think\nAction 1: Search[a]\nObservation 1: made up"]
+        [[c]] = make_llm(server, monkeypatch).generate(
+            [GenerationRequest("p", stop=["\nObservation 1:"], max_new_tokens=100)])
+    assert c.text == "think\nAction 1: Search[a]" and c.finish_reason == "stop"
+
+
+def test_missing_usage_gives_zero_counts_and_short_answers_are_flagged(server, monkeypatch):
+    server.usage = False
+    llm = make_llm(server, monkeypatch)
+    [[c]] = llm.generate([GenerationRequest("p")])
+    assert (c.prompt_tokens, c.completion_tokens) == (0, 0) and c.error is None
+
+
+@pytest.mark.parametrize("kind", FAULT_KINDS)
+def test_each_fault_is_retried_and_the_batch_completes(server, monkeypatch, kind):
+    server.fail_prompt("flaky", Fault(kind, retry_after="0"), Fault(kind, retry_after="0"))
+    llm = make_llm(server, monkeypatch, max_concurrency=4)
+    prompts = ["a", "flaky one", "c", "d"]
+    out = llm.generate([GenerationRequest(p, max_new_tokens=20) for p in prompts])
+    assert [o[0].text for o in out] == [f"sample 0: {p}" for p in prompts]
+    assert all(o[0].error is None for o in out)
+    assert server.outcomes == {kind: 2, "ok": 4}
+
+
+def test_a_request_that_keeps_failing_becomes_error_completions_and_the_rest_go_on(
+        server, monkeypatch):
+    server.fail_prompt("doomed", *[Fault("503")] * 10)
+    llm = make_llm(server, monkeypatch, max_retries=2)
+    out = llm.generate([GenerationRequest("ok 1"), GenerationRequest("doomed", n=2),
+                        GenerationRequest("ok 2")])
+    assert [c.text for c in out[0] + out[2]] == ["sample 0: ok 1", "sample 0: ok 2"]
+    assert len(out[1]) == 2
+    for c in out[1]:
+        assert c.finish_reason == "error" and c.text == ""
+        assert c.error.endswith("gave up after 3 attempts; last: HTTP 503: "
+                                '{"error": {"message": "server error"}}')
+    assert server.outcomes["503"] == 3  # bounded: max_retries + 1 attempts
+
+
+def test_malformed_answers_are_retried_or_reported_never_raised(server, monkeypatch):
+    server.fail_prompt("empty", "api:no_choices")  # retried, then fine
+    server.fail_prompt("weird", "api:bad_usage")  # a 200 that cannot be read: reported
+    out = make_llm(server, monkeypatch).generate(
+        [GenerationRequest("empty"), GenerationRequest("weird", n=2)])
+    assert out[0][0].text == "sample 0: empty"
+    assert [c.finish_reason for c in out[1]] == ["error", "error"]
+    assert out[1][0].error.startswith("malformed answer from http://127.0.0.1:")
+    assert server.outcomes == {"api:no_choices": 1, "api:bad_usage": 1, "ok": 1}
+
+
+def test_context_overflow_fails_that_request_once_without_retries(server, monkeypatch):
+    out = make_llm(server, monkeypatch).generate(
+        [GenerationRequest("CONTEXT_OVERFLOW " * 3), GenerationRequest("fine")])
+    assert out[0][0].finish_reason == "error" and "maximum context length" in out[0][0].error
+    assert "HTTP 400" in out[0][0].error
+    assert out[1][0].text == "sample 0: fine"
+    assert len(server.requests) == 2
+
+
+@pytest.mark.parametrize("limit", [1, 3])
+def test_concurrency_is_bounded_by_max_concurrency(monkeypatch, limit):
+    with FakeOpenAI(latency_s=0.06) as server:
+        llm = make_llm(server, monkeypatch, max_concurrency=limit, timeout_s=2.0)
+        out = llm.generate([GenerationRequest(f"q{i}") for i in range(3 * limit + 3)])
+        llm.generate([GenerationRequest("again")])  # the pool is reused across calls
+        llm.close()
+    assert [o[0].text for o in out] == [f"sample 0: q{i}" for i in range(3 * limit + 3)]
+    assert server.max_in_flight == limit  # reached, never exceeded
+
+
+def test_check_available_accepts_a_served_model(server, monkeypatch):
+    make_llm(server, monkeypatch).check_available()
+    assert server.requests[0].path == "/v1/models"
+
+
+def test_check_available_names_a_model_that_is_not_served(server, monkeypatch):
+    llm = make_llm(server, monkeypatch)
+    llm.model = "other-model"
+    with pytest.raises(PipelineError, match=r"model 'other-model' is not served by .* "
+                       r"\(it serves \['fake-model'\]\); fix llm.model$"):
+        llm.check_available()
+
+
+def test_check_available_reports_an_unreachable_endpoint_in_one_line(monkeypatch):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = LLMConfig(backend="openai", model="m", base_url=f"http://127.0.0.1:{port}/v1",
+                       api_key_env=KEY_ENV)
+    llm = OpenAICompatibleLLM(config, backoff_base_s=0.01, sleep=lambda s: None)
+    with pytest.raises(PipelineError) as info:
+        llm.check_available()
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith("OpenAI-compatible endpoint unavailable: GET http://127.0.0.1:")
+    assert "connection failed" in message and "fix llm.base_url" in message
+    # generation against it fails per request, not with an exception
+    [[c]] = llm.generate([GenerationRequest("p")])
+    assert c.finish_reason == "error" and "connection failed" in c.error
+
+
+def test_a_planted_key_is_sent_but_never_appears_in_errors_reprs_or_logs(monkeypatch, caplog):
+    caplog.set_level(logging.DEBUG)
+    with FakeOpenAI(api_key="sk-the-right-one") as server:
+        llm = make_llm(server, monkeypatch, key=PLANTED, max_retries=1)
+        server.fail_prompt("p", Fault("503"))  # one retry gets logged too
+        [[c]] = llm.generate([GenerationRequest("p")])  # 401 echoing the planted key
+        with pytest.raises(PipelineError) as info:
+            llm.check_available()
+    assert server.requests[0].headers["Authorization"] == f"Bearer {PLANTED}"
+    assert c.finish_reason == "error" and "HTTP 401" in c.error and "***" in c.error
+    assert "key from $REACT_TEST_OPENAI_KEY was refused" in str(info.value)
+    assert "retry 1/1" in caplog.text
+    for text in (c.error, str(c), str(info.value), repr(info.value), repr(llm),
+                 repr(llm.client), caplog.text, repr(vars(llm))):
+        assert PLANTED not in text
+
+
+def test_a_right_key_is_accepted(monkeypatch):
+    with FakeOpenAI(api_key=PLANTED) as server:
+        llm = make_llm(server, monkeypatch, key=PLANTED)
+        llm.check_available()
+        [[c]] = llm.generate([GenerationRequest("p")])
+    assert c.text == "sample 0: p"
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("mode", "edit", "llm.mode 'edit' is unknown"),
+    ("base_url", "127.0.0.1:8000/v1", "is not an http(s) URL"),
+    ("max_concurrency", 0, "llm.max_concurrency must be >= 1"),
+])
+def test_bad_config_is_a_one_line_error(field, value, message):
+    with pytest.raises(PipelineError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        OpenAICompatibleLLM(LLMConfig(backend="openai", **{field: value}))
