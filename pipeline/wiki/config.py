@@ -1,0 +1,71 @@
+"""How a config names the Wikipedia an environment reads: a local index (default) or live."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.errors import PipelineError
+from pipeline.wiki.backend import WikiBackend
+
+
+@dataclass
+class WikiConfig:
+    backend: str = "local"  # local | live
+    # local: a SQLite index built by `python -m pipeline wiki build`; built on first use from
+    # `corpus` when missing (the default corpus is the offline 2017 HotpotQA paragraphs).
+    index: Path = Path("data/wiki/hotpotqa-local.sqlite")
+    corpus: list[str] = field(default_factory=lambda: ["mirror:wiki/corpus.jsonl"])
+    # live: the MediaWiki API, every answer cached on disk so a re-run sends no request
+    api_url: str = "https://en.wikipedia.org/w/api.php"
+    cache: Path = Path("data/wiki/live-cache.sqlite")
+    timeout_s: float = 20.0
+    max_retries: int = 5
+    max_steps: int = 7  # HotpotQA's step limit in the paper
+
+
+def resolve_corpus(spec: str) -> Path:
+    """`mirror:<relpath>` names a file of the local data mirror (../shared/data by default)."""
+    if not spec.startswith("mirror:"):
+        return Path(spec)
+    from pipeline.paths import mirror_dir
+
+    mirror = mirror_dir()
+    relpath = spec[len("mirror:"):]
+    if mirror is None or not (mirror / relpath).exists():
+        raise PipelineError(
+            f"corpus '{spec}' not found: no local data mirror has {relpath}; set "
+            "REACT_PIPELINE_MIRROR to a folder that has it, or give wiki.corpus=PATH "
+            "(a corpus JSONL, HotpotQA file or the enwiki-2017 abstracts dump)"
+        )
+    return mirror / relpath
+
+
+def open_backend(cfg: WikiConfig) -> WikiBackend:
+    if cfg.backend == "local":
+        from pipeline.wiki.index import LocalIndex, build_index
+
+        corpus = [resolve_corpus(c) for c in cfg.corpus]
+        if not Path(cfg.index).exists():
+            build_index(corpus, Path(cfg.index))
+        index = LocalIndex(Path(cfg.index))
+        check_index_matches(index, corpus)
+        return index
+    if cfg.backend == "live":
+        from pipeline.wiki.live import LiveWikipedia
+
+        return LiveWikipedia(api_url=cfg.api_url, cache_path=Path(cfg.cache),
+                             timeout_s=cfg.timeout_s, max_retries=cfg.max_retries)
+    raise PipelineError(f"wiki.backend '{cfg.backend}' is unknown; use 'local' or 'live'")
+
+
+def check_index_matches(index, corpus: list[Path]) -> None:
+    """Refuse an index built from other corpus files (compared by name and size, not path, so
+    a clone in another folder still matches)."""
+    built = sorted((Path(s["path"]).name, s.get("size")) for s in index.meta.get("sources", []))
+    wanted = sorted((p.name, p.stat().st_size) for p in corpus if p.is_file())
+    if wanted and built != wanted:
+        raise PipelineError(
+            f"{index.path} was built from {[b[0] for b in built]}, not from wiki.corpus "
+            f"{[str(p) for p in corpus]}; delete it (it is rebuilt on first use) or set wiki.index to another file"
+        )
