@@ -38,8 +38,19 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise PipelineError(f"override '{item}' is not key=value (e.g. limit=8)")
-        set_dotted(data, key.strip(), yaml.safe_load(raw) if raw.strip() else "")
+        set_dotted(data, key.strip(), parse_value(key.strip(), raw))
     return build(cls, data, where=str(path) if path else "config")
+
+
+def parse_value(key: str, raw: str):
+    """A `key=value` override's value, read as (safe) YAML: `8`, `0.7`, `true`, `[react, act]`."""
+    if not raw.strip():
+        return ""
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        reason = str(exc).splitlines()[0]
+        raise PipelineError(f"override '{key}': value {raw!r} is not valid YAML ({reason})") from None
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:

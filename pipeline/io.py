@@ -61,7 +61,10 @@ def read_jsonl(path: str | os.PathLike, *, tolerate_torn_tail: bool = True) -> l
         raise PipelineError(f"{path}: file not found")
     records = []
     with open(path, encoding="utf-8") as fh:
-        lines = fh.read().split("\n")
+        text = fh.read()
+    if tolerate_torn_tail and text and not text.endswith("\n"):
+        text = text[: text.rfind("\n") + 1]  # a last line without its newline is torn, even if it parses
+    lines = text.split("\n")
     last = len(lines) - 1
     while last >= 0 and not lines[last].strip():
         last -= 1
