@@ -1,0 +1,264 @@
+"""Run many episodes at once: one LLM call per round for every episode that is waiting.
+
+    from pipeline.agent import run_episodes
+    from pipeline.methods import MethodSettings, build_method
+    method = build_method("react", MethodSettings())
+    records = run_episodes(llm, lambda: LocalIndex(path), questions, method, on_record=sink)
+
+Each episode is a method's program (pipeline.methods.base): it yields the requests it needs and
+steps its own WikiEnv. A round gathers the pending requests of all episodes in flight into ONE
+`llm.generate()` call, hands each episode its completions (stop strings are applied by the
+backend), and retires the episodes that finished: their record goes to `on_record` at once, and
+new episodes join up to `max_in_flight`. An episode's trajectory depends only on its own
+completions, so under greedy decoding it is the same as in a one-at-a-time loop
+(`run_one_at_a_time`, or `original_react_loop`, the original notebook's loop shape).
+
+A model failure (an error completion, or generate() raising) or a page-source failure ends only
+the episodes it touched, with the reason in `end_reason`; the others go on.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict
+from typing import Any
+
+from pipeline.errors import PipelineError
+from pipeline.llm.base import LLM, Completion, GenerationRequest
+from pipeline.methods.base import (
+    EpisodeContext,
+    Method,
+    Outcome,
+    backend_errors,
+    completion_failure,
+)
+from pipeline.methods.interactive import env_action, split_thought_action
+from pipeline.methods.prompts import PromptPrefix
+from pipeline.metrics import exact_match, f1_score
+from pipeline.trajectory import Step, Trajectory, one_line, render
+from pipeline.wiki.backend import WikiBackend
+from pipeline.wiki.env import WikiEnv
+
+RecordCallback = Callable[[dict], None]
+BackendFactory = Callable[[], WikiBackend]
+
+
+def episode_record(question: Any, method: str, outcome: Outcome, *, teacher: str, prompt_tokens: int = 0,
+                   completion_tokens: int = 0, seconds: float = 0.0, source: str = "generate") -> dict:
+    """The episode record of FORMATS.md (one JSON line per finished episode)."""
+    traj, prediction, gold = outcome.trajectory, outcome.prediction, question.answer
+    return {
+        "id": str(question.id),
+        "question": question.question,
+        "gold_answer": gold,
+        "method": method,
+        "teacher": teacher,
+        "prediction": prediction,
+        "em": exact_match(prediction, gold) if prediction is not None else 0.0,
+        "f1": f1_score(prediction, gold) if prediction is not None else 0.0,
+        "finished": prediction is not None,
+        "end_reason": outcome.end_reason,
+        "n_steps": len(traj.steps),
+        "steps": [asdict(s) for s in traj.steps],
+        "trajectory": traj.to_dict(),
+        "text": render(traj).text,
+        "prompt_tokens": int(prompt_tokens),
+        "completion_tokens": int(completion_tokens),
+        "seconds": round(seconds, 3),
+        "source": source,
+    }
+
+
+class Episode:
+    """One question's program in flight, with its token counts and clock."""
+
+    def __init__(self, question: Any, method: Method, make_backend: BackendFactory):
+        max_steps = method.settings.max_steps
+        ctx = EpisodeContext(question, lambda: WikiEnv(make_backend(), max_steps=max_steps))
+        self.question, self.method = question, method
+        self.program = method.run(ctx)
+        self.started = time.monotonic()
+        self.prompt_tokens = self.completion_tokens = 0
+        self.pending: list[GenerationRequest] = []
+        self.outcome: Outcome | None = None
+        self._resume(None)
+
+    def deliver(self, completions: list[list[Completion]]) -> None:
+        for samples in completions:
+            # Every sample of one request was conditioned on the same prompt: count it once.
+            self.prompt_tokens += samples[0].prompt_tokens if samples else 0
+            self.completion_tokens += sum(c.completion_tokens for c in samples)
+        self._resume(completions)
+
+    def _resume(self, value: list[list[Completion]] | None) -> None:
+        try:
+            self.pending = self.program.send(value)
+        except StopIteration as stop:
+            self.outcome, self.pending = stop.value, []
+            return
+        if not self.pending:
+            raise RuntimeError(f"method {self.method.name} yielded no requests")
+
+    def record(self, teacher: str, source: str) -> dict:
+        return episode_record(self.question, self.method.name, self.outcome, teacher=teacher,
+                              prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens,
+                              seconds=time.monotonic() - self.started, source=source)
+
+
+def run_episodes(llm: LLM | None, make_backend: BackendFactory, questions: Iterable[Any], method: Method,
+                 on_record: RecordCallback | None = None, *, teacher: str | None = None,
+                 max_in_flight: int = 64, source: str = "generate") -> list[dict]:
+    """Run `method` on every question, up to `max_in_flight` episodes at once; call
+    `on_record(record)` as each finishes; return the records in finishing order.
+
+    `make_backend()` is called once per episode that uses the environment (return a shared
+    LocalIndex from it to share one connection). `llm` may be None for methods that never ask a
+    model (the oracle). `teacher` defaults to `llm.name`."""
+    if max_in_flight < 1:
+        raise PipelineError(f"max_in_flight must be >= 1, got {max_in_flight}")
+    teacher = teacher or (llm.name if llm is not None else "none")
+    pending_questions = iter(questions)
+    in_flight: list[Episode] = []
+    records: list[dict] = []
+
+    def retire(episode: Episode) -> None:
+        record = episode.record(teacher, source)
+        records.append(record)
+        if on_record is not None:
+            on_record(record)
+
+    def admit() -> None:
+        while len(in_flight) < max_in_flight:
+            question = next(pending_questions, None)
+            if question is None:
+                return
+            episode = Episode(question, method, make_backend)
+            if episode.outcome is not None:
+                retire(episode)
+            else:
+                in_flight.append(episode)
+
+    admit()
+    while in_flight:
+        if llm is None:
+            raise PipelineError(f"method {method.name} needs a language model but none was given")
+        results = generate_for(llm, in_flight)
+        still: list[Episode] = []
+        for episode, completions in zip(in_flight, results, strict=True):
+            episode.deliver(completions)
+            if episode.outcome is not None:
+                retire(episode)
+            else:
+                still.append(episode)
+        in_flight[:] = still
+        admit()
+    return records
+
+
+def run_one_at_a_time(llm: LLM | None, make_backend: BackendFactory, questions: Iterable[Any], method: Method,
+                      on_record: RecordCallback | None = None, *, teacher: str | None = None,
+                      source: str = "generate") -> list[dict]:
+    """The same episodes, one after another, each model call with a batch of one request."""
+    records: list[dict] = []
+    for question in questions:
+        records += run_episodes(_BatchOfOne(llm) if llm is not None else None, make_backend, [question],
+                                method, on_record, teacher=teacher or (llm.name if llm else None),
+                                max_in_flight=1, source=source)
+    return records
+
+
+class _BatchOfOne:
+    def __init__(self, llm: LLM):
+        self.llm, self.name = llm, llm.name
+
+    def generate(self, requests: list[GenerationRequest]) -> list[list[Completion]]:
+        return [self.llm.generate([r])[0] for r in requests]
+
+
+def generate_for(llm: LLM, episodes: list[Episode]) -> list[list[list[Completion]]]:
+    """One generate() call for the pending requests of `episodes`, split back per episode.
+    If the call raises, each episode is asked alone, so the error ends only the episodes whose
+    own call fails (as an error completion -> `llm_error: ...` / `context_exceeded`)."""
+    flat = [r for ep in episodes for r in ep.pending]
+    try:
+        out = llm.generate(flat)
+    except Exception as exc:  # a backend must not raise (LLM protocol); contain it if it does
+        if len(episodes) == 1:
+            error = f"{type(exc).__name__}: {exc}"
+            return [[[Completion("", finish_reason="error", error=error)] * r.n for r in flat]]
+        return [generate_for(llm, [ep])[0] for ep in episodes]
+    if len(out) != len(flat) or any(len(c) != r.n for c, r in zip(out, flat, strict=True)):
+        raise PipelineError(f"LLM backend {llm.name} returned {len(out)} results for {len(flat)} requests "
+                            "(or the wrong number of samples): a backend bug")
+    split, offset = [], 0
+    for ep in episodes:
+        split.append(out[offset:offset + len(ep.pending)])
+        offset += len(ep.pending)
+    return split
+
+
+def original_react_loop(llm: LLM, make_backend: BackendFactory, questions: Iterable[Any],
+                        prefix: PromptPrefix, *, max_steps: int = 7, max_new_tokens: int = 256,
+                        teacher: str | None = None, source: str = "generate") -> list[dict]:
+    """ReAct written the way the original notebook's `webthink()` is: a plain loop over questions
+    and steps, one model call at a time (batch 1). Kept as the baseline that `run_episodes` must
+    match trajectory for trajectory (tests, bench/bench_generate.py); same end reasons."""
+    records = []
+    for question in questions:
+        started, tokens = time.monotonic(), [0, 0]
+
+        def llm_call(prompt: str, stop: list[str], tokens: list[int] = tokens) -> Completion:
+            [[c]] = llm.generate([GenerationRequest(prompt, stop, max_new_tokens)])
+            tokens[0] += c.prompt_tokens
+            tokens[1] += c.completion_tokens
+            return c
+
+        env = WikiEnv(make_backend(), max_steps=max_steps)
+        text = one_line(question.question)
+        env.reset(text, question.answer)
+        traj = Trajectory(text, "react")
+        outcome = None
+        for i in range(1, max_steps + 1):
+            prompt = prefix.text + render(traj).text
+            c = llm_call(prompt + f"Thought {i}:", [f"\nObservation {i}:"])
+            if completion_failure(c):
+                outcome = Outcome(traj, None, completion_failure(c))
+                break
+            thought, action = split_thought_action(c.text, i)
+            if action is not None and c.finish_reason == "length" and c.text.rstrip().endswith(action):
+                traj.steps.append(Step(thought, action))
+                outcome = Outcome(traj, None, "runaway")
+                break
+            if action is None:
+                if c.finish_reason == "length":
+                    traj.steps.append(Step(thought, ""))
+                    outcome = Outcome(traj, None, "runaway")
+                    break
+                c = llm_call(prompt + f"Thought {i}: {thought}\nAction {i}:", ["\n"])
+                action = c.text.strip()
+                reason = completion_failure(c) or ("runaway" if c.finish_reason == "length" else None) \
+                    or (None if action else "no_action")
+                if reason:
+                    traj.steps.append(Step(thought, "" if completion_failure(c) else one_line(action)))
+                    outcome = Outcome(traj, None, reason)
+                    break
+            step = Step(thought, action)
+            traj.steps.append(step)
+            try:
+                obs, _, done, info = env.step(env_action(action))
+            except backend_errors() as exc:
+                outcome = Outcome(traj, None, f"backend_error: {type(exc).__name__}: {exc}")
+                break
+            step.observation = one_line(obs.replace("\\n", ""))
+            if info["finished"]:
+                traj.answer = info["answer"]
+                outcome = Outcome(traj, info["answer"], "finish")
+                break
+            if done:
+                break
+        outcome = outcome or Outcome(traj, None, "step_limit")
+        records.append(episode_record(question, "react", outcome, teacher=teacher or llm.name,
+                                      prompt_tokens=tokens[0], completion_tokens=tokens[1],
+                                      seconds=time.monotonic() - started, source=source))
+    return records

@@ -1,0 +1,100 @@
+"""What every prompting method shares: settings, the episode context, the outcome, and the
+generator protocol that lets one runner drive many episodes at once.
+
+A method's `run(ctx)` is a generator (an "episode program"). Each time it needs the model it
+yields a list of GenerationRequests and is sent back, for each request, its list of
+Completions; when the episode is over it returns an Outcome. The program never calls the LLM
+itself, so `pipeline.agent` can gather the requests of every waiting episode into ONE
+`llm.generate()` call per round, or drive a single episode with batch-1 calls; both see the same
+completions and produce the same trajectory under greedy decoding. Environment steps happen
+inside the program, each episode against its own WikiEnv.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import zlib
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from pipeline.llm.base import Completion, GenerationRequest
+from pipeline.trajectory import Trajectory, one_line
+from pipeline.wiki.env import WikiEnv
+
+Program = Generator[list[GenerationRequest], list[list[Completion]], "Outcome"]
+
+
+@dataclass
+class MethodSettings:
+    """How a method prompts. Nest it in a stage config (dotted keys: `method.max_steps=7`)."""
+
+    mode: str = "prompt"  # prompt (instruction + exemplars + question) | zero_shot (question alone)
+    exemplars: str = "ours"  # ours | paper | a prompts_naive.json path | a folder of ours
+    max_steps: int = 7  # Act / ReAct step limit (HotpotQA: 7)
+    max_new_tokens: int = 256  # per generation
+    temperature: float = 0.0  # greedy, as in the paper (CoT-SC samples use cot_sc_temperature)
+    cot_sc_samples: int = 21
+    cot_sc_temperature: float = 0.7
+    seed: int = 0  # mixed with each question id into the request seed (sampling only)
+
+
+@dataclass
+class EpisodeContext:
+    """One episode's inputs. `question` is a pipeline.hotpotqa.Question (or anything with
+    id / question / answer; the oracle also reads supporting_facts)."""
+
+    question: Any
+    make_env: Callable[[], WikiEnv]
+
+    @property
+    def text(self) -> str:
+        """The question as the trajectory holds it: one line, as the renderer writes it."""
+        return one_line(self.question.question)
+
+
+@dataclass
+class Outcome:
+    trajectory: Trajectory  # in the format that produced the prediction
+    prediction: str | None  # None: the episode gave no answer
+    end_reason: str  # finish | step_limit | no_action | context_exceeded | runaway | llm_error: ... | backend_error: ...
+    details: dict = field(default_factory=dict)  # method-internal facts (votes, fallback), not recorded
+
+
+class Method(Protocol):
+    name: str  # standard | cot | cot_sc | act | react | react_to_cot_sc | cot_sc_to_react
+    settings: MethodSettings
+
+    def run(self, ctx: EpisodeContext) -> Program:
+        """The episode program (see the module docstring)."""
+
+
+# Failures of the page source (local SQLite, live API via pipeline.http) end ONE episode with
+# `backend_error: ...`; anything else (a bug in our code) still raises.
+def backend_errors() -> tuple[type[BaseException], ...]:
+    from pipeline.http import RequestFailed
+
+    return (RequestFailed, sqlite3.Error, OSError)
+
+
+def completion_failure(c: Completion) -> str | None:
+    """The end reason a failed completion implies, or None when it is usable text."""
+    if c.finish_reason != "error":
+        return None
+    error = c.error or "unknown error"
+    lowered = error.lower()
+    if "context" in lowered or "too long" in lowered or "maximum length" in lowered:
+        return "context_exceeded"
+    return f"llm_error: {error}"
+
+
+def episode_seed(question_id: str, seed: int) -> int:
+    """A stable per-question seed, so sampled methods are reproducible in any batch order."""
+    return (zlib.crc32(str(question_id).encode()) ^ (seed * 0x9E3779B1)) & 0x7FFFFFFF
+
+
+def request(prompt: str, stop: list[str], settings: MethodSettings, *, n: int = 1,
+            temperature: float | None = None, seed: int | None = None) -> GenerationRequest:
+    return GenerationRequest(prompt=prompt, stop=stop, max_new_tokens=settings.max_new_tokens,
+                             temperature=settings.temperature if temperature is None else temperature,
+                             n=n, seed=seed)

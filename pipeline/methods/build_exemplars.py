@@ -1,0 +1,121 @@
+"""Regenerate and check our own exemplars: observations come from OUR environment.
+
+exemplars/authored.json holds 6 offline-bootstrap questions with hand-written thoughts, actions
+(ReAct) and reasoning (CoT). This script replays each ReAct action through WikiEnv over the local
+index, so every observation is exactly what a model would see, checks that each episode ends in
+`Finish[gold]` with reward 1, and renders the four formats as ablations of that one trajectory:
+react (thoughts + actions + observations), act (no thoughts), cot (reasoning), standard (answer).
+
+    python -m pipeline.methods.build_exemplars --index data/wiki/index.sqlite           # check
+    python -m pipeline.methods.build_exemplars --index data/wiki/index.sqlite --write   # rewrite
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from pipeline.errors import PipelineError
+from pipeline.io import atomic_write_json
+from pipeline.methods.prompts import EXEMPLAR_DIR, our_exemplar_file
+from pipeline.trajectory import METHODS, Step, Trajectory, one_line
+from pipeline.wiki.backend import WikiBackend
+from pipeline.wiki.env import WikiEnv
+
+AUTHORED = EXEMPLAR_DIR / "authored.json"
+
+
+def load_authored(path: Path = AUTHORED) -> list[dict]:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))["exemplars"]
+    except (OSError, json.JSONDecodeError, KeyError) as exc:
+        raise PipelineError(f"{path}: cannot read the authored exemplars ({exc})") from None
+
+
+def replay(item: dict, backend: WikiBackend) -> Trajectory:
+    """The ReAct trajectory of one authored exemplar, with observations from the environment."""
+    env = WikiEnv(backend, max_steps=len(item["react"]))
+    env.reset(item["question"], item["answer"])
+    traj = Trajectory(item["question"], "react")
+    for step in item["react"]:
+        observation, reward, done, info = env.step(step["action"])
+        traj.steps.append(Step(step["thought"], step["action"], one_line(observation)))
+    if not (info["finished"] and reward == 1.0):
+        raise PipelineError(f"exemplar {item['id']}: the replayed episode does not end in Finish[gold] with "
+                            f"reward 1 (last observation: {observation!r}); fix authored.json")
+    traj.answer = info["answer"]
+    return traj
+
+
+def build(backend: WikiBackend, authored: list[dict]) -> dict[str, list[dict]]:
+    """{format: [{id, gold_answer, trajectory}]} for the four formats."""
+    out: dict[str, list[dict]] = {fmt: [] for fmt in METHODS}
+    for item in authored:
+        react = replay(item, backend)
+        act = Trajectory(react.question, "act", [Step(None, s.action, s.observation) for s in react.steps],
+                         react.answer)
+        cot = Trajectory(item["question"], "cot", answer=item["answer"], reasoning=item["cot"])
+        standard = Trajectory(item["question"], "standard", answer=item["answer"])
+        for traj in (react, act, cot, standard):
+            out[traj.method].append({"id": item["id"], "gold_answer": item["answer"], "trajectory": traj.to_dict()})
+    return out
+
+
+def check(backend: WikiBackend, directory: Path = EXEMPLAR_DIR, authored: list[dict] | None = None) -> list[str]:
+    """Differences between the stored exemplar files and a fresh replay (empty: all match)."""
+    fresh = build(backend, authored if authored is not None else load_authored(directory / "authored.json"))
+    problems = []
+    for fmt, records in fresh.items():
+        path = our_exemplar_file(fmt, directory)
+        stored = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+        if stored != records:
+            problems.append(f"{path}: differs from a replay through the environment "
+                            "(rerun with --write after checking why)")
+    return problems
+
+
+def check_questions(authored: list[dict], question_set: str = "offline-bootstrap") -> list[str]:
+    """Each exemplar must be a question of the bootstrap pool, with the same text and answer."""
+    from pipeline.hotpotqa import load_question_set
+
+    by_id = {q.id: q for q in load_question_set(question_set)}
+    problems = []
+    for item in authored:
+        q = by_id.get(item["id"])
+        if q is None:
+            problems.append(f"exemplar {item['id']} is not in {question_set}")
+        elif (q.question.strip(), q.answer) != (item["question"].strip(), item["answer"]):
+            problems.append(f"exemplar {item['id']}: question or answer differs from {question_set}")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--index", required=True, help="the local wiki index (python -m pipeline wiki build)")
+    parser.add_argument("--write", action="store_true", help="rewrite the four exemplar files")
+    args = parser.parse_args(argv)
+    from pipeline.wiki.index import LocalIndex
+
+    try:
+        backend = LocalIndex(args.index)
+        authored = load_authored()
+        problems = check_questions(authored)
+        if args.write:
+            for fmt, records in build(backend, authored).items():
+                atomic_write_json(our_exemplar_file(fmt), records)
+                print(f"wrote {our_exemplar_file(fmt)} ({len(records)} exemplars)")
+        problems += check(backend, EXEMPLAR_DIR, authored)
+    except PipelineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for p in problems:
+        print(f"problem: {p}", file=sys.stderr)
+    if not problems:
+        print(f"ok: {len(authored)} exemplars per format match a replay over {args.index}")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

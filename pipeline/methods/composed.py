@@ -1,0 +1,83 @@
+"""Methods built from others: CoT-SC (n CoT samples + a majority vote) and the paper's hybrids.
+
+  CoT-SC           21 CoT samples at T=0.7 in ONE request (n=21); answers are compared after
+                   HotpotQA normalisation; the majority wins (ties: the answer seen first); the
+                   outcome is the first sample that gave it.
+  ReAct -> CoT-SC  run ReAct; if it gives no answer (step limit or any other ending without one),
+                   run CoT-SC.
+  CoT-SC -> ReAct  run CoT-SC; if the majority answer has fewer than n/2 votes, run ReAct.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+
+from pipeline.methods.base import (
+    EpisodeContext,
+    Method,
+    MethodSettings,
+    Outcome,
+    Program,
+    episode_seed,
+    request,
+)
+from pipeline.methods.direct import STOP, direct_prompt, parse_direct
+from pipeline.methods.prompts import PromptPrefix
+from pipeline.metrics import normalize_answer
+
+
+def majority(outcomes: list[Outcome]) -> tuple[Outcome, int]:
+    """The first outcome carrying the most frequent normalised answer, and its vote count.
+    With no answer at all: the first outcome (its end reason says why) and 0 votes."""
+    keys = [normalize_answer(o.prediction) if o.prediction is not None else "" for o in outcomes]
+    votes = Counter(k for k in keys if k)
+    if not votes:
+        return outcomes[0], 0
+    winner, count = votes.most_common(1)[0]  # ties: insertion order, i.e. the answer seen first
+    return outcomes[keys.index(winner)], count
+
+
+class SelfConsistency:
+    name = "cot_sc"
+
+    def __init__(self, prefix: PromptPrefix, settings: MethodSettings):
+        if prefix.format != "cot":
+            raise ValueError(f"CoT-SC needs a cot prefix, got {prefix.format!r}")
+        self.prefix, self.settings = prefix, settings
+
+    def run(self, ctx: EpisodeContext) -> Program:
+        s = self.settings
+        req = request(direct_prompt(self.prefix, ctx.text), STOP, s, n=s.cot_sc_samples,
+                      temperature=s.cot_sc_temperature, seed=episode_seed(ctx.question.id, s.seed))
+        [samples] = yield [req]
+        outcome, votes = majority([parse_direct(c, "cot", ctx.text) for c in samples])
+        return Outcome(outcome.trajectory, outcome.prediction, outcome.end_reason,
+                       {"votes": votes, "samples": len(samples)})
+
+
+class Fallback:
+    """Run `primary`; when `needs_fallback(outcome)`, run `secondary` and keep its outcome."""
+
+    def __init__(self, name: str, primary: Method, secondary: Method,
+                 needs_fallback: Callable[[Outcome], bool]):
+        self.name, self.primary, self.secondary, self.needs_fallback = name, primary, secondary, needs_fallback
+        self.settings = primary.settings
+
+    def run(self, ctx: EpisodeContext) -> Program:
+        first = yield from self.primary.run(ctx)
+        if not self.needs_fallback(first):
+            return first
+        second = yield from self.secondary.run(ctx)
+        second.details = {**second.details, "fallback_from": self.primary.name,
+                          "primary_end_reason": first.end_reason}
+        return second
+
+
+def no_answer(outcome: Outcome) -> bool:
+    return outcome.prediction is None
+
+
+def weak_majority(outcome: Outcome) -> bool:
+    """Fewer than n/2 of the n samples agree with the majority answer."""
+    return outcome.details["votes"] < outcome.details["samples"] / 2

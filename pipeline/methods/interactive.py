@@ -1,0 +1,125 @@
+"""Act and ReAct: the original ReAct agent loop, one step per model call.
+
+Per step i (at most `max_steps`, 7 for HotpotQA):
+  ReAct: prompt ends with "Thought {i}:", stop at "\nObservation {i}:"; the output is split at
+         "\nAction {i}: " into thought and action. Without an action the model is asked again for
+         "Action {i}:" alone (stop "\n"), with the first line of its output as the thought.
+  Act:   prompt ends with "Action {i}:", stop at "\nObservation {i}:".
+The action's first letter is lower-cased before it reaches the environment (as in the original);
+the observation is appended and the next step starts. No answer after the last step: step_limit.
+
+Where the original loop would crash or loop on bad text, the episode ends with a reason:
+no action even when asked again (no_action), text that runs into the token limit without an
+action or cut inside the action line (runaway), a context-window error (context_exceeded), any other model error
+(llm_error: ...), and a failing page source (backend_error: ...). Several actions in one output:
+the first line after "Action {i}: " is taken. Unbalanced brackets reach the environment, which
+answers "Invalid action: ..." as the original does.
+
+Every prompt is prefix + render(trajectory so far).text + the cue, so the text the model reads
+is exactly the text the renderer writes into training data.
+"""
+
+from __future__ import annotations
+
+from pipeline.methods.base import (
+    EpisodeContext,
+    MethodSettings,
+    Outcome,
+    Program,
+    backend_errors,
+    completion_failure,
+    request,
+)
+from pipeline.methods.prompts import PromptPrefix
+from pipeline.trajectory import Step, Trajectory, one_line, render
+
+
+def split_thought_action(text: str, i: int) -> tuple[str, str | None]:
+    """(thought, action) from a ReAct step's output; action None when none was produced."""
+    head, marker, tail = text.strip().partition(f"\nAction {i}: ")
+    if not marker:
+        return one_line(head.split("\n")[0]), None
+    action = tail.strip().split("\n")[0].strip()
+    return one_line(head), (action or None)
+
+
+def first_line(text: str) -> str:
+    return text.strip().split("\n")[0].strip()
+
+
+def env_action(action: str) -> str:
+    """The original loop's `action[0].lower() + action[1:]`."""
+    return action[0].lower() + action[1:] if action else action
+
+
+class Interactive:
+    """ReAct (prefix.format == "react") or Act ("act")."""
+
+    def __init__(self, prefix: PromptPrefix, settings: MethodSettings):
+        if prefix.format not in ("react", "act"):
+            raise ValueError(f"Interactive needs a react or act prefix, got {prefix.format!r}")
+        self.prefix, self.settings, self.name = prefix, settings, prefix.format
+
+    def run(self, ctx: EpisodeContext) -> Program:
+        traj = Trajectory(ctx.text, self.name)
+        env = ctx.make_env()
+        env.reset(ctx.text, ctx.question.answer)
+        for i in range(1, self.settings.max_steps + 1):
+            head = self.prefix.text + render(traj).text
+            if self.name == "react":
+                step, reason = yield from self._react_step(head, i)
+            else:
+                step, reason = yield from self._act_step(head, i)
+            if reason:
+                if step is not None:
+                    traj.steps.append(step)
+                return Outcome(traj, None, reason)
+            traj.steps.append(step)
+            try:
+                observation, _, done, info = env.step(env_action(step.action))
+            except backend_errors() as exc:
+                return Outcome(traj, None, f"backend_error: {type(exc).__name__}: {exc}")
+            step.observation = one_line(observation.replace("\\n", ""))
+            if info["finished"]:
+                traj.answer = info["answer"]
+                return Outcome(traj, info["answer"], "finish")
+            if done:
+                break
+        return Outcome(traj, None, "step_limit")
+
+    def _react_step(self, head: str, i: int):
+        stop = [f"\nObservation {i}:"]
+        [[c]] = yield [request(head + f"Thought {i}:", stop, self.settings)]
+        failure = completion_failure(c)
+        if failure:
+            return None, failure
+        thought, action = split_thought_action(c.text, i)
+        if action is not None:
+            if c.finish_reason == "length" and c.text.rstrip().endswith(action):
+                return Step(thought, action), "runaway"  # the action line was cut by the limit
+            return Step(thought, action), None
+        if c.finish_reason == "length":
+            return Step(thought, ""), "runaway"
+        # The original loop: keep the thought's first line, ask for the action alone.
+        [[c]] = yield [request(head + f"Thought {i}: {thought}\nAction {i}:", ["\n"], self.settings)]
+        failure = completion_failure(c)
+        if failure:
+            return Step(thought, ""), failure
+        action = c.text.strip()
+        if c.finish_reason == "length":
+            return Step(thought, one_line(action)), "runaway"
+        if not action:
+            return Step(thought, ""), "no_action"
+        return Step(thought, action), None
+
+    def _act_step(self, head: str, i: int):
+        [[c]] = yield [request(head + f"Action {i}:", [f"\nObservation {i}:"], self.settings)]
+        failure = completion_failure(c)
+        if failure:
+            return None, failure
+        action = first_line(c.text)
+        if not action:
+            return Step(None, ""), "runaway" if c.finish_reason == "length" else "no_action"
+        if c.finish_reason == "length" and "\n" not in c.text.strip():
+            return Step(None, one_line(action)), "runaway"
+        return Step(None, action), None
