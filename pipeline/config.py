@@ -134,6 +134,11 @@ def coerce(value: Any, annotation: Any, name: str, where: str) -> Any:
         raise PipelineError(f"{where}: '{name}' must be true or false, got {value!r}")
     if annotation is float and isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
+    if annotation is float and isinstance(value, str):
+        try:
+            return float(value)  # YAML 1.1 reads `1e-4` (no dot) as a string
+        except ValueError:
+            pass
     if annotation is int and isinstance(value, int) and not isinstance(value, bool):
         return value
     if annotation is str and isinstance(value, str | int | float) and not isinstance(value, bool):

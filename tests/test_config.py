@@ -46,6 +46,12 @@ def test_section_of_an_experiment_file(tmp_path):
     assert load_config(StageConfig, path, section="generate").limit == 3
 
 
+def test_float_in_exponent_form_without_a_dot():
+    assert load_config(Sampling, None, ["temperature=1e-4"]).temperature == 1e-4
+    with pytest.raises(PipelineError, match="'temperature'"):
+        load_config(Sampling, None, ["temperature=hot"])
+
+
 def test_single_value_for_a_list_key():
     assert load_config(StageConfig, None, ["methods=react"]).methods == ["react"]
 

@@ -1,0 +1,132 @@
+"""`python -m pipeline train`: pick an accelerate config and launch pipeline/finetune.py with it.
+
+    python -m pipeline train --config configs/students/smollm2-135m.yaml method=react dataset_dir=data/sft
+    python -m pipeline train --config configs/students/tiny.yaml accelerate_config=cpu_ddp
+    python -m pipeline train --config configs/students/llama-3.1-8b.yaml --dry-run   # print the command
+
+`accelerate_config` (a config key, or --accelerate-config) is a name under accelerate_configs/
+(cpu, cpu_ddp, single_gpu, multi_gpu, deepspeed_zero2, deepspeed_zero3, deepspeed_zero3_offload,
+fsdp), a path to a YAML file, or `auto`: no GPU -> cpu, one GPU -> single_gpu, several ->
+multi_gpu over all of them. The batch split is checked before anything starts; the training
+output is streamed through; the exit code is the launch's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from pipeline.config import add_config_arguments, load_config, read_yaml
+from pipeline.errors import PipelineError
+
+REPO = Path(__file__).resolve().parents[1]
+ACCELERATE_CONFIGS = REPO / "accelerate_configs"
+FINETUNE_SCRIPT = REPO / "pipeline" / "finetune.py"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_arguments(parser)
+    parser.add_argument("--accelerate-config", help="name under accelerate_configs/ or a YAML path (default: the config's accelerate_config)")
+    parser.add_argument("--num-processes", type=int, help="override the accelerate config's process count")
+    parser.add_argument("--dry-run", action="store_true", help="print the launch command and exit")
+
+
+def gpu_count() -> int:
+    import torch
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def pick_accelerate_config(name: str, gpus: int) -> Path:
+    if name == "auto":
+        name = "cpu" if gpus == 0 else "single_gpu" if gpus == 1 else "multi_gpu"
+    path = Path(name)
+    if path.suffix not in (".yaml", ".yml"):
+        path = ACCELERATE_CONFIGS / f"{name}.yaml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in ACCELERATE_CONFIGS.glob("*.yaml")))
+        raise PipelineError(f"accelerate_config: '{name}' not found ({path}); use auto, a path, or one of: {known}")
+    return path
+
+
+def processes_for(config_path: Path, override: int | None, gpus: int) -> int:
+    if override is not None:
+        return override
+    data = read_yaml(config_path)
+    if data.get("distributed_type") in ("MULTI_GPU", "DEEPSPEED", "FSDP") and not data.get("use_cpu") and gpus > 1:
+        return gpus  # a node's GPUs, whatever count the file was written for
+    return int(data.get("num_processes", 1))
+
+
+def launch_command(config_path: Path, num_processes: int, cfg_path: Path | None, overrides: list[str],
+                   gpus: int = 0) -> list[str]:
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config_path),
+           "--num_processes", str(num_processes)]
+    if gpus == 0:  # the GPU configs ask for bf16; on CPU training is fp32 (RUNTIME.md)
+        cmd += ["--mixed_precision", "no"]
+    if num_processes > 1 and read_yaml(config_path).get("distributed_type") == "NO":
+        raise PipelineError(f"{config_path} runs one process; pick cpu_ddp / multi_gpu / deepspeed_* for {num_processes}")
+    cmd.append(str(FINETUNE_SCRIPT))
+    if cfg_path is not None:
+        cmd += ["--config", str(cfg_path)]
+    return cmd + list(overrides)
+
+
+def main(args: argparse.Namespace) -> int:
+    from pipeline.finetune import FinetuneConfig, resolve
+    from pipeline.sft import split_batch
+
+    cfg = resolve(load_config(FinetuneConfig, args.config, args.overrides, section="train"))
+    gpus = gpu_count()
+    config_path = pick_accelerate_config(args.accelerate_config or cfg.accelerate_config, gpus)
+    num_processes = processes_for(config_path, args.num_processes or cfg.num_processes, gpus)
+    per_device, accum = split_batch(cfg.global_batch_size, num_processes, cfg.per_device_batch_size,
+                                    cfg.max_per_device_batch_size)
+    cmd = launch_command(config_path, num_processes, args.config, args.overrides, gpus)
+    print(f"[train] {cfg.method} / {cfg.student_name}: batch {cfg.global_batch_size} = {per_device} x {accum} "
+          f"accumulation x {num_processes} processes, {cfg.max_steps} steps -> {cfg.output_dir}")
+    print("[train] " + shlex.join(cmd), flush=True)
+    if args.dry_run:
+        return 0
+    return stream(cmd)
+
+
+def stream(cmd: list[str]) -> int:
+    """Run the launch in its own process group, copying its output line by line; Ctrl-C stops
+    the whole group (the launcher and its workers), and the next run resumes from a checkpoint."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                            env=env, start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+        return proc.wait()
+    except KeyboardInterrupt:
+        signal_tree(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            signal_tree(proc.pid, signal.SIGKILL)
+        raise
+
+
+def signal_tree(pid: int, sig: int) -> None:
+    """Signal the launcher and every worker under it: torchrun starts its workers in their own
+    process groups, so signalling the launcher's group alone would leave them training."""
+    import psutil
+    try:
+        root = psutil.Process(pid)
+        processes = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for process in processes:
+        try:
+            process.send_signal(sig)
+        except psutil.NoSuchProcess:
+            pass

@@ -1,0 +1,370 @@
+"""Fine-tuning: configs, checkpoint choice, and real training runs through `accelerate launch`.
+
+    .venv/bin/python -m pytest tests/test_finetune.py               # all (about 3-5 minutes)
+    .venv/bin/python -m pytest tests/test_finetune.py -m "not slow"  # the fast checks
+
+Slow tests launch `accelerate launch --config_file accelerate_configs/cpu_ddp.yaml
+pipeline/finetune.py` with 2 real CPU processes on a tiny random Llama (SmolLM2 tokenizer) and
+real FireAct ReAct trajectories, SIGKILL one run between checkpoints and resume it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from sft_testdata import DATA, fireact_records, write_dataset
+
+from pipeline.config import load_config
+from pipeline.errors import PipelineError
+from pipeline.finetune import (
+    PAPER_STEPS,
+    FinetuneConfig,
+    is_complete_checkpoint,
+    latest_complete_checkpoint,
+    load_sft_records,
+    resolve,
+    set_aside_incomplete,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = REPO / "configs" / "students" / "tiny.yaml"
+PYTHON = sys.executable
+# Two runs of the same steps on the same data: losses agree to float32 reduction noise.
+LOSS_TOLERANCE = 1e-3
+LONG = 24  # steps of the reference and killed runs: enough that a kill lands before the end
+
+pytestmark = pytest.mark.skipif(not DATA.is_dir(), reason="../shared/data is absent")
+
+
+def tiny_cfg(tmp_path: Path, *overrides: str) -> FinetuneConfig:
+    return resolve(load_config(FinetuneConfig, TINY, [f"dataset_dir={tmp_path / 'sft'}",
+                                                      f"output_root={tmp_path / 'ck'}", *overrides], section="train"))
+
+
+# ----------------------------------------------------------------------------- configuration
+
+@pytest.mark.parametrize("method, size_class, steps", [
+    ("react", "8b", 4000), ("act", "8b", 4000), ("standard", "8b", 2000), ("cot", "8b", 2000),
+    ("react", "62b", 4000), ("act", "70b", 4000), ("standard", "62b", 1000), ("cot", "72b", 1000),
+    ("cot", "7b", 2000),
+])
+def test_steps_default_from_the_paper(method, size_class, steps):
+    cfg = resolve(load_config(FinetuneConfig, None, [f"method={method}", f"size_class={size_class}"]))
+    assert cfg.max_steps == steps
+    assert resolve(load_config(FinetuneConfig, None, [f"method={method}", "max_steps=7"])).max_steps == 7
+
+
+def test_config_errors_and_layout():
+    cfg = resolve(load_config(FinetuneConfig, None, ["experiment=exp1", "student=meta-llama/Llama-3.1-8B", "method=act"]))
+    assert cfg.output_dir == Path("checkpoints/exp1/llama-3.1-8b/act")
+    with pytest.raises(PipelineError, match="did you mean 'learning_rate'"):
+        load_config(FinetuneConfig, None, ["learnig_rate=1e-4"])
+    with pytest.raises(PipelineError, match="size_class: '13b' has no step schedule"):
+        resolve(load_config(FinetuneConfig, None, ["size_class=13b"]))
+    with pytest.raises(PipelineError, match="'finetuning' must be one of"):
+        load_config(FinetuneConfig, None, ["finetuning=dora"])
+    with pytest.raises(PipelineError, match="must be full"):
+        resolve(load_config(FinetuneConfig, TINY, ["finetuning=lora"]))
+
+
+def test_student_configs_load_and_state_their_cost():
+    paths = sorted((REPO / "configs" / "students").glob("*.yaml"))
+    assert {p.stem for p in paths} >= {"tiny", "smollm2-135m", "llama-3.1-8b", "qwen2.5-7b", "llama-3.1-70b", "qwen2.5-72b"}
+    for path in paths:
+        cfg = resolve(load_config(FinetuneConfig, path, section="train"))
+        assert cfg.global_batch_size == (8 if path.stem == "tiny" else 64)
+        header = path.read_text(encoding="utf-8")
+        assert "accelerate launch" in header, f"{path.name}: no launch line"
+        if path.stem not in ("tiny", "smollm2-135m"):
+            assert cfg.max_steps is None or cfg.max_steps == PAPER_STEPS["8b"][cfg.method]
+            for needle in ("GPU", "FLOPs", "MFU", "hours"):
+                assert needle in header, f"{path.name}: header lacks {needle}"
+
+
+def test_accelerate_configs_parse():
+    from accelerate.commands.config.config_args import load_config_from_file
+    expected = {"cpu": "NO", "cpu_ddp": "MULTI_GPU", "single_gpu": "NO", "multi_gpu": "MULTI_GPU",
+                "deepspeed_zero2": "DEEPSPEED", "deepspeed_zero3": "DEEPSPEED",
+                "deepspeed_zero3_offload": "DEEPSPEED", "fsdp": "FSDP"}
+    for name, kind in expected.items():
+        cfg = load_config_from_file(str(REPO / "accelerate_configs" / f"{name}.yaml"))
+        assert str(cfg.distributed_type).split(".")[-1] == kind, name
+        if kind == "DEEPSPEED":
+            stage = {"deepspeed_zero2": 2}.get(name, 3)
+            assert cfg.deepspeed_config["zero_stage"] == stage
+            assert (cfg.deepspeed_config["offload_optimizer_device"] == "cpu") == name.endswith("offload")
+    assert load_config_from_file(str(REPO / "accelerate_configs" / "cpu_ddp.yaml")).use_cpu
+
+
+def test_train_stage_checks_before_launching(tmp_path, capsys):
+    from pipeline.cli import main
+    assert main(["train", "--config", str(TINY), "--dry-run", "global_batch_size=9"]) == 2
+    assert "global_batch_size=9 does not divide over 2 processes" in capsys.readouterr().err
+    assert main(["train", "--config", str(TINY), "--dry-run", "accelerate_config=nope"]) == 2
+    assert "accelerate_config: 'nope' not found" in capsys.readouterr().err
+    assert main(["train", "--config", str(TINY), "--dry-run", f"dataset_dir={tmp_path}"]) == 0
+    out = capsys.readouterr().out
+    assert "batch 8 = 4 x 1 accumulation x 2 processes" in out
+    assert "accelerate_configs/cpu_ddp.yaml --num_processes 2" in out and "pipeline/finetune.py" in out
+
+
+def test_incomplete_dataset_is_refused(tmp_path):
+    write_dataset(tmp_path / "sft", "react", fireact_records(limit=2), complete=False)
+    with pytest.raises(PipelineError, match="incomplete"):
+        load_sft_records(tiny_cfg(tmp_path))
+    with pytest.raises(PipelineError, match="run `python -m pipeline filter` first"):
+        load_sft_records(tiny_cfg(tmp_path, "method=act"))
+
+
+def fake_checkpoint(folder: Path, step: int, *, state: str | None = None, weights=True, optimizer=True) -> Path:
+    path = folder / f"checkpoint-{step}"
+    path.mkdir(parents=True)
+    if weights:
+        (path / "model.safetensors").write_bytes(b"w")
+    if optimizer:
+        (path / "optimizer.pt").write_bytes(b"o")
+    if state is not False:
+        (path / "trainer_state.json").write_text(state if state is not None else json.dumps({"global_step": step}))
+    return path
+
+
+def test_incomplete_checkpoints_are_never_picked(tmp_path):
+    out = tmp_path / "run"
+    fake_checkpoint(out, 2)
+    good = fake_checkpoint(out, 4)
+    fake_checkpoint(out, 6, state=False)  # killed before trainer_state.json
+    fake_checkpoint(out, 8, state='{"global_st')  # torn trainer_state.json
+    fake_checkpoint(out, 10, weights=False)
+    fake_checkpoint(out, 12, optimizer=False)
+    fake_checkpoint(out, 14, state=json.dumps({"global_step": 3}))  # state of another step
+    assert latest_complete_checkpoint(out) == good
+    assert not any(is_complete_checkpoint(out / f"checkpoint-{s}") for s in (6, 8, 10, 12, 14))
+    moved = set_aside_incomplete(out)
+    assert len(moved) == 5 and all(p.name.startswith("incomplete-checkpoint-") for p in moved)
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
+
+
+def test_padding_free_batches_match_padded_ones(tmp_path):
+    """Padding-free batches (one flat row, position ids restarting per example) must give the
+    padded batch's logits and loss: attention must not leak across examples. (transformers
+    builds the block-diagonal mask from the position ids only without a KV cache, which is
+    why the trainer's loss passes use_cache=False.)"""
+    import torch
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    from pipeline.finetune import load_student, load_tokenizer
+    from pipeline.sft import tokenize_records
+
+    cfg = tiny_cfg(tmp_path)
+    tokenizer = load_tokenizer(cfg)
+    examples, _ = tokenize_records(fireact_records(limit=4), tokenizer)
+    model = load_student(cfg, tokenizer).eval()
+    outputs = {}
+    for padding_free in (False, True):
+        batch = DataCollatorForLanguageModeling(pad_token_id=tokenizer.pad_token_id, padding_free=padding_free)(examples)
+        assert ("attention_mask" in batch) != padding_free
+        with torch.no_grad():
+            outputs[padding_free] = model(**batch, use_cache=False)
+    assert outputs[True].loss.item() == pytest.approx(outputs[False].loss.item(), abs=1e-5)
+    start = 0
+    for i, example in enumerate(examples):
+        n = len(example["input_ids"])
+        flat = outputs[True].logits[0, start:start + n]
+        assert torch.allclose(flat, outputs[False].logits[i, :n], atol=1e-4), f"example {i} differs"
+        start += n
+
+
+# ----------------------------------------------------------------------------- real launches
+
+def launch(tmp_path: Path, *overrides: str, processes: int = 2, config: str = "cpu_ddp") -> subprocess.Popen:
+    # --mixed_precision no: the GPU configs (deepspeed_*) ask for bf16, never used on CPU
+    cmd = [PYTHON, "-m", "accelerate.commands.launch", "--config_file", str(REPO / "accelerate_configs" / f"{config}.yaml"),
+           "--num_processes", str(processes), "--mixed_precision", "no",
+           str(REPO / "pipeline" / "finetune.py"), "--config", str(TINY),
+           f"dataset_dir={tmp_path / 'sft'}", f"output_root={tmp_path / 'ck'}", *overrides]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    log = tempfile.NamedTemporaryFile("w+", prefix="launch-", suffix=".log", dir=tmp_path, delete=False)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path,
+                            start_new_session=True)
+    proc.log_path = Path(log.name)
+    return proc
+
+
+def finish(proc: subprocess.Popen, timeout: float = 240) -> str:
+    proc.wait(timeout=timeout)
+    out = proc.log_path.read_text(encoding="utf-8", errors="replace")
+    assert proc.returncode == 0, out[-4000:]
+    return out
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL a launch and every process under it. torchrun puts its workers in their own
+    process groups, so killing the launcher's group alone leaves them training."""
+    import psutil
+    launcher = psutil.Process(proc.pid)
+    for p in [launcher, *launcher.children(recursive=True)]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.send_signal(signal.SIGKILL)
+
+
+def losses_by_step(checkpoint: Path) -> dict[int, float]:
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    return {row["step"]: row["loss"] for row in state["log_history"] if "loss" in row}
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ft")
+    # 23 real FireAct ReAct trajectories of <= 450 characters (92-129 tokens): batch 8 spans epochs
+    write_dataset(root / "sft", "react", fireact_records(max_chars=450))
+    return root
+
+
+@pytest.fixture(scope="module")
+def reference_run(dataset):
+    """An uninterrupted 2-process run of 24 steps, checkpoints every 3 (the last 3 kept)."""
+    out = finish(launch(dataset, "experiment=ref", f"max_steps={LONG}", "save_steps=3"))
+    return dataset / "ck" / "ref" / "tiny" / "react", out
+
+
+@pytest.mark.slow
+def test_ddp_run_learns_checkpoints_and_saves_final(dataset, reference_run):
+    import torch
+    from safetensors.torch import load_file
+
+    from pipeline.finetune import load_finetuned, load_student, load_tokenizer
+
+    out_dir, log = reference_run
+    assert "4 per device x 1 accumulation x 2 processes" in log
+    kept = sorted(out_dir.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    assert [p.name for p in kept] == [f"checkpoint-{LONG - 6}", f"checkpoint-{LONG - 3}", f"checkpoint-{LONG}"]
+    assert all(is_complete_checkpoint(p) for p in kept)
+    losses = losses_by_step(out_dir / f"checkpoint-{LONG}")
+    assert sorted(losses) == list(range(1, LONG + 1))
+    assert losses[LONG] < losses[1] - 1.0, losses  # 10.8 (= ln 49152) -> well below
+    manifest = json.loads((out_dir / "final" / "manifest.json").read_text())
+    assert manifest["complete"] and manifest["steps"] == LONG and manifest["adapter"] is False
+    assert manifest["method"] == "react" and manifest["num_processes"] == 2 and manifest["tokenizer"] == "."
+    assert manifest["lengths"]["n_too_long"] == 0 and manifest["eos_token"] == "<|im_end|>"
+    # every trainable parameter moved away from its (seeded) initial value
+    cfg = tiny_cfg(dataset)
+    initial = load_student(cfg, load_tokenizer(cfg)).state_dict()
+    final = load_file(out_dir / "final" / "model.safetensors")
+    assert set(final) <= set(initial) and len(final) >= len(initial) - 1  # tied lm_head is stored once
+    unchanged = [name for name, tensor in final.items() if torch.equal(tensor, initial[name])]
+    assert not unchanged, unchanged
+    model, tokenizer = load_finetuned(out_dir / "final")  # what eval loads
+    assert model.config.vocab_size == len(tokenizer)
+
+
+@pytest.mark.slow
+def test_second_launch_resumes_at_the_right_step(dataset, reference_run):
+    ref_dir, _ = reference_run
+    run_dir = dataset / "ck" / "resume" / "tiny" / "react"
+    finish(launch(dataset, "experiment=resume", "max_steps=6", "save_steps=3"))
+    log = finish(launch(dataset, "experiment=resume", "max_steps=9", "save_steps=3"))
+    assert f"resuming from {run_dir / 'checkpoint-6'}" in log
+    resumed = losses_by_step(run_dir / "checkpoint-9")
+    reference = losses_by_step(ref_dir / f"checkpoint-{LONG}")
+    # the first launch ran a 6-step schedule; the constant LR makes steps 7-9 comparable
+    for step in (7, 8, 9):
+        assert resumed[step] == pytest.approx(reference[step], abs=LOSS_TOLERANCE), (step, resumed, reference)
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_from_latest_complete_checkpoint(dataset, reference_run):
+    """SIGKILL a real 2-process run as soon as its checkpoint-3 is complete, plant a half-written
+    checkpoint beyond it, relaunch: it resumes from the latest complete checkpoint, continues
+    the step count and the data order, and its losses match the uninterrupted run's."""
+    ref_dir, _ = reference_run
+    run_dir = dataset / "ck" / "killed" / "tiny" / "react"
+    proc = launch(dataset, "experiment=killed", f"max_steps={LONG}", "save_steps=3")
+    deadline = time.time() + 180
+    while not is_complete_checkpoint(run_dir / "checkpoint-3"):
+        assert proc.poll() is None and time.time() < deadline, "run ended before checkpoint-3"
+        time.sleep(0.02)
+    kill_tree(proc)  # the launcher and both workers, mid-run
+    proc.wait()
+    last = latest_complete_checkpoint(run_dir)
+    assert last is not None and not (run_dir / "final").exists(), "the kill came after the run ended"
+    start = int(last.name.split("-")[1])
+    # a checkpoint half-written by a kill: weights but no trainer state yet
+    torn = run_dir / f"checkpoint-{start + 2}"
+    torn.mkdir()
+    shutil.copy(last / "model.safetensors", torn / "model.safetensors")
+
+    log = finish(launch(dataset, "experiment=killed", f"max_steps={LONG}", "save_steps=3"))
+    assert f"resuming from {last}" in log
+    assert re.search(r"set aside an incomplete checkpoint: .*incomplete-checkpoint-", log)
+    resumed = losses_by_step(run_dir / f"checkpoint-{LONG}")
+    reference = losses_by_step(ref_dir / f"checkpoint-{LONG}")
+    assert sorted(resumed) == list(range(1, LONG + 1)), "the step count must continue, none repeated"
+    for step in range(start + 1, LONG + 1):
+        assert resumed[step] == pytest.approx(reference[step], abs=LOSS_TOLERANCE), (step, resumed, reference)
+    # batches give distinct losses, so a repeated or skipped batch (broken data order) would show:
+    # the resumed losses do not match the reference shifted by one step
+    shifted = [abs(resumed[s] - reference[s + 1]) > LOSS_TOLERANCE for s in range(start + 1, LONG)]
+    assert sum(shifted) >= len(shifted) // 2 + 1
+    assert json.loads((run_dir / "final" / "manifest.json").read_text())["steps"] == LONG
+
+
+@pytest.mark.slow
+def test_lora_adapter_saves_reloads_merges(tmp_path):
+    """LoRA on the real SmolLM2-135M, one process, in-process trainer: the adapter is saved with
+    a manifest, reloads on its base, and merged weights give the adapter's outputs."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from pipeline.finetune import load_finetuned, resolve_model_path, run
+
+    write_dataset(tmp_path / "sft", "react", fireact_records(max_chars=400))
+    cfg = resolve(load_config(FinetuneConfig, REPO / "configs" / "students" / "smollm2-135m.yaml", [
+        f"dataset_dir={tmp_path / 'sft'}", f"output_root={tmp_path / 'ck'}", "finetuning=lora", "max_steps=2",
+        "global_batch_size=2", "max_examples=4", "learning_rate=1.0e-2", "save_steps=100", "report_to=none",
+        "lora.r=4", "lora.alpha=8", "lora.target_modules=[q_proj,v_proj]", "lora.dropout=0.0"], section="train"))
+    manifest = run(cfg)
+    final = cfg.output_dir / "final"
+    assert manifest["adapter"] is True and manifest["base_model"] == resolve_model_path("smollm2")
+    assert (final / "adapter_model.safetensors").is_file() and not (final / "model.safetensors").exists()
+    ids = torch.tensor([[17872, 42, 617, 47, 198, 1082, 3779, 216, 33, 42]])
+    base = AutoModelForCausalLM.from_pretrained(manifest["base_model"]).eval()
+    with torch.no_grad():
+        base_logits = base(ids).logits
+        adapted = PeftModel.from_pretrained(base, final).eval()
+        adapter_logits = adapted(ids).logits
+        merged, _ = load_finetuned(final)
+        merged_logits = merged.eval()(ids).logits
+    assert not any("lora" in name for name, _ in merged.named_parameters())
+    assert (adapter_logits - base_logits).abs().max() > 1e-3, "the trained adapter changes nothing"
+    assert torch.allclose(merged_logits, adapter_logits, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_deepspeed_zero2_on_cpu(dataset, reference_run):
+    """DeepSpeed ZeRO-2 with 2 CPU processes (gloo, fp32): same losses as DDP, a DeepSpeed
+    checkpoint that counts as complete, a final model. On a fresh machine DeepSpeed first
+    compiles its shm_comm op (~60-120 s, cached in ~/.cache/torch_extensions)."""
+    pytest.importorskip("deepspeed")
+    ref_dir, _ = reference_run
+    run_dir = dataset / "ck" / "zero2" / "tiny" / "react"
+    proc = launch(dataset, "experiment=zero2", "max_steps=3", "save_steps=3", config="deepspeed_zero2")
+    log = finish(proc, timeout=400)
+    assert "4 per device x 1 accumulation x 2 processes" in log
+    checkpoint = run_dir / "checkpoint-3"
+    assert (checkpoint / "latest").is_file() and is_complete_checkpoint(checkpoint)
+    losses, reference = losses_by_step(checkpoint), losses_by_step(ref_dir / f"checkpoint-{LONG}")
+    for step in (1, 2, 3):
+        assert losses[step] == pytest.approx(reference[step], abs=LOSS_TOLERANCE), (step, losses, reference)
+    assert json.loads((run_dir / "final" / "manifest.json").read_text())["steps"] == 3
