@@ -112,6 +112,7 @@ def parse(text: str, method: str) -> Trajectory:
             continue
         m = _STEP_LINE.match(line)
         if not m:
+            continue_last_field(traj, line)  # the paper's exemplars wrap some observations
             continue
         kind, _, body = m.groups()
         if method == "cot" and kind == "Thought":
@@ -130,3 +131,16 @@ def parse(text: str, method: str) -> Trajectory:
         elif kind == "Observation" and traj.steps:
             traj.steps[-1].observation = body
     return traj
+
+
+def continue_last_field(traj: Trajectory, line: str) -> None:
+    """Append a wrapped line to the field it continues (an observation, in practice)."""
+    if traj.steps:
+        step = traj.steps[-1]
+        for name in ("observation", "action", "thought"):
+            value = getattr(step, name)
+            if value is not None:
+                setattr(step, name, f"{value} {line.strip()}")
+                return
+    elif traj.method == "cot" and traj.reasoning is not None:
+        traj.reasoning = f"{traj.reasoning} {line.strip()}"
