@@ -127,7 +127,8 @@ def model_under_test(cfg: EvalConfig) -> ModelUnderTest:
         llm = replace(cfg.model, model=str(base), adapter=str(final), gguf_file=None)
     else:
         llm = replace(cfg.model, model=str(final), adapter=None, gguf_file=None)
-    label = cfg.model.name or f"{manifest.get('student', final.parent.parent.name)}-ft-{manifest['method']}"
+    # One label per student across its methods, so the figure groups them as one model.
+    label = cfg.model.name or f"{manifest.get('student') or final.parent.parent.name} (fine-tuned)"
     llm = replace(llm, name=label)
     size_class = cfg.size_class or manifest.get("size_class") or ""
     params_b = cfg.params_b or manifest.get("params_b")

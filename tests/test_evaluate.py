@@ -146,7 +146,7 @@ def test_a_finetuned_checkpoint_runs_zero_shot_in_its_trained_format(tmp_path, i
         assert second == render(traj).text + "Thought 2:"
     [row] = json.loads((out / "summary.json").read_text())
     assert (row["model"], row["mode"], row["size_class"], row["params_b"], row["method"]) == \
-        ("tiny-llama-ft-react", "finetune", "tiny", 0.0001, "react")
+        ("tiny-llama (fine-tuned)", "finetune", "tiny", 0.0001, "react")
     assert row["em"] == 1.0 and row["n"] == 4
 
 
@@ -177,11 +177,11 @@ def test_a_real_tiny_checkpoint_is_evaluated_through_transformers(tiny_final, tm
     assert proc.returncode == 0, proc.stderr
     rows = json.loads((out / "summary.json").read_text())
     assert [(r["method"], r["mode"], r["n"], r["model"]) for r in rows] == \
-        [("cot", "finetune", 4, "tiny-llama-ft-cot"), ("cot_sc", "finetune", 4, "tiny-llama-ft-cot")]
+        [("cot", "finetune", 4, "tiny-llama (fine-tuned)"), ("cot_sc", "finetune", 4, "tiny-llama (fine-tuned)")]
     for r in read_records(out / "cot.jsonl"):
         # A random 6-token student: no "Answer:" line, so no answer, with the reason recorded.
         assert r["end_reason"] in ("runaway", "no_action", "finish") and r["completion_tokens"] > 0
-        assert r["prompt_tokens"] > 0 and r["teacher"] == "tiny-llama-ft-cot"
+        assert r["prompt_tokens"] > 0 and r["teacher"] == "tiny-llama (fine-tuned)"
 
 
 def test_a_checkpoint_cannot_run_a_format_it_was_not_trained_on(tmp_path, index, question_file):

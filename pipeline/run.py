@@ -1,0 +1,224 @@
+"""`run`: one experiment grid end to end: generate -> filter -> train -> eval -> plot.
+
+    python -m pipeline run --config configs/demo.yaml          # the CPU demo (scripts/demo.sh)
+    python -m pipeline run --config configs/paper.yaml         # the full-scale grid (GPUs)
+
+The experiment YAML names the teacher, the methods, the students by size class, the question
+sets and each stage's settings (sections `generate`, `filter`, `train`, `eval`, `plot`, with
+`students:` a list). Every unit (a generate run, a dataset, a student x method training run, an
+evaluation) is skipped when its manifest says it is complete with the same config; an interrupted
+unit resumes (episodes by id, training from its latest complete checkpoint). The run ends with
+the table and the figure's path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import add_config_arguments, build, parse_value, read_yaml, set_dotted, to_dict
+from pipeline.errors import PipelineError
+from pipeline.io import read_manifest
+
+
+@dataclass
+class Student:
+    name: str  # folder label, e.g. smollm2-135m
+    config: Path  # its FinetuneConfig YAML (configs/students/...)
+    size_class: str  # 135m | 8b | 62b ...
+    params_b: float  # billions of parameters: the figure's x axis
+    prompt_model: dict = field(default_factory=dict)  # LLMConfig keys to prompt the base model; {} = skip
+    finetune: bool = True  # train it on each method and evaluate zero-shot
+    train: dict = field(default_factory=dict)  # FinetuneConfig overrides for this student
+
+
+@dataclass
+class RunConfig:
+    experiment: str = "default"
+    out_dir: Path = Path("runs/default")
+    methods: list[str] = field(default_factory=lambda: ["standard", "cot", "act", "react"])
+    wiki: dict = field(default_factory=dict)  # WikiConfig keys shared by generate and eval
+    generate: dict = field(default_factory=dict)  # GenerateConfig keys
+    filter: dict = field(default_factory=dict)  # FilterConfig keys
+    train: dict = field(default_factory=dict)  # FinetuneConfig keys shared by every student
+    eval: dict = field(default_factory=dict)  # EvalConfig keys shared by every evaluation
+    plot: dict = field(default_factory=dict)  # PlotConfig keys
+    students: list[dict] = field(default_factory=list)  # Student entries
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_arguments(parser)
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.config is None:
+        raise PipelineError("run needs --config configs/<experiment>.yaml (e.g. configs/demo.yaml)")
+    data = read_yaml(args.config)
+    for item in args.overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise PipelineError(f"override '{item}' is not key=value (e.g. eval.limit=4)")
+        set_dotted(data, key.strip(), parse_value(key.strip(), raw))
+    cfg = build(RunConfig, data, where=str(args.config))
+    students = [build(Student, s, where=f"{args.config} students[{i}]") for i, s in enumerate(cfg.students)]
+    run(cfg, students)
+    return 0
+
+
+@dataclass
+class Unit:
+    """One step of the grid: its title, its stage config, and how to run it."""
+
+    title: str
+    config: Any
+    action: Any  # callable(config) -> result
+
+
+def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
+    """Build and check every unit's config before anything runs, so a typo in the eval section
+    fails in a second, not after hours of training."""
+    from pipeline.evaluate import evaluate
+    from pipeline.filter import run_filter
+    from pipeline.generate import generate
+
+    dataset_dir = cfg.out_dir / "sft"
+    units = [Unit("generate: the teacher writes trajectories", generate_config(cfg), skip_or(generate)),
+             Unit("filter: correct trajectories -> SFT datasets", filter_config(cfg, dataset_dir), run_filter)]
+    for student in students:
+        if student.prompt_model:
+            units.append(Unit(f"eval: {student.name} prompted", eval_config(cfg, student, None),
+                              skip_or(evaluate)))
+        if not student.finetune:
+            continue
+        for method in cfg.methods:
+            ft, overrides = train_config(cfg, student, method, dataset_dir)
+            final = Path(ft.output_dir) / "final"
+            units.append(Unit(f"train: {student.name} on {method}", (ft, student.config, overrides), launch_train))
+            units.append(Unit(f"eval: {student.name} fine-tuned on {method}",
+                              eval_config(cfg, student, final), skip_or(evaluate)))
+    summaries = [u.config.out_dir / "summary.json" for u in units if u.title.startswith("eval")]
+    units.append(Unit("plot: figure 3 and the table", plot_config(cfg, summaries), run_plot))
+    return units
+
+
+def run(cfg: RunConfig, students: list[Student]) -> dict:
+    started = time.monotonic()
+    units = plan(cfg, students)
+    outputs: dict = {}
+    for i, unit in enumerate(units, start=1):
+        stage(f"[{i}/{len(units)}] {unit.title}")
+        outputs = unit.action(unit.config)
+    print(f"[run] done in {time.monotonic() - started:.0f} s; figure: {outputs['png']} (and .svg), "
+          f"table: {outputs['md']}, csv: {outputs['csv']}, orderings: {outputs['orderings']}")
+    return outputs
+
+
+def stage(title: str) -> None:
+    print(f"\n[run] === {title}", flush=True)
+
+
+def unit_done(manifest_path: Path, config: dict) -> bool:
+    """A unit is done when its manifest says complete and was written with this same config."""
+    manifest = read_manifest(manifest_path)
+    return bool(manifest and manifest.get("complete") and manifest.get("config") == config)
+
+
+def merged(*layers: dict) -> dict[str, Any]:
+    """Deep-merge config mappings, later layers winning."""
+    out: dict[str, Any] = {}
+    for layer in layers:
+        for key, value in (layer or {}).items():
+            if isinstance(value, dict) and isinstance(out.get(key), dict):
+                out[key] = merged(out[key], value)
+            else:
+                out[key] = value
+    return out
+
+
+def skip_or(action):
+    """Run a generate/eval unit unless its manifest says it is complete with this config."""
+    def run_unit(config):
+        manifest = Path(config.out_dir) / "manifest.json"
+        if unit_done(manifest, to_dict(config)):
+            print(f"[run] skip: {config.out_dir} is complete")
+            return None
+        return action(config)
+    return run_unit
+
+
+def generate_config(cfg: RunConfig):
+    from pipeline.generate import GenerateConfig
+
+    layers = merged({"methods": cfg.methods, "wiki": cfg.wiki}, cfg.generate,
+                    {"out_dir": str(cfg.out_dir / "generate")})
+    return build(GenerateConfig, layers, where="generate")
+
+
+def filter_config(cfg: RunConfig, dataset_dir: Path):
+    from pipeline.filter import FilterConfig
+
+    layers = merged({"methods": cfg.methods}, cfg.filter,
+                    {"inputs": [str(cfg.out_dir / "generate")], "out_dir": str(dataset_dir)})
+    return build(FilterConfig, layers, where="filter")  # filter skips unchanged methods itself
+
+
+def train_config(cfg: RunConfig, student: Student, method: str, dataset_dir: Path):
+    import json
+
+    from pipeline.config import load_config
+    from pipeline.finetune import FinetuneConfig, resolve
+
+    layers = merged(cfg.train, student.train, {
+        "experiment": cfg.experiment, "student_name": student.name, "method": method,
+        "dataset_dir": str(dataset_dir), "size_class": student.size_class})
+    overrides = [f"{k}={json.dumps(v)}" for k, v in layers.items()]
+    return resolve(load_config(FinetuneConfig, student.config, overrides, section="train")), overrides
+
+
+def launch_train(unit_config) -> None:
+    """`python -m pipeline train` for one student x method, unless its final model is done."""
+    from pipeline.train import main as train_main
+
+    ft, config_path, overrides = unit_config
+    final = Path(ft.output_dir) / "final"
+    if unit_done(final / "manifest.json", to_dict(ft)):
+        print(f"[run] skip: {final} is complete")
+        return
+    args = argparse.Namespace(config=config_path, overrides=overrides, accelerate_config=None,
+                              num_processes=None, dry_run=False)
+    code = train_main(args)
+    if code != 0:
+        raise PipelineError(f"training {ft.student_name} on {ft.method} failed (exit code {code}); "
+                            "fix the cause and re-run: it resumes from the latest checkpoint")
+
+
+def eval_config(cfg: RunConfig, student: Student, final: Path | None):
+    from pipeline.evaluate import EvalConfig
+
+    if final is None:
+        name, layer = f"{student.name}-prompt", {
+            "model": student.prompt_model, "methods": cfg.methods,
+            "size_class": student.size_class, "params_b": student.params_b}
+    else:
+        method = final.parent.name
+        name, layer = f"{student.name}-ft-{method}", {
+            "checkpoint": str(final), "methods": [method],
+            "size_class": student.size_class, "params_b": student.params_b}
+    layers = merged({"wiki": cfg.wiki}, cfg.eval, layer, {"out_dir": str(cfg.out_dir / "eval" / name)})
+    return build(EvalConfig, layers, where=f"eval ({name})")
+
+
+def plot_config(cfg: RunConfig, summaries: list[Path]):
+    from pipeline.plot import PlotConfig
+
+    layers = merged(cfg.plot, {"summaries": [str(s) for s in summaries], "out_dir": str(cfg.out_dir / "plot")})
+    return build(PlotConfig, layers, where="plot")
+
+
+def run_plot(config) -> dict:
+    from pipeline.plot import run_plot as plot
+
+    return plot(config)  # prints the table and the orderings check
