@@ -36,6 +36,7 @@ from pipeline.io import (
     atomic_write_json,
     atomic_write_text,
     file_fingerprint,
+    require_complete,
     write_manifest,
 )
 from pipeline.reference import ORDERINGS, reference_rows
@@ -87,6 +88,8 @@ def load_summaries(paths: list[str | Path]) -> list[dict]:
     for path in map(Path, paths):
         if not path.is_file():
             raise PipelineError(f"{path}: summary file not found; run `python -m pipeline eval` first")
+        if (path.parent / "manifest.json").exists():  # ours (imported summaries have none)
+            require_complete(path.parent / "manifest.json", f"summary {path}")
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:

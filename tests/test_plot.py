@@ -193,6 +193,20 @@ def test_bad_summaries_are_clear_errors(tmp_path):
     assert run_plot(PlotConfig(summaries=[str(mixed)], out_dir=str(out), allow_mixed_question_sets=True))["png"].exists()
 
 
+def test_a_summary_whose_eval_manifest_says_incomplete_is_refused(tmp_path):
+    from pipeline.io import write_manifest
+
+    (tmp_path / "eval").mkdir()
+    summary = write_summary(tmp_path / "eval" / "summary.json", PAPER_LIKE)
+    write_manifest(summary.parent / "manifest.json", stage="eval", config={}, complete=False)
+    cfg = PlotConfig(summaries=[str(summary)], out_dir=str(tmp_path / "plot"))
+    with pytest.raises(PipelineError, match="incomplete"):
+        run_plot(cfg)
+    assert not (tmp_path / "plot").exists()
+    write_manifest(summary.parent / "manifest.json", stage="eval", config={}, complete=True)
+    assert run_plot(cfg)["png"].exists()
+
+
 def test_size_class_gives_params_when_missing():
     assert validate_row(row("S", "135M", None, "prompt", "react", 0.1), "r")["params_b"] == pytest.approx(0.135)
     assert validate_row(row("S", "", 1.7, "prompt", "react", 0.1), "r")["size_class"] == "1.7b"
