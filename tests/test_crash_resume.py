@@ -51,9 +51,10 @@ def line_count(out: Path) -> int:
 
 
 def kill_loop(args: list[str], out: Path, kills: int, seed: int, env: dict | None = None,
-              max_wait_s: float = 0.8) -> dict:
-    """Start the command again and again; each time, once it has written a new record, wait a
-    random moment and SIGKILL it. Returns what happened at each kill."""
+              max_new_records: int = 40) -> dict:
+    """Start the command again and again; each time, once it has written a random number (1 to
+    max_new_records) of new records, SIGKILL it at once. Counting records rather than waiting a
+    random time keeps the kills mid-run however fast the machine is. Returns what happened."""
     rng = random.Random(seed)
     log = {"killed_mid_run": 0, "finished_before_kill": 0, "torn_tails": 0, "records_at_kill": [],
            "filter_refused_incomplete": 0}
@@ -62,10 +63,10 @@ def kill_loop(args: list[str], out: Path, kills: int, seed: int, env: dict | Non
         proc = subprocess.Popen([sys.executable, "-m", "pipeline", *args], cwd=REPO, env=child_env(env),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 60
-        while proc.poll() is None and (not out.exists() or line_count(out) <= start):
+        target = start + rng.randint(1, max_new_records)
+        while proc.poll() is None and (not out.exists() or line_count(out) < target):
             assert time.monotonic() < deadline, "no progress within 60 s"
-            time.sleep(0.01)
-        time.sleep(rng.uniform(0.0, max_wait_s))
+            time.sleep(0.002)
         if proc.poll() is not None:
             log["finished_before_kill"] += 1
             continue
@@ -135,7 +136,7 @@ def test_sigkill_of_an_llm_teacher_run_then_resume_equals_an_uninterrupted_run(i
         proc = run_pipeline(*args, f"out_dir={reference}")
         assert proc.returncode == 0, proc.stderr
         resumed = tmp_path / "resumed"
-        log = kill_loop([*args, f"out_dir={resumed}"], resumed, kills=4, seed=2, max_wait_s=0.5)
+        log = kill_loop([*args, f"out_dir={resumed}"], resumed, kills=4, seed=2, max_new_records=15)
         assert log["killed_mid_run"] >= 2, log
         assert log["records_at_kill"] == sorted(log["records_at_kill"])
         proc = run_pipeline(*args, f"out_dir={resumed}")
@@ -236,7 +237,7 @@ def test_a_killed_eval_leaves_no_stale_summary_and_resumes(index, tmp_path):
                 f"out_dir={out}", "methods=[react]", "max_in_flight=1"]
         assert run_pipeline(*args, "limit=2").returncode == 0
         assert json.loads((out / "summary.json").read_text())[0]["n"] == 2
-        log = kill_loop([*args, "limit=12"], out, kills=1, seed=3, max_wait_s=0.2)
+        log = kill_loop([*args, "limit=12"], out, kills=1, seed=3, max_new_records=4)
         assert log["killed_mid_run"] == 1, log
         assert not (out / "summary.json").exists()
         assert 2 < len(read_records(out / "react.jsonl")) < 12
