@@ -164,14 +164,21 @@ def write_manifest(path: str | os.PathLike, *, stage: str, config: Any, complete
     return manifest
 
 
-def read_manifest(path: str | os.PathLike) -> dict | None:
+def read_json(path: str | os.PathLike) -> Any:
+    """A JSON file's content; a missing or broken file is one clear error naming file and line."""
     path = Path(path)
-    if not path.exists():
-        return None
+    if not path.is_file():
+        raise PipelineError(f"{path}: file not found")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise PipelineError(f"{path}: manifest is not valid JSON ({exc.msg})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        where = f"{path}:{exc.lineno}" if isinstance(exc, json.JSONDecodeError) else str(path)
+        reason = exc.msg if isinstance(exc, json.JSONDecodeError) else "not UTF-8 text"
+        raise PipelineError(f"{where}: not valid JSON ({reason})") from None
+
+
+def read_manifest(path: str | os.PathLike) -> dict | None:
+    return read_json(path) if Path(path).exists() else None
 
 
 def require_complete(manifest_path: str | os.PathLike, what: str) -> dict:

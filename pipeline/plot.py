@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import json
 import math
 import re
 from collections import defaultdict
@@ -36,6 +35,7 @@ from pipeline.io import (
     atomic_write_json,
     atomic_write_text,
     file_fingerprint,
+    read_json,
     require_complete,
     write_manifest,
 )
@@ -90,10 +90,7 @@ def load_summaries(paths: list[str | Path]) -> list[dict]:
             raise PipelineError(f"{path}: summary file not found; run `python -m pipeline eval` first")
         if (path.parent / "manifest.json").exists():  # ours (imported summaries have none)
             require_complete(path.parent / "manifest.json", f"summary {path}")
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise PipelineError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+        data = read_json(path)
         if not isinstance(data, list):
             raise PipelineError(f"{path}: expected a JSON list of summary rows (FORMATS.md)")
         if not data:

@@ -14,11 +14,11 @@ Zero-shot mode ("none") has no prefix at all: a fine-tuned student sees the ques
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.errors import PipelineError
+from pipeline.io import read_json
 from pipeline.trajectory import METHODS, Trajectory, render
 
 EXEMPLAR_DIR = Path(__file__).resolve().parent / "exemplars"
@@ -76,10 +76,7 @@ def load_our_exemplars(fmt: str, directory: str | Path = EXEMPLAR_DIR) -> list[d
     if not path.is_file():
         raise PipelineError(f"{path}: exemplar file missing; regenerate it with "
                             "`python -m pipeline.methods.build_exemplars --write`")
-    try:
-        records = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise PipelineError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+    records = read_json(path)
     for i, rec in enumerate(records):
         if not isinstance(rec, dict) or "trajectory" not in rec:
             raise PipelineError(f"{path}: exemplar {i} has no 'trajectory'")
@@ -107,10 +104,7 @@ def paper_prefix(fmt: str, path: str | Path | None = None) -> PromptPrefix:
     if not path.is_file():
         raise PipelineError(f"{path}: exemplar file not found; give a prompts_naive.json path or "
                             "run `python -m pipeline data fetch prompts`")
-    try:
-        prompts = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise PipelineError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+    prompts = read_json(path)
     key = PAPER_KEYS[fmt]
     if not isinstance(prompts, dict) or not isinstance(prompts.get(key), str):
         raise PipelineError(f"{path}: no '{key}' exemplars (expected the ReAct prompts_naive.json "
