@@ -23,7 +23,6 @@ from episode_testdata import (
     CORPUS,
     REPO,
     ScriptedTeacher,
-    build_full_index,
     child_env,
     read_records,
     run_pipeline,
@@ -35,11 +34,6 @@ from http_servers import FakeOpenAI
 METHODS = ("standard", "cot", "act", "react")
 
 pytestmark = pytest.mark.skipif(not CORPUS.is_file(), reason=f"offline corpus not found at {CORPUS}")
-
-
-@pytest.fixture(scope="module")
-def index(tmp_path_factory):
-    return build_full_index(tmp_path_factory.mktemp("wiki") / "index.sqlite")
 
 
 def oracle_args(index: Path, out: Path, *extra: str) -> list[str]:

@@ -16,7 +16,6 @@ from episode_testdata import (
     EPISODE_FIELDS,
     SUMMARY_FIELDS,
     ScriptedTeacher,
-    build_full_index,
     read_records,
     run_pipeline,
     write_questions,
@@ -26,11 +25,6 @@ from http_servers import FakeOpenAI
 from pipeline.trajectory import Trajectory, one_line, render
 
 pytestmark = pytest.mark.skipif(not CORPUS.is_file(), reason=f"offline corpus not found at {CORPUS}")
-
-
-@pytest.fixture(scope="module")
-def index(tmp_path_factory):
-    return build_full_index(tmp_path_factory.mktemp("wiki") / "index.sqlite")
 
 
 @pytest.fixture(scope="module")

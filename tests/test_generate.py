@@ -16,7 +16,6 @@ from episode_testdata import (
     CORPUS,
     EPISODE_FIELDS,
     ScriptedTeacher,
-    build_full_index,
     read_records,
     run_pipeline,
     write_questions,
@@ -29,11 +28,6 @@ METHODS = ("standard", "cot", "act", "react")
 MISSING_TITLE = "No Such Page At All 4711"
 
 pytestmark = pytest.mark.skipif(not CORPUS.is_file(), reason=f"offline corpus not found at {CORPUS}")
-
-
-@pytest.fixture(scope="module")
-def index(tmp_path_factory):
-    return build_full_index(tmp_path_factory.mktemp("wiki") / "index.sqlite")
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,6 @@ import pytest
 from episode_testdata import (
     CORPUS,
     ScriptedTeacher,
-    build_full_index,
     read_records,
     run_pipeline,
     write_questions,
@@ -25,11 +24,6 @@ from http_servers import FakeOpenAI
 PLANTED = "sk-PLANTED-5e1f0c9a7b3d2468"
 
 pytestmark = pytest.mark.skipif(not CORPUS.is_file(), reason=f"offline corpus not found at {CORPUS}")
-
-
-@pytest.fixture(scope="module")
-def index(tmp_path_factory):
-    return build_full_index(tmp_path_factory.mktemp("wiki") / "index.sqlite")
 
 
 @pytest.fixture(scope="module")
