@@ -85,6 +85,7 @@ def run_methods(llm, label: str, methods: list[str], questions: list, settings, 
     from pipeline.agent import run_episodes
 
     stats = {}
+    ids = {str(q.id) for q in questions}
     for name in methods:
         method = build_method_for(label, name, settings)
         path = out_dir / f"{name}.jsonl"
@@ -95,7 +96,7 @@ def run_methods(llm, label: str, methods: list[str], questions: list, settings, 
                              label=f"{label} {name}") as sink:
                 run_episodes(llm, lambda: backend, todo, method, sink, teacher=label,
                              max_in_flight=max_in_flight, source=source)
-        stats[name] = method_stats(path, {str(q.id) for q in questions})
+        stats[name] = method_stats(path, ids)
     return stats
 
 

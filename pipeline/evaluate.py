@@ -115,13 +115,15 @@ def model_under_test(cfg: EvalConfig) -> ModelUnderTest:
             raise PipelineError(f"model '{cfg.model.model}': its size is not known; set "
                                 + " and ".join(f"{k}=<{SIZE_HINTS[k]}>" for k in missing))
         return ModelUnderTest(cfg.model, cfg.model.label, "prompt", cfg.size_class, params_b, None)
+    from pipeline.llm.hf import looks_like_path
+
     final = Path(cfg.checkpoint)
     manifest = require_complete(final / "manifest.json", f"fine-tuned checkpoint {final}")
     if not manifest.get("method"):
         raise PipelineError(f"{final}/manifest.json names no 'method'; is it a `train` output folder?")
     if manifest.get("adapter"):
         base = manifest.get("base_model")
-        if not base or looks_local(str(base)) and not Path(base).expanduser().exists():
+        if not base or looks_like_path(str(base)) and not Path(base).expanduser().exists():
             raise PipelineError(f"{final} is a LoRA adapter whose base model '{base}' is missing; "
                                 "restore it there (or edit base_model in its manifest.json)")
         llm = replace(cfg.model, model=str(base), adapter=str(final), gguf_file=None)
@@ -138,11 +140,6 @@ def model_under_test(cfg: EvalConfig) -> ModelUnderTest:
 
 
 SIZE_HINTS = {"size_class": "e.g. 8b", "params_b": "billions, e.g. 8.0"}
-
-
-def looks_local(model: str) -> bool:
-    """A path rather than a hub id ("org/name")."""
-    return model.startswith(("/", ".", "~")) or model.count("/") > 1
 
 
 def check_finetuned_methods(methods: list[str], target: ModelUnderTest) -> None:

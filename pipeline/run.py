@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import add_config_arguments, build, parse_value, read_yaml, set_dotted, to_dict
+from pipeline.config import add_config_arguments, build, load_config, to_dict
 from pipeline.errors import PipelineError
 from pipeline.io import read_manifest
 
@@ -56,13 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     if args.config is None:
         raise PipelineError("run needs --config configs/<experiment>.yaml (e.g. configs/demo.yaml)")
-    data = read_yaml(args.config)
-    for item in args.overrides:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise PipelineError(f"override '{item}' is not key=value (e.g. eval.limit=4)")
-        set_dotted(data, key.strip(), parse_value(key.strip(), raw))
-    cfg = build(RunConfig, data, where=str(args.config))
+    cfg = load_config(RunConfig, args.config, args.overrides)
     students = [build(Student, s, where=f"{args.config} students[{i}]") for i, s in enumerate(cfg.students)]
     run(cfg, students)
     return 0

@@ -70,13 +70,15 @@ def resolve_model_source(cfg: LLMConfig) -> tuple[str, dict[str, Any]]:
         if not (path / "config.json").is_file():
             raise PipelineError(f"llm.model: {model} has no config.json; it is not a transformers checkpoint")
         return str(path), {}
-    if looks_like_path(model) or not _HUB_ID.match(model):
+    if looks_like_path(model):
         raise PipelineError(f"llm.model: model directory {model} not found; give an existing directory, a hub id, a .gguf file, or 'smollm2'")
     return model, {}  # a hub id
 
 
 def looks_like_path(model: str) -> bool:
-    return model.startswith(("/", "./", "../", "~")) or Path(model).expanduser().exists()
+    """A filesystem path rather than a hub id ("name" or "org/name")."""
+    return (model.startswith(("/", "./", "../", "~")) or Path(model).expanduser().exists()
+            or not _HUB_ID.match(model))
 
 
 class TransformersLLM:
