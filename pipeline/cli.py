@@ -12,14 +12,14 @@ import sys
 
 # stage name -> (module, one-line help)
 STAGES: dict[str, tuple[str, str]] = {
-    "data": ("pipeline.hotpotqa_cli", "HotpotQA: fetch/locate the data, build the eval sample and offline splits"),
-    "wiki": ("pipeline.wiki.cli", "local Wikipedia: build the SQLite index, drive the environment by hand"),
-    "generate": ("pipeline.generate", "a prompted teacher answers questions with each method -> trajectories"),
-    "filter": ("pipeline.filter", "keep correct trajectories -> one SFT dataset per method"),
-    "train": ("pipeline.train", "launch pipeline/finetune.py with accelerate for a student and method"),
-    "eval": ("pipeline.evaluate", "run prompted or fine-tuned models through the environment -> EM/F1"),
-    "plot": ("pipeline.plot", "summaries -> the paper's figure 3 (prompting vs fine-tuning) and a table"),
-    "run": ("pipeline.run", "chain generate -> filter -> train -> eval -> plot for an experiment grid"),
+    "data": ("pipeline.stages.data", "HotpotQA: fetch/locate the data, build the eval sample and offline splits"),
+    "wiki": ("pipeline.stages.wiki", "local Wikipedia: build the SQLite index, drive the environment by hand"),
+    "generate": ("pipeline.stages.generate", "a prompted teacher answers questions with each method -> trajectories"),
+    "filter": ("pipeline.stages.filter", "keep correct trajectories -> one SFT dataset per method"),
+    "train": ("pipeline.stages.train", "launch pipeline/finetune.py with accelerate for a student and method"),
+    "eval": ("pipeline.stages.eval", "run prompted or fine-tuned models through the environment -> EM/F1"),
+    "plot": ("pipeline.stages.plot", "summaries -> the paper's figure 3 (prompting vs fine-tuning) and a table"),
+    "run": ("pipeline.stages.run", "chain generate -> filter -> train -> eval -> plot for an experiment grid"),
 }
 
 

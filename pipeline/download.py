@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pipeline import __version__
 from pipeline.errors import PipelineError
-from pipeline.io import atomic_path
+from pipeline.storage import atomic_path
 
 USER_AGENT = (
     f"react-finetune-pipeline/{__version__} "

@@ -17,7 +17,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from pipeline.errors import PipelineError
-from pipeline.io import JsonlAppender, read_jsonl
+from pipeline.storage import JsonlAppender, read_jsonl
 
 LOCK_NAME = ".lock"
 
@@ -102,7 +102,7 @@ def run_methods(llm, label: str, methods: list[str], questions: list, settings, 
 
 def build_method_for(label: str, name: str, settings):
     if label == "oracle":
-        from pipeline.oracle import oracle_method
+        from pipeline.methods.oracle import oracle_method
 
         return oracle_method(name, settings)
     from pipeline.methods import build_method

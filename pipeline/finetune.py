@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 if __package__ in (None, ""):  # run as a script (`accelerate launch pipeline/finetune.py`):
-    # Python put pipeline/ itself first on sys.path, where our modules (pipeline/http.py ...)
+    # Python put pipeline/ itself first on sys.path, where our modules (pipeline/transport.py ...)
     # would shadow the standard library's; put the repository root there instead.
     _here = Path(__file__).resolve().parent
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
@@ -37,7 +37,7 @@ if __package__ in (None, ""):  # run as a script (`accelerate launch pipeline/fi
 
 from pipeline.config import add_config_arguments, load_config, to_dict  # noqa: E402
 from pipeline.errors import PipelineError  # noqa: E402
-from pipeline.io import (  # noqa: E402
+from pipeline.storage import (  # noqa: E402
     file_fingerprint,
     read_jsonl,
     read_manifest,

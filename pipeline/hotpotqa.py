@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import PipelineError
-from pipeline.io import read_jsonl
 from pipeline.paths import REPO_ROOT, resolve_source
+from pipeline.storage import read_jsonl
 
 DEV_SIZE = 7405
 REACT_SEED = 233

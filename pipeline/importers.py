@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.errors import PipelineError
-from pipeline.io import atomic_write_json, atomic_write_text
 from pipeline.metrics import exact_match, f1_score
+from pipeline.storage import atomic_write_json, atomic_write_text
 from pipeline.trajectory import Step, Trajectory, render
 
 TEACHER = "gpt-4 (FireAct release)"

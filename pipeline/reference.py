@@ -41,7 +41,7 @@ FIREACT_POINTS = [
     {"model": "Llama-2-13B", "params_b": 13.0, "mode": "finetune", "method": "react", "em_pct": 34.4},
 ]
 
-# The orderings the ReAct paper's text states about figure 3 (checked by pipeline.plot).
+# The orderings the ReAct paper's text states about figure 3 (checked by pipeline.stages.plot).
 ORDERINGS = {
     1: "Prompted at 8B and 62B, ReAct is the worst of the four methods.",
     2: "Fine-tuned, ReAct is the best of the four at both sizes.",

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline.io import write_manifest
+from pipeline.storage import write_manifest
 from pipeline.trajectory import parse, render
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"

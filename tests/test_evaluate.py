@@ -49,7 +49,7 @@ def one_error_line(proc) -> str:
 def write_checkpoint(folder: Path, *, method: str = "react", adapter: bool = False, complete: bool = True,
                      base_model: str | None = None, **extra) -> Path:
     """A `final` folder's manifest in pipeline/finetune.py's format (weights added by callers)."""
-    from pipeline.io import write_manifest
+    from pipeline.storage import write_manifest
 
     folder.mkdir(parents=True, exist_ok=True)
     write_manifest(folder / "manifest.json", stage="train", config={}, complete=complete,

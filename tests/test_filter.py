@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import PipelineError
-from pipeline.filter import FilterConfig, run_filter, select, write_dataset_dir
-from pipeline.io import read_jsonl, read_manifest, write_manifest
+from pipeline.stages.filter import FilterConfig, run_filter, select, write_dataset_dir
+from pipeline.storage import read_jsonl, read_manifest, write_manifest
 from pipeline.trajectory import Step, Trajectory, render
 
 REPO = Path(__file__).resolve().parents[1]
@@ -167,7 +167,7 @@ def test_failed_write_keeps_the_previous_dataset(tmp_path, monkeypatch):
     def broken(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr("pipeline.filter.write_manifest", broken)
+    monkeypatch.setattr("pipeline.stages.filter.write_manifest", broken)
     with pytest.raises(OSError):
         write_dataset_dir(target, {"train.jsonl": "new\n"}, {"stage": "filter", "config": {}, "complete": True})
     assert (target / "train.jsonl").read_text() == "old\n"

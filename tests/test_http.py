@@ -18,7 +18,7 @@ import pytest
 from http_servers import FAULT_KINDS, Fault, FaultyServer, Recorded, Reply
 
 from pipeline import __version__
-from pipeline.http import (
+from pipeline.transport import (
     USER_AGENT,
     JsonHttpClient,
     PermanentPayload,

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from pipeline.errors import PipelineError
-from pipeline.io import (
+from pipeline.storage import (
     JsonlAppender,
     atomic_path,
     atomic_write_json,

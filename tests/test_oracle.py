@@ -11,7 +11,7 @@ import pytest
 from pipeline.agent import run_episodes
 from pipeline.errors import PipelineError
 from pipeline.hotpotqa import load_question_set
-from pipeline.oracle import TEACHER, oracle_method
+from pipeline.methods.oracle import TEACHER, oracle_method
 from pipeline.trajectory import Trajectory, parse, render
 from pipeline.wiki.env import SENTENCES_SHOWN, WikiEnv
 

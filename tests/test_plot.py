@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import PipelineError
-from pipeline.plot import PlotConfig, check_orderings, load_summaries, run_plot, validate_row
 from pipeline.reference import TABLE1_HOTPOTQA_EM, reference_rows
+from pipeline.stages.plot import PlotConfig, check_orderings, load_summaries, run_plot, validate_row
 
 REPO = Path(__file__).resolve().parents[1]
 FIREACT_TRAJS = REPO.parent / "shared" / "data" / "fireact" / "trajs"
@@ -194,7 +194,7 @@ def test_bad_summaries_are_clear_errors(tmp_path):
 
 
 def test_a_summary_whose_eval_manifest_says_incomplete_is_refused(tmp_path):
-    from pipeline.io import write_manifest
+    from pipeline.storage import write_manifest
 
     (tmp_path / "eval").mkdir()
     summary = write_summary(tmp_path / "eval" / "summary.json", PAPER_LIKE)

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from pipeline.config import build, read_yaml
-from pipeline.run import RunConfig, Student, plan
+from pipeline.stages.run import RunConfig, Student, plan
 
 REPO = Path(__file__).resolve().parents[1]
 

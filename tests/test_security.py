@@ -62,8 +62,8 @@ def test_trust_remote_code_reaches_from_pretrained_only_when_the_config_asks(tin
     import transformers
 
     from pipeline.config import load_config
-    from pipeline.generate import GenerateConfig
     from pipeline.llm.hf import TransformersLLM
+    from pipeline.stages.generate import GenerateConfig
 
     calls = []
     for cls in (transformers.AutoTokenizer, transformers.AutoModelForCausalLM):

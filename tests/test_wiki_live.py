@@ -11,7 +11,7 @@ import pytest
 from http_servers import FAULT_KINDS, FakeMediaWiki, Fault
 
 from pipeline.errors import PipelineError
-from pipeline.http import JsonHttpClient, RequestFailed
+from pipeline.transport import JsonHttpClient, RequestFailed
 from pipeline.wiki.backend import Page
 from pipeline.wiki.env import WikiEnv
 from pipeline.wiki.live import LiveWikipedia, split_sentences

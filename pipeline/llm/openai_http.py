@@ -24,9 +24,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from pipeline.errors import PipelineError
-from pipeline.http import JsonHttpClient, RequestFailed, TransientPayload
 from pipeline.llm.base import Completion, GenerationRequest, cut_at_stop
 from pipeline.llm.config import LLMConfig
+from pipeline.transport import JsonHttpClient, RequestFailed, TransientPayload
 
 MODES = ("completions", "chat")
 

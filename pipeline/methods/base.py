@@ -69,10 +69,10 @@ class Method(Protocol):
         """The episode program (see the module docstring)."""
 
 
-# Failures of the page source (local SQLite, live API via pipeline.http) end ONE episode with
+# Failures of the page source (local SQLite, live API via pipeline.transport) end ONE episode with
 # `backend_error: ...`; anything else (a bug in our code) still raises.
 def backend_errors() -> tuple[type[BaseException], ...]:
-    from pipeline.http import RequestFailed
+    from pipeline.transport import RequestFailed
 
     return (RequestFailed, sqlite3.Error, OSError)
 

@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 from pipeline.errors import PipelineError
-from pipeline.io import atomic_write_json
 from pipeline.methods.prompts import EXEMPLAR_DIR, our_exemplar_file
+from pipeline.storage import atomic_write_json
 from pipeline.trajectory import METHODS, Step, Trajectory, one_line
 from pipeline.wiki.backend import WikiBackend
 from pipeline.wiki.env import WikiEnv

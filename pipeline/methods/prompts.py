@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.errors import PipelineError
-from pipeline.io import read_json
+from pipeline.storage import read_json
 from pipeline.trajectory import METHODS, Trajectory, render
 
 EXEMPLAR_DIR = Path(__file__).resolve().parent / "exemplars"

@@ -43,7 +43,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from pipeline.errors import PipelineError
-from pipeline.io import atomic_path
+from pipeline.storage import atomic_path
 from pipeline.wiki.backend import Page
 from pipeline.wiki.corpus import SourceStats, container_of, read_source
 

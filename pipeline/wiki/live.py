@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import PipelineError
-from pipeline.http import JsonHttpClient, PermanentPayload, TransientPayload
+from pipeline.transport import JsonHttpClient, PermanentPayload, TransientPayload
 from pipeline.wiki.backend import Page
 
 DEFAULT_CACHE = Path("~/.cache/react-pipeline/live-wikipedia.sqlite")
@@ -101,7 +101,7 @@ class ResponseCache:
 class LiveWikipedia:
     """`WikiBackend` over the MediaWiki Action API (TextExtracts + CirrusSearch), cached.
 
-    Raises `pipeline.http.RequestFailed` (a PipelineError) when the API cannot be reached
+    Raises `pipeline.transport.RequestFailed` (a PipelineError) when the API cannot be reached
     after the retries or answers with a permanent error; nothing is cached then."""
 
     def __init__(

@@ -30,7 +30,8 @@ from pathlib import Path
 
 from pipeline.config import add_config_arguments, load_config, to_dict
 from pipeline.errors import PipelineError
-from pipeline.io import (
+from pipeline.reference import ORDERINGS, reference_rows
+from pipeline.storage import (
     atomic_path,
     atomic_write_json,
     atomic_write_text,
@@ -39,7 +40,6 @@ from pipeline.io import (
     require_complete,
     write_manifest,
 )
-from pipeline.reference import ORDERINGS, reference_rows
 
 FOUR = ("standard", "cot", "act", "react")
 MARKER_METHODS = ("cot_sc", "react_to_cot_sc", "cot_sc_to_react")

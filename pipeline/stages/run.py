@@ -21,7 +21,7 @@ from typing import Any
 
 from pipeline.config import add_config_arguments, build, load_config, to_dict
 from pipeline.errors import PipelineError
-from pipeline.io import read_manifest
+from pipeline.storage import read_manifest
 
 
 @dataclass
@@ -74,9 +74,9 @@ class Unit:
 def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
     """Build and check every unit's config before anything runs, so a typo in the eval section
     fails in a second, not after hours of training."""
-    from pipeline.evaluate import evaluate
-    from pipeline.filter import run_filter
-    from pipeline.generate import generate
+    from pipeline.stages.eval import evaluate
+    from pipeline.stages.filter import run_filter
+    from pipeline.stages.generate import generate
 
     dataset_dir = cfg.out_dir / "sft"
     units = [Unit("generate: the teacher writes trajectories", generate_config(cfg), skip_or(generate)),
@@ -144,7 +144,7 @@ def skip_or(action):
 
 
 def generate_config(cfg: RunConfig):
-    from pipeline.generate import GenerateConfig
+    from pipeline.stages.generate import GenerateConfig
 
     layers = merged({"methods": cfg.methods, "wiki": cfg.wiki}, cfg.generate,
                     {"out_dir": str(cfg.out_dir / "generate")})
@@ -152,7 +152,7 @@ def generate_config(cfg: RunConfig):
 
 
 def filter_config(cfg: RunConfig, dataset_dir: Path):
-    from pipeline.filter import FilterConfig
+    from pipeline.stages.filter import FilterConfig
 
     layers = merged({"methods": cfg.methods}, cfg.filter,
                     {"inputs": [str(cfg.out_dir / "generate")], "out_dir": str(dataset_dir)})
@@ -174,7 +174,7 @@ def train_config(cfg: RunConfig, student: Student, method: str, dataset_dir: Pat
 
 def launch_train(unit_config) -> None:
     """`python -m pipeline train` for one student x method, unless its final model is done."""
-    from pipeline.train import main as train_main
+    from pipeline.stages.train import main as train_main
 
     ft, config_path, overrides = unit_config
     final = Path(ft.output_dir) / "final"
@@ -190,7 +190,7 @@ def launch_train(unit_config) -> None:
 
 
 def eval_config(cfg: RunConfig, student: Student, final: Path | None):
-    from pipeline.evaluate import EvalConfig
+    from pipeline.stages.eval import EvalConfig
 
     if final is None:
         name, layer = f"{student.name}-prompt", {
@@ -206,13 +206,13 @@ def eval_config(cfg: RunConfig, student: Student, final: Path | None):
 
 
 def plot_config(cfg: RunConfig, summaries: list[Path]):
-    from pipeline.plot import PlotConfig
+    from pipeline.stages.plot import PlotConfig
 
     layers = merged(cfg.plot, {"summaries": [str(s) for s in summaries], "out_dir": str(cfg.out_dir / "plot")})
     return build(PlotConfig, layers, where="plot")
 
 
 def run_plot(config) -> dict:
-    from pipeline.plot import run_plot as plot
+    from pipeline.stages.plot import run_plot as plot
 
     return plot(config)  # prints the table and the orderings check

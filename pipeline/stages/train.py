@@ -23,10 +23,10 @@ from pathlib import Path
 
 from pipeline.config import add_config_arguments, load_config, read_yaml
 from pipeline.errors import PipelineError
+from pipeline.paths import REPO_ROOT
 
-REPO = Path(__file__).resolve().parents[1]
-ACCELERATE_CONFIGS = REPO / "accelerate_configs"
-FINETUNE_SCRIPT = REPO / "pipeline" / "finetune.py"
+ACCELERATE_CONFIGS = REPO_ROOT / "accelerate_configs"
+FINETUNE_SCRIPT = REPO_ROOT / "pipeline" / "finetune.py"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

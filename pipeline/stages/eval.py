@@ -19,9 +19,9 @@ from pathlib import Path
 
 from pipeline.config import add_config_arguments, load_config, to_dict
 from pipeline.errors import PipelineError
-from pipeline.io import atomic_write_json, require_complete, write_manifest
 from pipeline.llm.config import LLMConfig
 from pipeline.methods import MethodSettings
+from pipeline.storage import atomic_write_json, require_complete, write_manifest
 from pipeline.wiki.config import WikiConfig
 
 # Sizes (billions of parameters) of models a config may name without saying params_b.
@@ -74,8 +74,8 @@ def main(args: argparse.Namespace) -> int:
 def evaluate(cfg: EvalConfig) -> list[dict]:
     """Run every method, write records and `summary.json`; return the summary rows."""
     from pipeline.episodes import run_lock, run_methods
-    from pipeline.generate import check_methods, check_resumable, open_llm
     from pipeline.hotpotqa import load_question_set
+    from pipeline.stages.generate import check_methods, check_resumable, open_llm
     from pipeline.wiki.config import open_backend
 
     target = model_under_test(cfg)

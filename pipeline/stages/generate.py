@@ -18,9 +18,9 @@ from pathlib import Path
 
 from pipeline.config import add_config_arguments, load_config, to_dict
 from pipeline.errors import PipelineError
-from pipeline.io import read_manifest, write_manifest
 from pipeline.llm.config import LLMConfig
 from pipeline.methods import MethodSettings
+from pipeline.storage import read_manifest, write_manifest
 from pipeline.wiki.config import WikiConfig
 
 

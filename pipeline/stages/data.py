@@ -17,7 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 from pipeline.errors import PipelineError
-from pipeline.io import atomic_write_json, atomic_write_text
+from pipeline.storage import atomic_write_json, atomic_write_text
 
 FETCH_SOURCES = {
     "prompts": "react-prompts",

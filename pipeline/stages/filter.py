@@ -29,7 +29,7 @@ from typing import Any
 
 from pipeline.config import add_config_arguments, load_config, to_dict
 from pipeline.errors import PipelineError
-from pipeline.io import (
+from pipeline.storage import (
     file_fingerprint,
     read_jsonl,
     read_manifest,
@@ -264,7 +264,7 @@ def dataset_card(stats: dict, cfg: FilterConfig) -> str:
         "(append the tokenizer's EOS token at tokenization); `observation_spans` are [start, end)",
         "character offsets of observation text inside `completion`, for optional loss masking.",
         "",
-        "Selection (pipeline.filter): finished episodes with exact match 1"
+        "Selection (pipeline.stages.filter): finished episodes with exact match 1"
         + (f" and F1 >= {cfg.min_f1}" if cfg.min_f1 is not None else "")
         + f"; repeated question ids dropped (first kept); at most {cfg.max_per_method} by a seeded draw"
         f" (seed {cfg.seed}). Drops: {json.dumps(stats['dropped'])}.",

@@ -14,7 +14,7 @@ A gold page that the index does not hold ends the episode unanswered with end_re
 `oracle_missing_page: <title>`: the oracle never answers without its evidence.
 
     from pipeline.agent import run_episodes
-    from pipeline.oracle import oracle_method
+    from pipeline.methods.oracle import oracle_method
     run_episodes(None, lambda: index, questions, oracle_method("react"), sink, teacher="oracle")
 """
 
