@@ -19,7 +19,7 @@ import pytest
 from pipeline.errors import PipelineError
 from pipeline.wiki import index as index_module
 from pipeline.wiki.corpus import _json_list, iter_pages, split_sentences, strip_links
-from pipeline.wiki.index import LocalIndex, build_index, query_tokens, title_key
+from pipeline.wiki.index import INDEX_FORMAT, LocalIndex, build_index, query_tokens, title_key
 
 DUMP_DIR = "enwiki-20171001-pages-meta-current-withlinks-abstracts"
 
@@ -281,7 +281,7 @@ def test_missing_corrupt_or_foreign_index_file(tmp_path):
     build_index([write_jsonl(tmp_path / "c.jsonl", [page("A", "a.")])], future)
     with sqlite3.connect(future) as db:
         db.execute("UPDATE meta SET value = '99' WHERE key = 'format'")
-    with pytest.raises(PipelineError, match="format 99, this code reads format 1"):
+    with pytest.raises(PipelineError, match=f"format 99, this code reads format {INDEX_FORMAT}"):
         LocalIndex(future)
 
 
@@ -305,7 +305,7 @@ def test_meta_records_sources_and_build(tmp_path):
     corpus = write_jsonl(tmp_path / "c.jsonl", [page("A", "a."), page("B", "b.")])
     with LocalIndex(build_index([corpus], tmp_path / "i.sqlite").out) as index:
         meta = index.meta
-    assert meta["format"] == 1 and meta["pages"] == 2 and index.page_count == 2
+    assert meta["format"] == INDEX_FORMAT and meta["pages"] == 2 and index.page_count == 2
     source = meta["sources"][0]
     assert source["path"] == str(corpus) and source["size"] == corpus.stat().st_size
     assert len(source["head_sha256"]) == 64 and source["pages"] == 2

@@ -4,6 +4,10 @@ The original loop lower-cases the action's first letter and then matches `search
 `startswith`/`endswith`, so the argument runs from the first `[` to the LAST `]` (nested
 brackets survive: `Search[Adam [film]]` searches `Adam [film]`). We also accept any case of the
 name and stray spaces around it, which small models produce; anything else is invalid.
+
+`parse_action_original` is wikienv.py's own test, for the paper's mode: after `strip()`, the text
+must start with `search[`, `lookup[`, `finish[` or `think[` (lower-case, no space before `[`) and
+end with `]`; the argument is everything between, unstripped.
 """
 
 from __future__ import annotations
@@ -12,12 +16,13 @@ import re
 from dataclasses import dataclass
 
 ACTION_NAMES = ("search", "lookup", "finish")
+ORIGINAL_ACTION_NAMES = ("search", "lookup", "finish", "think")
 _ACTION = re.compile(r"^\s*([A-Za-z]+)\s*\[(.*)\]\s*$", re.DOTALL)
 
 
 @dataclass(frozen=True)
 class Action:
-    name: str  # search | lookup | finish
+    name: str  # search | lookup | finish (| think, original parser only)
     argument: str
 
 
@@ -30,3 +35,12 @@ def parse_action(text: str) -> Action | None:
     if name not in ACTION_NAMES:
         return None
     return Action(name, match.group(2).strip())
+
+
+def parse_action_original(text: str) -> Action | None:
+    """wikienv.py's `step` parsing, exactly (see the module docstring)."""
+    action = (text or "").strip()
+    for name in ORIGINAL_ACTION_NAMES:
+        if action.startswith(f"{name}[") and action.endswith("]"):
+            return Action(name, action[len(name) + 1:-1])
+    return None

@@ -10,15 +10,38 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+DISAMBIGUATION_MARK = "may refer to:"
+
 
 @dataclass(frozen=True)
 class Page:
     title: str
     sentences: list[str]  # stripped sentences, in order (HotpotQA's own sentence split)
+    # sentences per paragraph, in order; () = the whole page is one paragraph (an intro)
+    paragraph_sizes: tuple[int, ...] = ()
 
     @property
     def is_disambiguation(self) -> bool:
-        return any("may refer to:" in s for s in self.sentences[:3])
+        """The clean style's rule: the mark in the first sentences (a disambiguation page's lead)."""
+        return any(DISAMBIGUATION_MARK in s for s in self.sentences[:3])
+
+    def paragraphs(self) -> list[list[str]]:
+        """The sentences grouped into paragraphs (one paragraph when no sizes are known)."""
+        if not self.paragraph_sizes:
+            return [list(self.sentences)] if self.sentences else []
+        out, start = [], 0
+        for size in self.paragraph_sizes:
+            out.append(list(self.sentences[start:start + size]))
+            start += size
+        if start < len(self.sentences):  # sizes that undercount: the rest is one more paragraph
+            out.append(list(self.sentences[start:]))
+        return [p for p in out if p]
+
+
+def paragraph_sizes(paragraphs: list[list[str]]) -> tuple[int, ...]:
+    """The `Page.paragraph_sizes` of paragraphs; () for a single paragraph (the common case)."""
+    sizes = tuple(len(p) for p in paragraphs if p)
+    return sizes if len(sizes) > 1 else ()
 
 
 class WikiBackend(Protocol):

@@ -22,6 +22,9 @@ class WikiConfig:
     timeout_s: float = 20.0
     max_retries: int = 5
     max_steps: int = 7  # HotpotQA's step limit in the paper
+    # clean | original: the text and rules of the environment's observations (pipeline/wiki/env.py;
+    # "original" is wikienv.py's own, `..` and all; the README compares them side by side)
+    observation_style: str = "clean"
 
 
 def resolve_corpus(spec: str) -> Path:
@@ -42,6 +45,18 @@ def resolve_corpus(spec: str) -> Path:
 
 
 def open_backend(cfg: WikiConfig) -> WikiBackend:
+    """The page source `cfg` names, carrying `cfg.observation_style` for every WikiEnv over it."""
+    from pipeline.wiki.env import OBSERVATION_STYLES
+
+    if cfg.observation_style not in OBSERVATION_STYLES:
+        raise PipelineError(f"wiki.observation_style '{cfg.observation_style}' is unknown; use "
+                            f"{' or '.join(OBSERVATION_STYLES)}")
+    backend = _open(cfg)
+    backend.observation_style = cfg.observation_style
+    return backend
+
+
+def _open(cfg: WikiConfig) -> WikiBackend:
     if cfg.backend == "local":
         from pipeline.wiki.index import LocalIndex, build_index
 

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from pipeline.errors import PipelineError
-from pipeline.wiki.backend import Page
+from pipeline.wiki.backend import Page, paragraph_sizes
 
 FORMATS_HELP = (
     "corpus JSONL ({title, sentences} or {title, text} per line), HotpotQA JSON/JSONL with "
@@ -118,8 +118,15 @@ def _is_abbreviation(before_period: str) -> bool:
 
 def page_sentences(title: str, body: Any) -> list[str]:
     """The stripped, non-empty sentences of a page body (see the module docstring for shapes)."""
+    return [s for paragraph in page_paragraphs(title, body) for s in paragraph]
+
+
+def page_paragraphs(title: str, body: Any) -> list[list[str]]:
+    """The page body's sentences grouped by paragraph: a list of sentences is one paragraph, a
+    list of lists is one paragraph per list, a string one paragraph per non-empty line."""
     if isinstance(body, str):
-        return split_sentences(strip_links(body) if "<" in body else body)
+        text = strip_links(body) if "<" in body else body
+        return [p for p in (split_sentences(line) for line in text.splitlines()) if p]
     if not isinstance(body, list):
         raise ValueError(f"sentences/text must be a string or a list, not {type(body).__name__}")
     if body and isinstance(body[0], list):
@@ -127,7 +134,12 @@ def page_sentences(title: str, body: Any) -> list[str]:
             raise ValueError("text mixes paragraphs (lists) and sentences (strings)")
         if len(body[0]) == 1 and isinstance(body[0][0], str) and body[0][0].strip() == title:
             body = body[1:]  # the full dump's first "paragraph" is the title itself
-        body = [s for paragraph in body for s in paragraph]
+        return [p for p in (_clean_sentences(paragraph) for paragraph in body) if p]
+    sentences = _clean_sentences(body)
+    return [sentences] if sentences else []
+
+
+def _clean_sentences(body: list) -> list[str]:
     sentences = []
     for s in body:
         if not isinstance(s, str):
@@ -144,13 +156,13 @@ def page_sentences(title: str, body: Any) -> list[str]:
 
 
 class _Reader:
-    """Turns the records of one source into (title, sentences) pairs, counting what it skips."""
+    """Turns the records of one source into (title, paragraphs) pairs, counting what it skips."""
 
     def __init__(self, stats: SourceStats):
         self.stats = stats
         self.context_titles: set[str] = set()
 
-    def pages(self, record: Any, where: str) -> Iterator[tuple[str, list[str]]]:
+    def pages(self, record: Any, where: str) -> Iterator[tuple[str, list[list[str]]]]:
         self.stats.records += 1
         if not isinstance(record, dict):
             raise PipelineError(f"{where}: expected a JSON object, found {type(record).__name__}")
@@ -168,7 +180,7 @@ class _Reader:
                 f"record with context (keys: {keys}); expected {FORMATS_HELP}"
             )
 
-    def _context_pages(self, context: Any, where: str) -> Iterator[tuple[str, list[str]]]:
+    def _context_pages(self, context: Any, where: str) -> Iterator[tuple[str, list[list[str]]]]:
         if isinstance(context, dict):  # Hugging Face layout: parallel title / sentences lists
             titles, bodies = context.get("title", []), context.get("sentences", [])
             if not isinstance(titles, list) or not isinstance(bodies, list) or len(titles) != len(bodies):
@@ -189,19 +201,19 @@ class _Reader:
             if page is not None:
                 yield page
 
-    def _page(self, title: Any, body: Any, where: str) -> tuple[str, list[str]] | None:
+    def _page(self, title: Any, body: Any, where: str) -> tuple[str, list[list[str]]] | None:
         if not isinstance(title, str) or not title.strip():
             raise PipelineError(f"{where}: a page needs a non-empty string title, found {title!r:.80}")
         title = title.strip()
         try:
-            sentences = page_sentences(title, body)
+            paragraphs = page_paragraphs(title, body)
         except ValueError as exc:
             raise PipelineError(f"{where}: page {title!r:.80}: {exc}") from None
-        if not sentences:
+        if not paragraphs:
             self.stats.empty_pages += 1
             return None
         self.stats.pages += 1
-        return title, sentences
+        return title, paragraphs
 
 
 # ---------------------------------------------------------------- containers
@@ -223,8 +235,9 @@ def container_of(path: Path) -> str:
     raise PipelineError(f"{path}: unknown corpus format (by its name); expected {FORMATS_HELP}")
 
 
-def read_source(path: str | Path, stats: SourceStats | None = None) -> Iterator[tuple[str, list[str]]]:
-    """Yield (title, sentences) for every page of one source, streaming. Fills `stats`."""
+def read_source(path: str | Path, stats: SourceStats | None = None) -> Iterator[tuple[str, list[list[str]]]]:
+    """Yield (title, paragraphs: lists of sentences) for every page of one source, streaming.
+    Fills `stats`."""
     path = Path(path)
     if not path.exists():
         raise PipelineError(f"{path}: corpus file not found; check the path (expected {FORMATS_HELP})")
@@ -251,8 +264,8 @@ def read_source(path: str | Path, stats: SourceStats | None = None) -> Iterator[
 
 def iter_pages(path: str | Path) -> Iterator[Page]:
     """The pages of one corpus source as `Page` objects (convenience over `read_source`)."""
-    for title, sentences in read_source(path):
-        yield Page(title, sentences)
+    for title, paragraphs in read_source(path):
+        yield Page(title, [s for p in paragraphs for s in p], paragraph_sizes(paragraphs))
 
 
 def _numbered(lines: Iterable[bytes], where: str) -> Iterator[tuple[int, bytes]]:

@@ -4,10 +4,24 @@
     env.reset(question, gold_answer)
     observation, reward, done, info = env.step("Search[Milhouse]")
 
-Observation text follows the original ReAct `wikienv.py` exactly (see ../shared/REFERENCE.md):
-a hit shows the page's first 5 sentences; a miss `Could not find X. Similar: [...]`; a
-disambiguation page counts as a miss on `[X]`; Lookup walks the page's sentences containing the
-keyword as `(Result k / n) ...`; Finish ends the episode with `Episode finished, reward = r`.
+Two observation styles (`style=`, or the `observation_style` the config put on the backend):
+
+- "original": the original ReAct `wikienv.py` + notebook, rule for rule. The page text is its
+  paragraphs of more than two words, one per line; sentences are `paragraph.split('. ')` with
+  '.' re-added to every piece, so a paragraph's last sentence ends in `..`; a hit shows the
+  first 5 such sentences and resets the Lookup state; a miss (or a page with "may refer to:"
+  in ANY paragraph, shown as a miss on `[X]`) keeps the previous page and Lookup state; Lookup
+  matches the same sentences (an empty keyword matches every one); actions are parsed strictly
+  (`search[`/`lookup[`/`finish[`/`think[` ... `]` after strip, the loop having lower-cased the
+  first letter); `No more results.` and `Episode finished, reward = r` end in a newline, and
+  `think[...]` answers `Nice thought.`, all as the original does.
+- "clean" (the default): the corpus's own sentence split (no `..`); a disambiguation page is
+  one whose first sentences say "may refer to:"; every Search resets page and Lookup state (a
+  miss leaves no page); actions in any case with spaces before `[` are accepted; no trailing
+  newlines.
+Both: a miss reads `Could not find X. Similar: [...]`; Lookup walks the matching sentences as
+`(Result k / n) ...` then `No more results.`; Finish ends the episode with
+`Episode finished, reward = r`; anything else is `Invalid action: ...`.
 """
 
 from __future__ import annotations
@@ -15,12 +29,28 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pipeline.metrics import exact_match, f1_score
-from pipeline.wiki.actions import parse_action
-from pipeline.wiki.backend import Page, WikiBackend
+from pipeline.wiki.actions import Action, parse_action, parse_action_original
+from pipeline.wiki.backend import DISAMBIGUATION_MARK, Page, WikiBackend
 
 SENTENCES_SHOWN = 5
 SIMILAR_SHOWN = 5
 MAX_ARGUMENT_CHARS = 500  # a 10,000-character Search[...] is answered, not sent to the backend
+OBSERVATION_STYLES = ("clean", "original")
+
+
+def original_page_text(page: Page) -> str:
+    """`self.page` of the original: each paragraph of more than two words on its own line."""
+    lines = [text for text in (" ".join(p) for p in page.paragraphs()) if len(text.split(" ")) > 2]
+    return "".join(line + "\n" for line in lines)
+
+
+def original_sentences(page_text: str) -> list[str]:
+    """wikienv.py's get_page_obs / construct_lookup_list split, verbatim: '. ' then '.' re-added."""
+    paragraphs = [p.strip() for p in page_text.split("\n") if p.strip()]
+    sentences: list[str] = []
+    for p in paragraphs:
+        sentences += p.split(". ")
+    return [s.strip() + "." for s in sentences if s.strip()]
 
 
 @dataclass
@@ -34,12 +64,17 @@ class EpisodeState:
     steps: int = 0
     answer: str | None = None
     done: bool = False
+    page_text: str | None = None  # original style: the current page as the original holds it
 
 
 class WikiEnv:
-    def __init__(self, backend: WikiBackend, max_steps: int = 7):
+    def __init__(self, backend: WikiBackend, max_steps: int = 7, style: str | None = None):
         self.backend = backend
         self.max_steps = max_steps
+        self.style = style or getattr(backend, "observation_style", "clean")
+        if self.style not in OBSERVATION_STYLES:
+            raise ValueError(f"observation style {self.style!r}: expected one of {OBSERVATION_STYLES}")
+        self.original = self.style == "original"
         self.state = EpisodeState()
 
     def reset(self, question: str, gold_answer: str | None = None) -> str:
@@ -52,21 +87,44 @@ class WikiEnv:
         if state.done:
             return "Episode already finished.", 0.0, True, self.info()
         state.steps += 1
-        action = parse_action(action_text)
+        action = self.parse(action_text)
         reward = 0.0
+        end = "\n" if self.original else ""  # the original's "No more results.\n", "...reward = r\n"
         if action is None:
-            observation = f"Invalid action: {action_text}"
+            shown = action_text.strip() if self.original else action_text
+            observation = f"Invalid action: {shown}"
         elif action.name == "search":
-            observation = self.search(action.argument)
+            observation = self.search_original(action.argument) if self.original else self.search(action.argument)
         elif action.name == "lookup":
             observation = self.lookup(action.argument)
+            if observation == "No more results.":
+                observation += end
+        elif action.name == "think":
+            observation = "Nice thought."
         else:
             state.answer, state.done = action.argument, True
             reward = self.reward()
-            observation = f"Episode finished, reward = {int(reward)}"
+            observation = f"Episode finished, reward = {int(reward)}{end}"
         if not state.done and state.steps >= self.max_steps:
             state.done = True  # step limit: ends unanswered, like the original loop
         return observation, reward, state.done, self.info()
+
+    def parse(self, action_text: str) -> Action | None:
+        return parse_action_original(action_text) if self.original else parse_action(action_text)
+
+    def search_original(self, entity: str) -> str:
+        """wikienv.py's search_step: only a hit changes the page and resets the Lookup state."""
+        state = self.state
+        if len(entity) > MAX_ARGUMENT_CHARS:
+            return f"Could not find {entity[:MAX_ARGUMENT_CHARS]}... Similar: []."
+        page = self.backend.get_page(entity) if entity.strip() else None
+        if page is None:
+            return self.miss(entity, entity)
+        if any(DISAMBIGUATION_MARK in s for s in page.sentences):  # any block, as the original
+            return self.miss(f"[{entity}]", entity)  # the original re-searches "[X]": a miss
+        state.page, state.page_text = page, original_page_text(page)
+        state.lookup_keyword, state.lookup_results, state.lookup_index = None, [], 0
+        return " ".join(original_sentences(state.page_text)[:SENTENCES_SHOWN])
 
     def search(self, entity: str) -> str:
         state = self.state
@@ -101,6 +159,10 @@ class WikiEnv:
 
     def sentences_with(self, keyword: str) -> list[str]:
         page = self.state.page
+        if self.original:  # construct_lookup_list: no page -> []; "" is in every sentence
+            if self.state.page_text is None:
+                return []
+            return [s for s in original_sentences(self.state.page_text) if keyword.lower() in s.lower()]
         if page is None or not keyword:
             return []
         needle = keyword.lower()

@@ -6,7 +6,9 @@
     index.similar_titles("Milhouse (film)", 5)   # -> titles ranked by BM25, titles weighted up
 
 Layout of the file (INDEX_FORMAT):
-- `pages(id, title, key, sentences)`: `key` = `title_key(title)` (indexed), `sentences` = JSON list;
+- `pages(id, title, key, sentences, paragraphs)`: `key` = `title_key(title)` (indexed),
+  `sentences` = JSON list, `paragraphs` = JSON list of sentences per paragraph (NULL: one
+  paragraph, as in an intro; the original observation style rebuilds paragraphs from it);
 - `pages_fts(title, body)`: a contentless FTS5 table (rowid = pages.id; BM25 needs only the
   index, and contentless is the fastest to build and the smallest), unicode61 tokenizer with
   diacritics removed, over NFKC-normalised title and sentence text;
@@ -44,10 +46,10 @@ from urllib.parse import quote
 
 from pipeline.errors import PipelineError
 from pipeline.storage import atomic_path
-from pipeline.wiki.backend import Page
+from pipeline.wiki.backend import Page, paragraph_sizes
 from pipeline.wiki.corpus import SourceStats, container_of, read_source
 
-INDEX_FORMAT = 1
+INDEX_FORMAT = 2  # 2: paragraphs column
 TOKENIZER = "unicode61 remove_diacritics 2"
 TITLE_WEIGHT, BODY_WEIGHT = 10.0, 1.0  # BM25 column weights: a title match counts 10x
 DF_FLOOR = 32  # term_df keeps terms in at least this many pages (fewer in tiny corpora)
@@ -101,7 +103,8 @@ class BuildStats:
 
 _SCHEMA = f"""
 CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE pages(id INTEGER PRIMARY KEY, title TEXT NOT NULL, key TEXT NOT NULL, sentences TEXT NOT NULL);
+CREATE TABLE pages(id INTEGER PRIMARY KEY, title TEXT NOT NULL, key TEXT NOT NULL, sentences TEXT NOT NULL,
+                   paragraphs TEXT);
 CREATE VIRTUAL TABLE pages_fts USING fts5(title, body, tokenize='{TOKENIZER}', content='', detail=full);
 CREATE TABLE term_df(term TEXT PRIMARY KEY, df INTEGER NOT NULL) WITHOUT ROWID;
 """
@@ -172,7 +175,7 @@ def _fill(db: sqlite3.Connection, sources: list[Path], settings: BuildSettings,
     page_id = 0
 
     def flush() -> None:
-        db.executemany("INSERT INTO pages(id, title, key, sentences) VALUES(?, ?, ?, ?)", page_rows)
+        db.executemany("INSERT INTO pages(id, title, key, sentences, paragraphs) VALUES(?, ?, ?, ?, ?)", page_rows)
         db.executemany("INSERT INTO pages_fts(rowid, title, body) VALUES(?, ?, ?)", fts_rows)
         if progress is not None:
             progress(len(page_rows))
@@ -182,13 +185,16 @@ def _fill(db: sqlite3.Connection, sources: list[Path], settings: BuildSettings,
     db.execute("BEGIN")
     for source in sources:
         source_stats = SourceStats(str(source), container_of(source))
-        for title, sentences in read_source(source, source_stats):
+        for title, paragraphs in read_source(source, source_stats):
             if title in seen:
                 stats.duplicate_titles += 1
                 continue
             seen.add(title)
             page_id += 1
-            page_rows.append((page_id, title, title_key(title), json.dumps(sentences, ensure_ascii=False)))
+            sentences = [s for p in paragraphs for s in p]
+            sizes = paragraph_sizes(paragraphs)
+            page_rows.append((page_id, title, title_key(title), json.dumps(sentences, ensure_ascii=False),
+                              json.dumps(sizes) if sizes else None))
             fts_rows.append((page_id, _fts_text(title), _fts_text(" ".join(sentences))))
             if len(page_rows) >= settings.batch_size:
                 flush()
@@ -331,14 +337,14 @@ class LocalIndex:
         key = title_key(entity)
         if not key:
             return None
-        rows = self._query("SELECT title, sentences FROM pages WHERE key = ? ORDER BY id", (key,))
+        rows = self._query("SELECT title, sentences, paragraphs FROM pages WHERE key = ? ORDER BY id", (key,))
         if not rows:
             return None
         wanted = " ".join(entity.split())
         capitalised = wanted[:1].upper() + wanted[1:]
-        title, sentences = min(rows, key=lambda r: (r[0] != wanted, r[0] != capitalised))
+        title, sentences, sizes = min(rows, key=lambda r: (r[0] != wanted, r[0] != capitalised))
         try:
-            return Page(title, json.loads(sentences))
+            return Page(title, json.loads(sentences), tuple(json.loads(sizes)) if sizes else ())
         except json.JSONDecodeError as exc:
             raise self._broken(f"page {title!r}: {exc.msg}") from None
 
@@ -405,10 +411,12 @@ class LocalIndex:
         self.close()
 
     def __getstate__(self) -> dict:  # worker processes reopen the file instead of pickling it
-        return {"path": self.path}
+        return {"path": self.path, "observation_style": getattr(self, "observation_style", None)}
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["path"])
+        if state.get("observation_style"):
+            self.observation_style = state["observation_style"]
 
     def __repr__(self) -> str:
         return f"LocalIndex({str(self.path)!r}, pages={self.page_count})"

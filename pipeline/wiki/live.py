@@ -31,7 +31,7 @@ from typing import Any
 
 from pipeline.errors import PipelineError
 from pipeline.transport import JsonHttpClient, PermanentPayload, TransientPayload
-from pipeline.wiki.backend import Page
+from pipeline.wiki.backend import Page, paragraph_sizes
 
 DEFAULT_CACHE = Path("~/.cache/react-pipeline/live-wikipedia.sqlite")
 _HEADING = re.compile(r"^=+[^=].*=+$")
@@ -44,18 +44,27 @@ _TRANSIENT_API_ERRORS = ("maxlag", "ratelimited", "readonly", "internal_api_erro
 
 def split_sentences(text: str) -> list[str]:
     """Plain page text -> sentences, the way the original ReAct environment splits a page."""
-    sentences: list[str] = []
+    return [s for paragraph in split_paragraphs(text) for s in paragraph]
+
+
+def split_paragraphs(text: str) -> list[list[str]]:
+    """`split_sentences`, grouped by paragraph (kept so the original observation style can
+    rebuild each paragraph: joining a paragraph's pieces with ' ' gives it back)."""
+    paragraphs: list[list[str]] = []
     for line in text.split("\n"):
         paragraph = line.strip()
         if not paragraph or _HEADING.match(paragraph) or len(paragraph.split(" ")) <= 2:
             continue
         pieces = paragraph.split(". ")
+        sentences = []
         for i, piece in enumerate(pieces):
             piece = piece.strip()
             if not piece:
                 continue
             sentences.append(piece + "." if i < len(pieces) - 1 else piece)
-    return sentences
+        if sentences:
+            paragraphs.append(sentences)
+    return paragraphs
 
 
 class ResponseCache:
@@ -158,7 +167,9 @@ class LiveWikipedia:
         page = pages[0]
         if page.get("missing") or page.get("invalid") or "extract" not in page:
             return None
-        return Page(title=page["title"], sentences=split_sentences(page["extract"]))
+        paragraphs = split_paragraphs(page["extract"])
+        return Page(title=page["title"], sentences=[s for p in paragraphs for s in p],
+                    paragraph_sizes=paragraph_sizes(paragraphs))
 
     def _search(self, text: str, k: int, *, what: str) -> list[str]:
         params = {"list": "search", "srsearch": text, "srlimit": k, "srnamespace": 0,
