@@ -18,6 +18,7 @@ from pipeline.methods.prompts import PromptPrefix, load_prompt, zero_shot
 
 METHOD_NAMES = ("standard", "cot", "cot_sc", "act", "react", "react_to_cot_sc", "cot_sc_to_react")
 MODES = ("prompt", "zero_shot")
+LOOPS = ("ours", "original")
 # The trajectory formats (pipeline.trajectory.METHODS) each method prompts with.
 FORMATS_USED = {"standard": ("standard",), "cot": ("cot",), "cot_sc": ("cot",), "act": ("act",),
                 "react": ("react",), "react_to_cot_sc": ("react", "cot"),
@@ -56,6 +57,8 @@ def check_method(name: str, settings: MethodSettings) -> None:
         raise PipelineError(f"unknown method '{name}'; expected one of {', '.join(METHOD_NAMES)}")
     if settings.mode not in MODES:
         raise PipelineError(f"unknown mode '{settings.mode}'; expected one of {', '.join(MODES)}")
+    if settings.loop not in LOOPS:
+        raise PipelineError(f"unknown loop '{settings.loop}'; expected one of {', '.join(LOOPS)}")
     if settings.max_steps < 1 or settings.max_new_tokens < 1 or settings.cot_sc_samples < 1:
         raise PipelineError("max_steps, max_new_tokens and cot_sc_samples must be >= 1 "
                             f"(got {settings.max_steps}, {settings.max_new_tokens}, {settings.cot_sc_samples})")

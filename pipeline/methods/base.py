@@ -32,7 +32,10 @@ class MethodSettings:
     mode: str = "prompt"  # prompt (instruction + exemplars + question) | zero_shot (question alone)
     exemplars: str = "ours"  # ours | paper | a prompts_naive.json path | a folder of ours
     max_steps: int = 7  # Act / ReAct step limit (HotpotQA: 7)
-    max_new_tokens: int = 256  # per generation
+    max_new_tokens: int = 256  # per generation (the original notebook: 100)
+    # ours | original. original: the notebook's webthink loop, rule for rule (see
+    # pipeline/methods/interactive.py); pair it with wiki.observation_style=original
+    loop: str = "ours"
     temperature: float = 0.0  # greedy, as in the paper (CoT-SC samples use cot_sc_temperature)
     cot_sc_samples: int = 21
     cot_sc_temperature: float = 0.7

@@ -3,8 +3,8 @@
   CoT-SC           21 CoT samples at T=0.7 in ONE request (n=21); answers are compared after
                    HotpotQA normalisation; the majority wins (ties: the answer seen first); the
                    outcome is the first sample that gave it.
-  ReAct -> CoT-SC  run ReAct; if it gives no answer (step limit or any other ending without one),
-                   run CoT-SC.
+  ReAct -> CoT-SC  run ReAct; if it gives no answer (step limit or any other ending without one,
+                   or an empty `Finish[]`), run CoT-SC.
   CoT-SC -> ReAct  run CoT-SC; if the majority answer has fewer than n/2 votes, run ReAct.
 """
 
@@ -75,7 +75,10 @@ class Fallback:
 
 
 def no_answer(outcome: Outcome) -> bool:
-    return outcome.prediction is None
+    """The paper's rule "when ReAct fails to return an answer": no Finish, or a blank one. An
+    empty `Finish[]` is what the original loop itself sends after the step limit, so it counts
+    as no answer here (our choice; the original code has no hybrid to copy)."""
+    return outcome.prediction is None or not outcome.prediction.strip()
 
 
 def weak_majority(outcome: Outcome) -> bool:

@@ -17,6 +17,14 @@ answers "Invalid action: ..." as the original does.
 
 Every prompt is prefix + render(trajectory so far).text + the cue, so the text the model reads
 is exactly the text the renderer writes into training data.
+
+`loop: original` (the paper's mode) is the notebook's webthink step exactly: the output is split
+at "\nAction {i}: " and must give two pieces; otherwise (no action, several, or text cut by the
+token limit without one) the first line is the thought and "Action {i}:" is asked again with
+stop "\n", whatever the first answer's finish reason. Text cut by the limit is used as it is:
+there is no `runaway` ending (the environment answers a cut action as invalid). Only an empty
+re-asked action ends the episode (`no_action`: the original would crash on `action[0]`). Act
+has no original loop in the released code and runs the same in both modes.
 """
 
 from __future__ import annotations
@@ -66,7 +74,9 @@ class Interactive:
         env.reset(ctx.text, ctx.question.answer)
         for i in range(1, self.settings.max_steps + 1):
             head = self.prefix.text + render(traj).text
-            if self.name == "react":
+            if self.name == "react" and self.settings.loop == "original":
+                step, reason = yield from self._original_react_step(head, i)
+            elif self.name == "react":
                 step, reason = yield from self._react_step(head, i)
             else:
                 step, reason = yield from self._act_step(head, i)
@@ -111,6 +121,23 @@ class Interactive:
         if not action:
             return Step(thought, ""), "no_action"
         return Step(thought, action), None
+
+    def _original_react_step(self, head: str, i: int):
+        """hotpotqa.ipynb's webthink step (see the module docstring)."""
+        [[c]] = yield [request(head + f"Thought {i}:", [f"\nObservation {i}:"], self.settings)]
+        failure = completion_failure(c)
+        if failure:
+            return None, failure
+        pieces = c.text.strip().split(f"\nAction {i}: ")
+        if len(pieces) == 2:
+            return Step(one_line(pieces[0]), one_line(pieces[1])), None
+        thought = one_line(c.text.strip().split("\n")[0])
+        [[c]] = yield [request(head + f"Thought {i}: {thought}\nAction {i}:", ["\n"], self.settings)]
+        failure = completion_failure(c)
+        if failure:
+            return Step(thought, ""), failure
+        action = one_line(c.text.strip())
+        return Step(thought, action), (None if action else "no_action")
 
     def _act_step(self, head: str, i: int):
         [[c]] = yield [request(head + f"Action {i}:", [f"\nObservation {i}:"], self.settings)]

@@ -33,6 +33,18 @@ _ACTIONS = (
     "(2) Lookup[keyword] returns the next sentence of the current page that contains the keyword.\n"
     "(3) Finish[answer] gives the answer and ends the task.\n"
 )
+# hotpotqa.ipynb's `instruction`, verbatim (trailing space on the first line included): the
+# prefix of the paper's ReAct exemplars. The release has no instruction for the other formats,
+# so they keep ours.
+NOTEBOOK_INSTRUCTION = (
+    "Solve a question answering task with interleaving Thought, Action, Observation steps. "
+    "Thought can reason about the current situation, and Action can be three types: \n"
+    "(1) Search[entity], which searches the exact entity on Wikipedia and returns the first "
+    "paragraph if it exists. If not, it will return some similar entities to search.\n"
+    "(2) Lookup[keyword], which returns the next sentence containing keyword in the current passage.\n"
+    "(3) Finish[answer], which returns the answer and finishes the task.\n"
+    "Here are some examples.\n"
+)
 INSTRUCTIONS = {
     "react": "Answer a question by interleaving Thought, Action and Observation steps. A Thought "
              "reasons about the situation so far; an Action is one of three kinds:\n" + _ACTIONS
@@ -112,7 +124,8 @@ def paper_prefix(fmt: str, path: str | Path | None = None) -> PromptPrefix:
     # The paper's text starts with a newline for ReAct and ends with one or two: keep one at the
     # end so the question line starts a line of its own, as in the original prompts.
     exemplars = prompts[key].rstrip("\n") + "\n"
-    return PromptPrefix(fmt, INSTRUCTIONS[fmt], exemplars, f"paper:{path}#{key}")
+    instruction = NOTEBOOK_INSTRUCTION if fmt == "react" else INSTRUCTIONS[fmt]
+    return PromptPrefix(fmt, instruction, exemplars, f"paper:{path}#{key}")
 
 
 def load_prompt(fmt: str, exemplars: str = "ours") -> PromptPrefix:
