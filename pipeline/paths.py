@@ -66,6 +66,12 @@ SOURCES: dict[str, Source] = {s.name: s for s in [
            "enwiki-20171001-pages-meta-current-withlinks-abstracts.tar.bz2",
            "python -m pipeline data fetch wiki-abstracts",
            "HotpotQA's enwiki-2017 intro-paragraph dump (tar.bz2)"),
+    Source("wiki-processed", "wiki/enwiki-20171001-pages-meta-current-withlinks-processed.tar.bz2",
+           "wiki/enwiki-20171001-pages-meta-current-withlinks-processed.tar.bz2",
+           "https://nlp.stanford.edu/projects/hotpotqa/"
+           "enwiki-20171001-pages-meta-current-withlinks-processed.tar.bz2",
+           "python -m pipeline data fetch wiki-processed",
+           "HotpotQA's enwiki-2017 full-article dump, every paragraph (tar.bz2)"),
     Source("wiki-corpus", "wiki/corpus.jsonl", "wiki/corpus.jsonl", None, None,
            "local Wikipedia pages {title, sentences} (the offline mirror's corpus)"),
 ]}

@@ -22,6 +22,7 @@ from pipeline.storage import atomic_write_json, atomic_write_text
 FETCH_SOURCES = {
     "prompts": "react-prompts",
     "wiki-abstracts": "wiki-abstracts",
+    "wiki-processed": "wiki-processed",
 }
 HOTPOT_SPLITS = {
     "train": "hotpotqa-train",
@@ -36,9 +37,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     fetch = sub.add_parser("fetch", help="locate a data file, downloading it into data/ if needed",
                            description="Resolve a file: data/ cache > local mirror > official download.")
-    fetch.add_argument("what", choices=["prompts", "hotpotqa", "wiki-abstracts"],
+    fetch.add_argument("what", choices=["prompts", "hotpotqa", "wiki-abstracts", "wiki-processed"],
                        help="prompts: ReAct's prompts_naive.json; hotpotqa: an official HotpotQA file; "
-                       "wiki-abstracts: HotpotQA's enwiki-2017 intro dump")
+                       "wiki-abstracts: HotpotQA's enwiki-2017 intro dump; wiki-processed: its "
+                       "full-article dump (every paragraph)")
     fetch.add_argument("--split", choices=list(HOTPOT_SPLITS), default="dev-distractor",
                        help="which HotpotQA file (with `fetch hotpotqa`; default dev-distractor)")
     fetch.add_argument("--force", action="store_true",

@@ -10,7 +10,16 @@ Containers (chosen by the path) and records (recognised by their keys):
 - the HotpotQA enwiki-2017 dump, `enwiki-20171001-pages-meta-current-withlinks-abstracts.tar.bz2`:
   a tar.bz2 whose members are bz2-compressed JSON-lines files, one page per line (`id`, `url`,
   `title`, `text` = the intro paragraph as a list of sentences, `text_with_links`, offsets).
-  Also read: the unpacked folder of shards, or one `.bz2` shard.
+  Also read: the unpacked folder of shards, or one `.bz2` shard. HotpotQA's full-article
+  "processed" dump (`enwiki-20171001-pages-meta-current-withlinks-processed.tar.bz2`) has the
+  same layout with `text` = every paragraph of the page (lists of sentences): the fullest 2017
+  source, so Lookup sees whole pages.
+- `.parquet` / `.arrow`: a local copy of the `wikimedia/wikipedia` dataset (`{id, url, title,
+  text}`, paragraphs separated by blank lines), streamed through `datasets` (`streaming=True`).
+- Redirects, not pages: a pages-articles XML dump (`.xml` / `.xml.bz2`: the `<redirect title=...>`
+  element of each main-namespace `<page>`; article wikitext is not read) or a redirect table
+  (`.tsv` / `.tsv.bz2` / `.tsv.gz`: `from<TAB>to` title per line, e.g. exported from the
+  `redirect` and `page` SQL tables). `read_redirects` streams them; the index stores them.
 
 Pages from records:
 - `sentences` / `text` as a list of sentences is used as is; as a list of paragraphs (lists of
@@ -42,9 +51,12 @@ from pipeline.wiki.backend import Page, paragraph_sizes
 FORMATS_HELP = (
     "corpus JSONL ({title, sentences} or {title, text} per line), HotpotQA JSON/JSONL with "
     "context paragraphs, or the HotpotQA enwiki dump (.tar.bz2 of .bz2 JSON-lines shards, its "
-    "unpacked folder, or one .bz2 shard)"
+    "unpacked folder, or one .bz2 shard; the processed full-article dump alike), a local "
+    "wikimedia/wikipedia .parquet/.arrow file, or redirects (.xml[.bz2] pages-articles dump, "
+    "from<TAB>to .tsv)"
 )
 _TAR_SUFFIXES = (".tar.bz2", ".tbz2", ".tbz", ".tar", ".tar.gz", ".tgz")
+REDIRECT_CONTAINERS = ("xml-dump", "redirect-table")
 _MAX_JSON_ELEMENT = 64 * 1024 * 1024  # one record of a JSON list; larger means the file is broken
 
 
@@ -58,6 +70,7 @@ class SourceStats:
     pages: int = 0  # pages handed to the index
     empty_pages: int = 0  # skipped: no sentence
     repeated_titles: int = 0  # skipped: a context title already seen in this file
+    redirects: int = 0  # redirect sources: (from, to) pairs read
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -220,10 +233,19 @@ class _Reader:
 
 
 def container_of(path: Path) -> str:
-    """Which reader a path needs: jsonl | json | dump-tar | dump-folder | dump-shard."""
+    """Which reader a path needs: jsonl | json | dump-tar | dump-folder | dump-shard | parquet |
+    arrow (pages) or xml-dump | redirect-table (redirects)."""
     if path.is_dir():
         return "dump-folder"
     name = path.name.lower()
+    if name.endswith((".xml", ".xml.bz2")):
+        return "xml-dump"
+    if name.endswith((".tsv", ".tsv.bz2", ".tsv.gz")):
+        return "redirect-table"
+    if name.endswith(".parquet"):
+        return "parquet"
+    if name.endswith(".arrow"):
+        return "arrow"
     if name.endswith(_TAR_SUFFIXES):
         return "dump-tar"
     if name.endswith(".bz2"):
@@ -244,6 +266,12 @@ def read_source(path: str | Path, stats: SourceStats | None = None) -> Iterator[
     container = container_of(path)
     stats = stats if stats is not None else SourceStats(str(path), container)
     reader = _Reader(stats)
+    if container in REDIRECT_CONTAINERS:
+        raise PipelineError(f"{path}: a redirect source, not pages; read it with read_redirects")
+    if container in ("parquet", "arrow"):
+        for where, record in _dataset_records(path, container):
+            yield from reader.pages(record, where)
+        return
     if container == "json":
         with open(path, encoding="utf-8") as fh:
             for where, record in _json_list(fh, str(path)):
@@ -266,6 +294,75 @@ def iter_pages(path: str | Path) -> Iterator[Page]:
     """The pages of one corpus source as `Page` objects (convenience over `read_source`)."""
     for title, paragraphs in read_source(path):
         yield Page(title, [s for p in paragraphs for s in p], paragraph_sizes(paragraphs))
+
+
+def _dataset_records(path: Path, container: str) -> Iterator[tuple[str, dict]]:
+    """Rows of a local parquet / arrow file through `datasets`, streamed (never loaded whole)."""
+    import datasets
+
+    try:
+        rows = datasets.load_dataset(container, data_files=str(path), split="train", streaming=True)
+        for i, row in enumerate(rows, 1):
+            yield f"{path}:row {i}", row
+    except (OSError, ValueError, datasets.exceptions.DatasetGenerationError) as exc:
+        raise PipelineError(f"{path}: not a readable {container} file ({str(exc).splitlines()[0]})") from None
+
+
+def read_redirects(path: str | Path, stats: SourceStats | None = None) -> Iterator[tuple[str, str]]:
+    """Yield (from title, to title) for every redirect of a redirect source, streaming."""
+    path = Path(path)
+    container = container_of(path)
+    stats = stats if stats is not None else SourceStats(str(path), container)
+    if container == "xml-dump":
+        yield from _xml_redirects(path, stats)
+    elif container == "redirect-table":
+        yield from _tsv_redirects(path, stats)
+    else:
+        raise PipelineError(f"{path}: not a redirect source (an .xml[.bz2] dump or a .tsv table)")
+
+
+def _open_text(path: Path) -> IO:
+    import gzip
+
+    name = path.name.lower()
+    opener = bz2.open if name.endswith(".bz2") else gzip.open if name.endswith(".gz") else open
+    return opener(path, "rb")
+
+
+def _tsv_redirects(path: Path, stats: SourceStats) -> Iterator[tuple[str, str]]:
+    with _open_text(path) as fh:
+        for lineno, raw in _numbered(fh, str(path)):
+            line = raw.decode("utf-8", errors="strict").rstrip("\r\n") if raw.strip() else ""
+            if not line:
+                continue
+            stats.records += 1
+            parts = line.split("\t")
+            if len(parts) != 2 or not parts[0].strip() or not parts[1].strip():
+                raise PipelineError(f"{path}:{lineno}: expected 'from<TAB>to' (two titles), found {line[:80]!r}")
+            stats.redirects += 1
+            yield parts[0].strip(), parts[1].strip()
+
+
+def _xml_redirects(path: Path, stats: SourceStats) -> Iterator[tuple[str, str]]:
+    """`<page><title>A</title><ns>0</ns><redirect title="B"/>...` of a MediaWiki XML dump."""
+    import xml.etree.ElementTree as ET
+
+    with _open_text(path) as fh:
+        try:
+            for _, elem in ET.iterparse(fh, events=("end",)):
+                if elem.tag.rsplit("}", 1)[-1] != "page":
+                    continue
+                stats.records += 1
+                fields = {child.tag.rsplit("}", 1)[-1]: child for child in elem}
+                redirect, title, ns = fields.get("redirect"), fields.get("title"), fields.get("ns")
+                if redirect is not None and title is not None and (ns is None or ns.text == "0"):
+                    target = redirect.get("title", "").strip()
+                    if title.text and target:
+                        stats.redirects += 1
+                        yield title.text.strip(), target
+                elem.clear()  # keep memory flat over a multi-GB dump
+        except (ET.ParseError, OSError, EOFError) as exc:
+            raise PipelineError(f"{path}: not a readable MediaWiki XML dump ({exc})") from None
 
 
 def _numbered(lines: Iterable[bytes], where: str) -> Iterator[tuple[int, bytes]]:

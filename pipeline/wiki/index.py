@@ -8,7 +8,10 @@
 Layout of the file (INDEX_FORMAT):
 - `pages(id, title, key, sentences, paragraphs)`: `key` = `title_key(title)` (indexed),
   `sentences` = JSON list, `paragraphs` = JSON list of sentences per paragraph (NULL: one
-  paragraph, as in an intro; the original observation style rebuilds paragraphs from it);
+  paragraph, as in an intro; the original observation style rebuilds paragraphs from it),
+  `near` = `near_key(title)` (indexed);
+- `redirects(key, near, target)`: from redirect sources (pipeline.wiki.corpus.read_redirects);
+  `key` / `near` of the redirect's own title, `target` the title it points to;
 - `pages_fts(title, body)`: a contentless FTS5 table (rowid = pages.id; BM25 needs only the
   index, and contentless is the fastest to build and the smallest), unicode61 tokenizer with
   diacritics removed, over NFKC-normalised title and sentence text;
@@ -17,6 +20,11 @@ Layout of the file (INDEX_FORMAT):
   rank by (see `LocalIndex.similar_titles`); a term not listed is in fewer pages than that;
 - `meta(key, value)`: format version, sources (path, size, mtime, sha256 of the first MiB,
   page counts), page count, skipped duplicates, build time, SQLite version, tokenizer.
+
+Search order (`get_page`), like Wikipedia's "Go" box: the exact key; a redirect with that key
+(one hop, as MediaWiki follows them); then the near-match key (`near_key`: diacritics removed, a
+leading "The"/"A"/"An" dropped, on top of `title_key`) of a page, then of a redirect; otherwise
+a miss.
 
 Titles. `title_key` normalises for lookup: Unicode NFKC, case-fold, underscores to spaces,
 whitespace collapsed and trimmed. Duplicates: the first page with a given exact title wins (the
@@ -47,9 +55,15 @@ from urllib.parse import quote
 from pipeline.errors import PipelineError
 from pipeline.storage import atomic_path
 from pipeline.wiki.backend import Page, paragraph_sizes
-from pipeline.wiki.corpus import SourceStats, container_of, read_source
+from pipeline.wiki.corpus import (
+    REDIRECT_CONTAINERS,
+    SourceStats,
+    container_of,
+    read_redirects,
+    read_source,
+)
 
-INDEX_FORMAT = 2  # 2: paragraphs column
+INDEX_FORMAT = 2  # 2: paragraphs, near keys, redirects
 TOKENIZER = "unicode61 remove_diacritics 2"
 TITLE_WEIGHT, BODY_WEIGHT = 10.0, 1.0  # BM25 column weights: a title match counts 10x
 DF_FLOOR = 32  # term_df keeps terms in at least this many pages (fewer in tiny corpora)
@@ -63,6 +77,18 @@ BUILD_HINT = "python -m pipeline wiki build --corpus PATH [PATH ...] --out INDEX
 def title_key(title: str) -> str:
     """The lookup form of a title: NFKC, case-folded, `_` -> space, whitespace collapsed."""
     return " ".join(unicodedata.normalize("NFKC", title).casefold().replace("_", " ").split())
+
+
+_LEADING_ARTICLE = re.compile(r"^(?:the|a|an) (?=\S)")
+
+
+def near_key(title: str) -> str:
+    """The near-match form: `title_key`, diacritics removed, a leading English article dropped
+    ("The Beatles" ~ "beatles", "Pokémon" ~ "pokemon")."""
+    key = title_key(title)
+    if not key.isascii():
+        key = "".join(c for c in unicodedata.normalize("NFKD", key) if not unicodedata.combining(c))
+    return _LEADING_ARTICLE.sub("", key)
 
 
 # ---------------------------------------------------------------- build
@@ -88,6 +114,7 @@ class BuildStats:
     out: str
     pages: int
     duplicate_titles: int
+    redirects: int = 0
     sources: list[dict] = field(default_factory=list)
     seconds: float = 0.0
     df_floor: int = DF_FLOOR
@@ -104,7 +131,8 @@ class BuildStats:
 _SCHEMA = f"""
 CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE pages(id INTEGER PRIMARY KEY, title TEXT NOT NULL, key TEXT NOT NULL, sentences TEXT NOT NULL,
-                   paragraphs TEXT);
+                   paragraphs TEXT, near TEXT NOT NULL);
+CREATE TABLE redirects(key TEXT NOT NULL, near TEXT NOT NULL, target TEXT NOT NULL);
 CREATE VIRTUAL TABLE pages_fts USING fts5(title, body, tokenize='{TOKENIZER}', content='', detail=full);
 CREATE TABLE term_df(term TEXT PRIMARY KEY, df INTEGER NOT NULL) WITHOUT ROWID;
 """
@@ -175,7 +203,8 @@ def _fill(db: sqlite3.Connection, sources: list[Path], settings: BuildSettings,
     page_id = 0
 
     def flush() -> None:
-        db.executemany("INSERT INTO pages(id, title, key, sentences, paragraphs) VALUES(?, ?, ?, ?, ?)", page_rows)
+        db.executemany("INSERT INTO pages(id, title, key, sentences, paragraphs, near) VALUES(?, ?, ?, ?, ?, ?)",
+                       page_rows)
         db.executemany("INSERT INTO pages_fts(rowid, title, body) VALUES(?, ?, ?)", fts_rows)
         if progress is not None:
             progress(len(page_rows))
@@ -185,6 +214,11 @@ def _fill(db: sqlite3.Connection, sources: list[Path], settings: BuildSettings,
     db.execute("BEGIN")
     for source in sources:
         source_stats = SourceStats(str(source), container_of(source))
+        if source_stats.container in REDIRECT_CONTAINERS:
+            _add_redirects(db, source, source_stats)
+            stats.redirects += source_stats.redirects
+            stats.sources.append({**source_stats.to_dict(), **_fingerprint(source)})
+            continue
         for title, paragraphs in read_source(source, source_stats):
             if title in seen:
                 stats.duplicate_titles += 1
@@ -194,7 +228,7 @@ def _fill(db: sqlite3.Connection, sources: list[Path], settings: BuildSettings,
             sentences = [s for p in paragraphs for s in p]
             sizes = paragraph_sizes(paragraphs)
             page_rows.append((page_id, title, title_key(title), json.dumps(sentences, ensure_ascii=False),
-                              json.dumps(sizes) if sizes else None))
+                              json.dumps(sizes) if sizes else None, near_key(title)))
             fts_rows.append((page_id, _fts_text(title), _fts_text(" ".join(sentences))))
             if len(page_rows) >= settings.batch_size:
                 flush()
@@ -212,6 +246,19 @@ def _fill(db: sqlite3.Connection, sources: list[Path], settings: BuildSettings,
     return stats
 
 
+def _add_redirects(db: sqlite3.Connection, source: Path, stats: SourceStats, batch: int = 20_000) -> None:
+    rows: list[tuple[str, str, str]] = []
+    for origin, target in read_redirects(source, stats):
+        rows.append((title_key(origin), near_key(origin), target))
+        if len(rows) >= batch:
+            db.executemany("INSERT INTO redirects(key, near, target) VALUES(?, ?, ?)", rows)
+            rows.clear()
+    db.executemany("INSERT INTO redirects(key, near, target) VALUES(?, ?, ?)", rows)
+    if stats.redirects == 0:
+        raise PipelineError(f"{source}: no redirects found (records read: {stats.records}); is it a "
+                            "pages-articles XML dump or a from<TAB>to redirect table?")
+
+
 def _fts_text(text: str) -> str:
     # NFKC on both sides (index and query) so ligatures and full-width forms match
     return text if text.isascii() else unicodedata.normalize("NFKC", text)
@@ -219,6 +266,9 @@ def _fts_text(text: str) -> str:
 
 def _finish(db: sqlite3.Connection, settings: BuildSettings, df_floor: int) -> None:
     db.execute("CREATE INDEX pages_key ON pages(key)")
+    db.execute("CREATE INDEX pages_near ON pages(near)")
+    db.execute("CREATE INDEX redirects_key ON redirects(key)")
+    db.execute("CREATE INDEX redirects_near ON redirects(near)")
     if settings.defer_fts_merge:
         db.execute("INSERT INTO pages_fts(pages_fts) VALUES('optimize')")
     db.execute("CREATE VIRTUAL TABLE temp.vocab USING fts5vocab(main, pages_fts, row)")
@@ -243,6 +293,7 @@ def _write_meta(db: sqlite3.Connection, stats: BuildStats) -> None:
         "format": INDEX_FORMAT,
         "pages": stats.pages,
         "duplicate_titles": stats.duplicate_titles,
+        "redirects": stats.redirects,
         "sources": stats.sources,
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "build_seconds": round(stats.seconds, 2),
@@ -334,19 +385,37 @@ class LocalIndex:
     # -- WikiBackend
 
     def get_page(self, entity: str) -> Page | None:
+        """The page `entity` names: exact key, redirect, near match (see the module docstring)."""
         key = title_key(entity)
         if not key:
             return None
-        rows = self._query("SELECT title, sentences, paragraphs FROM pages WHERE key = ? ORDER BY id", (key,))
+        wanted = " ".join(entity.split())
+        page = self._page_where("key", key, wanted)
+        if page is None:
+            page = self._redirected("key", key)
+        if page is None:
+            near = near_key(entity)
+            page = self._page_where("near", near, wanted) or self._redirected("near", near)
+        return page
+
+    def _page_where(self, column: str, value: str, wanted: str) -> Page | None:
+        rows = self._query(f"SELECT title, sentences, paragraphs FROM pages WHERE {column} = ? ORDER BY id", (value,))
         if not rows:
             return None
-        wanted = " ".join(entity.split())
         capitalised = wanted[:1].upper() + wanted[1:]
         title, sentences, sizes = min(rows, key=lambda r: (r[0] != wanted, r[0] != capitalised))
         try:
             return Page(title, json.loads(sentences), tuple(json.loads(sizes)) if sizes else ())
         except json.JSONDecodeError as exc:
             raise self._broken(f"page {title!r}: {exc.msg}") from None
+
+    def _redirected(self, column: str, value: str) -> Page | None:
+        """One hop, as MediaWiki follows redirects: the target must be a page, not a redirect."""
+        rows = self._query(f"SELECT target FROM redirects WHERE {column} = ? ORDER BY rowid LIMIT 1", (value,))
+        if not rows:
+            return None
+        target = rows[0][0]
+        return self._page_where("key", title_key(target), " ".join(target.split()))
 
     def similar_titles(self, entity: str, k: int = 5) -> list[str]:
         """Up to k titles ranked by BM25 over title (x10) and text, for the words of `entity`.
