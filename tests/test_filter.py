@@ -57,14 +57,14 @@ def test_select_keeps_correct_finished_first_of_each_id():
     assert result.kept[0]["question"].endswith(" first")
     assert dict(result.dropped) == {"incorrect": 1, "unfinished": 1, "duplicate": 1, "low_f1": 1, "bad_trajectory": 2}
     # without min_f1 the low-F1 one stays; without require_finished the unfinished correct one stays
-    assert [e["id"] for e in select("react", episodes, FilterConfig(require_finished=False)).kept] == ["a", "c", "d"]
+    assert [e["id"] for e in select("react", episodes, FilterConfig(require_finished=False, shuffle=False)).kept] == ["a", "c", "d"]
 
 
 def test_cap_is_seeded_and_keeps_input_order():
     episodes = [episode(f"q{i:02d}") for i in range(20)]
-    first = select("react", episodes, FilterConfig(max_per_method=5, seed=1))
-    again = select("react", episodes, FilterConfig(max_per_method=5, seed=1))
-    other = select("react", episodes, FilterConfig(max_per_method=5, seed=2))
+    first = select("react", episodes, FilterConfig(max_per_method=5, seed=1, shuffle=False))
+    again = select("react", episodes, FilterConfig(max_per_method=5, seed=1, shuffle=False))
+    other = select("react", episodes, FilterConfig(max_per_method=5, seed=2, shuffle=False))
     ids = [e["id"] for e in first.kept]
     assert len(ids) == 5 and ids == sorted(ids) and ids == [e["id"] for e in again.kept]
     assert ids != [e["id"] for e in other.kept]
@@ -232,3 +232,18 @@ def test_cli_from_fireact_dedups_across_files(tmp_path):
     rows = read_jsonl(out / "react" / "train.jsonl")
     assert all(r["completion"].endswith("Episode finished, reward = 1\n") for r in rows)
     assert "Google search snippets" in (out / "react" / "README.md").read_text()
+
+
+def test_rows_are_shuffled_with_the_seed_and_the_card_gives_paper_epochs(tmp_path):
+    episodes = [episode(f"q{i:02d}") for i in range(40)]
+    first = [e["id"] for e in select("react", episodes, FilterConfig(seed=3)).kept]
+    assert first == [e["id"] for e in select("react", episodes, FilterConfig(seed=3)).kept]
+    assert sorted(first) == [e["id"] for e in episodes] and first != sorted(first)
+    assert first != [e["id"] for e in select("react", episodes, FilterConfig(seed=4)).kept]
+    out = tmp_path / "sft"
+    run_filter(FilterConfig(inputs=[str(generate_folder(tmp_path / "gen", {"react": episodes}))], out_dir=str(out), seed=3))
+    assert [r["id"] for r in read_jsonl(out / "react" / "train.jsonl")] == first
+    card = (out / "react" / "README.md").read_text()
+    # 4,000 steps x 64 / 40 rows = 6,400 epochs at both size classes
+    assert "8B-class students: 6400.0 epochs; 62B-class students: 6400.0 epochs" in card
+    assert "shuffled with the seed" in card

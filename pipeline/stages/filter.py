@@ -7,7 +7,9 @@
 Inputs are generate output folders (`<method>.jsonl` + a complete manifest.json) and/or FireAct's
 released files (pipeline.importers). Per method it keeps episodes that finished with EM = 1
 (optionally F1 >= min_f1), drops repeated question ids (the first is kept), caps the rest at
-`max_per_method` by a seeded draw, and writes `<out_dir>/<method>/` (FORMATS.md): train.jsonl,
+`max_per_method` by a seeded draw, shuffles them with the same seed (so training batches mix
+questions and sources rather than follow the generate order; `shuffle=false` keeps input order),
+and writes `<out_dir>/<method>/` (FORMATS.md): train.jsonl,
 README.md (dataset card), stats.json, manifest.json. The folder appears by one rename, so a reader
 never sees half a dataset. A re-run whose inputs (fingerprints) and settings match the manifest
 skips the method; `force=true` rebuilds.
@@ -42,7 +44,9 @@ REQUIRED_FIELDS = ("id", "method", "em", "finished", "trajectory")
 # Why an episode was not kept, in the order the checks run.
 DROP_REASONS = ("unfinished", "incorrect", "low_f1", "bad_trajectory", "duplicate", "over_cap")
 # Settings that change a dataset's content; out_dir/force/methods do not.
-CONTENT_KEYS = ("min_f1", "require_finished", "max_per_method", "seed", "tokenizer", "fireact_other_tasks")
+CONTENT_KEYS = ("min_f1", "require_finished", "max_per_method", "seed", "tokenizer", "fireact_other_tasks",
+                "shuffle")
+GLOBAL_BATCH = 64  # the paper's batch size, for the epochs the dataset card reports
 
 
 @dataclass
@@ -56,6 +60,7 @@ class FilterConfig:
     require_finished: bool = True
     max_per_method: int = 3000
     seed: int = 0
+    shuffle: bool = True  # the written order: seeded shuffle (True) or input order
     tokenizer: str | None = None  # "smollm2", a local folder or a hub id: token-length stats
     force: bool = False
 
@@ -137,9 +142,22 @@ def select(method: str, episodes: list[dict], cfg: FilterConfig) -> Selection:
     kept = eligible
     if len(eligible) > cfg.max_per_method:
         chosen = sorted(random.Random(cfg.seed).sample(range(len(eligible)), cfg.max_per_method))
-        kept = [eligible[i] for i in chosen]  # input order, for a stable, readable file
+        kept = [eligible[i] for i in chosen]
         dropped["over_cap"] = len(eligible) - len(kept)
+    if cfg.shuffle:  # the trainer reads the file in order: mix questions (and sources) here
+        kept = list(kept)
+        random.Random(f"{cfg.seed}:shuffle:{method}").shuffle(kept)
     return Selection(method, kept, len(episodes), dropped)
+
+
+def paper_epochs(method: str, examples: int) -> dict[str, float]:
+    """Epochs the paper's step counts make over `examples` rows at batch 64, per size class."""
+    from pipeline.finetune import PAPER_STEPS
+
+    if examples < 1:
+        return {}
+    return {size: round(steps[method] * GLOBAL_BATCH / examples, 1)
+            for size, steps in PAPER_STEPS.items() if method in steps}
 
 
 def _drop_reason(episode: dict, method: str, cfg: FilterConfig) -> str | None:
@@ -268,7 +286,15 @@ def dataset_card(stats: dict, cfg: FilterConfig) -> str:
         + (f" and F1 >= {cfg.min_f1}" if cfg.min_f1 is not None else "")
         + f"; repeated question ids dropped (first kept); at most {cfg.max_per_method} by a seeded draw"
         f" (seed {cfg.seed}). Drops: {json.dumps(stats['dropped'])}.",
+        "",
+        ("Row order: shuffled with the seed, so batches mix questions." if cfg.shuffle
+         else "Row order: the inputs' order (shuffle=false)."),
     ]
+    epochs = paper_epochs(method, stats["kept"])
+    if epochs:
+        schedule = "; ".join(f"{size.upper()}-class students: {epochs[size]} epochs" for size in epochs)
+        lines += ["", f"Training at the paper's step counts (batch {GLOBAL_BATCH}) makes {schedule} over these "
+                  f"{stats['kept']} rows (steps x {GLOBAL_BATCH} / rows)."]
     if fireact:
         lines += ["", "FireAct rows: GPT-4 trajectories released by FireAct (Chen et al. 2023). Their observations",
                   "are Google search snippets, not this project's Wikipedia environment; no gold answers were",

@@ -5,7 +5,13 @@
     python -m pipeline generate teacher.model=smollm2 questions=offline-bootstrap limit=8
 
 One record per finished episode is appended (flushed, fsynced) as it finishes; a re-run skips the
-question ids already written, so a killed run resumes where it stopped. `teacher.backend=oracle`
+question ids already written, so a killed run resumes where it stopped.
+
+Target mode (`target_correct=N`, as the paper keeps 3,000 correct trajectories per method): the
+question pool (the set, cut to `limit` if given) is shuffled with `order_seed`, and each method
+draws questions in that order, a batch at a time, until it has N correct (finished, EM 1)
+episodes or the pool is exhausted; it reports how many questions it needed. A re-run recomputes
+everything from the records, so it resumes too (and a larger N continues where a smaller stopped). `teacher.backend=oracle`
 is a stand-in teacher that writes correct trajectories from HotpotQA's gold supporting facts
 (NOT the paper's PaLM-540B); any transformers / vllm / openai model is a real teacher.
 """
@@ -34,6 +40,8 @@ class GenerateConfig:
     method: MethodSettings = field(default_factory=MethodSettings)
     wiki: WikiConfig = field(default_factory=WikiConfig)
     max_in_flight: int = 16  # episodes run at once (one batched LLM call per round)
+    target_correct: int | None = None  # target mode: draw questions until each method has N correct
+    order_seed: int = 0  # target mode: the seed of the order in which questions are drawn
 
 
 # Keys whose change makes old records incomparable with new ones (a larger `limit` is fine).
@@ -61,21 +69,88 @@ def generate(cfg: GenerateConfig) -> dict[str, dict]:
     questions = load_question_set(cfg.questions, limit=cfg.limit)
     if not questions:
         raise PipelineError(f"question set '{cfg.questions}' is empty")
-    check_resumable(cfg.out_dir, "generate", to_dict(cfg))
+    keys = IDENTITY_KEYS if cfg.target_correct is None else (*IDENTITY_KEYS, "order_seed")
+    check_resumable(cfg.out_dir, "generate", to_dict(cfg), keys)
     backend = open_backend(cfg.wiki)
     llm = None if label == "oracle" else open_llm(cfg.teacher)
     manifest = dict(stage="generate", config=to_dict(cfg), teacher=label,
                     exemplar_sources=exemplar_sources, n_questions=len(questions))
     manifest_path = cfg.out_dir / "manifest.json"
     with run_lock(cfg.out_dir):
-        check_resumable(cfg.out_dir, "generate", to_dict(cfg))  # again, now that we hold the folder
+        check_resumable(cfg.out_dir, "generate", to_dict(cfg), keys)  # again, now that we hold the folder
         write_manifest(manifest_path, complete=False, **manifest)
-        stats = run_methods(llm, label, cfg.methods, questions, cfg.method, backend, cfg.out_dir,
-                            max_in_flight=cfg.max_in_flight, source="generate")
+        if cfg.target_correct is None:
+            stats = run_methods(llm, label, cfg.methods, questions, cfg.method, backend, cfg.out_dir,
+                                max_in_flight=cfg.max_in_flight, source="generate")
+        else:
+            stats = run_to_target(llm, label, cfg, questions, backend)
         write_manifest(manifest_path, complete=True, stats=stats, **manifest)
     for name, s in stats.items():
         print(f"{name:>16}: {s['n']} episodes, EM {s['em']:.3f}, F1 {s['f1']:.3f}, "
               f"finished {s['finish_rate']:.0%} -> {cfg.out_dir / (name + '.jsonl')}")
+        if "target" in s:
+            t = s["target"]
+            reached = (f"reached after {t['questions_needed']} questions" if t["reached"]
+                       else f"NOT reached: the pool of {t['pool']} is exhausted")
+            print(f"{'':>16}  target {t['target']} correct: {t['correct']} correct, {reached}")
+    return stats
+
+
+def draw_order(questions: list, seed: int) -> list:
+    """The seeded order in which target mode draws questions (independent of the set's order
+    of appearance only through the seed: the same pool and seed give the same order)."""
+    import random
+
+    order = list(questions)
+    random.Random(seed).shuffle(order)
+    return order
+
+
+def is_correct(record: dict) -> bool:
+    return bool(record.get("finished")) and float(record.get("em") or 0.0) == 1.0
+
+
+def target_progress(order: list, records: dict[str, dict], target: int) -> dict:
+    """Correct episodes so far and, once there are `target`, how many questions of the order
+    it took to reach them (counting in draw order, so it does not depend on which episode of a
+    batch happened to finish first)."""
+    correct, needed = 0, None
+    for position, q in enumerate(order, 1):
+        record = records.get(str(q.id))
+        if record is not None and is_correct(record):
+            correct += 1
+            if correct == target and needed is None:
+                needed = position
+    return {"target": target, "correct": correct, "reached": correct >= target,
+            "questions_needed": needed, "drawn": sum(str(q.id) in records for q in order),
+            "pool": len(order)}
+
+
+def run_to_target(llm, label: str, cfg: GenerateConfig, questions: list, backend) -> dict[str, dict]:
+    """Target mode (module docstring): per method, draw batches in the seeded order until the
+    method has `target_correct` correct episodes or no question is left."""
+    from pipeline.episodes import method_stats, run_methods
+    from pipeline.storage import read_jsonl
+
+    if cfg.target_correct < 1:
+        raise PipelineError(f"target_correct must be >= 1, got {cfg.target_correct}")
+    order = draw_order(questions, cfg.order_seed)
+    pool_ids = {str(q.id) for q in order}
+    stats = {}
+    for name in cfg.methods:
+        path = cfg.out_dir / f"{name}.jsonl"
+        while True:
+            records = {str(r["id"]): r for r in (read_jsonl(path) if path.exists() else [])
+                       if str(r["id"]) in pool_ids}
+            progress = target_progress(order, records, cfg.target_correct)
+            todo = [q for q in order if str(q.id) not in records]
+            if progress["reached"] or not todo:
+                break
+            # enough for the missing ones at a perfect rate, and at least a full round of the runner
+            batch = todo[:max(cfg.target_correct - progress["correct"], cfg.max_in_flight)]
+            run_methods(llm, label, [name], batch, cfg.method, backend, cfg.out_dir,
+                        max_in_flight=cfg.max_in_flight, source="generate")
+        stats[name] = {**method_stats(path, set(records)), "target": progress}
     return stats
 
 
