@@ -7,6 +7,7 @@
         --question "Who named Milhouse?" --answer "Richard Nixon"
     python -m pipeline wiki search "Adam Clayton Powell"            # the page, or the similar titles
     python -m pipeline wiki info                                    # what the index was built from
+    python -m pipeline wiki replay                                  # released trajectories vs our env
 
 `step` prints one JSON object per action: {"action", "observation", "reward", "done", "info"}.
 Every failure is one line on stderr and exit code 2.
@@ -23,6 +24,8 @@ from pipeline.errors import PipelineError
 from pipeline.wiki.config import WikiConfig, resolve_corpus
 
 DEFAULTS = WikiConfig()
+REPLAY_DEFAULTS = ("mirror:react/prompts_naive.json", "mirror:react/fever_react_davinci002_500_trajs.jsonl",
+                   "mirror:fireact/alpaca_format/hotpotqa.json")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,13 +53,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     info = sub.add_parser("info", help="print the index's meta data (sources, counts, build time)")
     _add_index(info)
 
+    replay = sub.add_parser(
+        "replay", help="replay released trajectories' actions; report agreement per action kind",
+        description="Step the actions of released trajectories through WikiEnv and compare each "
+        "observation with the recorded one (same hit/miss, same first sentence, identical).")
+    _add_index(replay)
+    replay.add_argument("files", nargs="*", metavar="FILE",
+                        help="prompts_naive.json, ReAct's FEVER trajs .jsonl, FireAct alpaca .json; "
+                        f"default: {' '.join(REPLAY_DEFAULTS)}")
+    replay.add_argument("--style", choices=["original", "clean"], default="original",
+                        help="observation style (default original, the paper's)")
+    replay.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
+
 
 def _add_index(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--index", type=Path, default=DEFAULTS.index, help=f"index file (default {DEFAULTS.index})")
 
 
 def main(args: argparse.Namespace) -> int:
-    return {"build": build, "step": step, "search": search, "info": info}[args.command](args)
+    return {"build": build, "step": step, "search": search, "info": info, "replay": replay}[args.command](args)
 
 
 def build(args: argparse.Namespace) -> int:
@@ -110,4 +125,20 @@ def info(args: argparse.Namespace) -> int:
 
     with LocalIndex(args.index) as index:
         print(json.dumps({"path": str(index.path), **index.meta}, indent=2, ensure_ascii=False))
+    return 0
+
+
+def replay(args: argparse.Namespace) -> int:
+    from pipeline.storage import atomic_write_json
+    from pipeline.wiki.index import LocalIndex
+    from pipeline.wiki.replay import replay as run_replay
+
+    files = [resolve_corpus(f) for f in (args.files or REPLAY_DEFAULTS)]
+    with LocalIndex(args.index) as index:
+        report = run_replay(index, files, args.style)
+        print(f"index {index.path} ({index.page_count:,} pages), observation style {args.style}")
+    print(report.markdown())
+    if args.json is not None:
+        atomic_write_json(args.json, {"index": str(args.index), "style": args.style, "rows": report.rows(),
+                                      "trajectories": report.trajectories})
     return 0
