@@ -44,6 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     step.add_argument("--question", default="", help="the question (only echoed by reset)")
     step.add_argument("--answer", default=None, help="gold answer: Finish[...] then scores EM/F1")
     step.add_argument("--max-steps", type=int, default=DEFAULTS.max_steps, help="step limit (default 7)")
+    step.add_argument("--style", choices=["clean", "original"], default=DEFAULTS.observation_style,
+                      help="observation style (default clean; original = wikienv.py's text and rules)")
 
     search = sub.add_parser("search", help="look a title up; on a miss list similar titles")
     _add_index(search)
@@ -96,7 +98,7 @@ def step(args: argparse.Namespace) -> int:
     if args.max_steps < 1:
         raise PipelineError(f"--max-steps must be at least 1, got {args.max_steps}")
     with LocalIndex(args.index) as index:
-        env = WikiEnv(index, max_steps=args.max_steps)
+        env = WikiEnv(index, max_steps=args.max_steps, style=args.style)
         env.reset(args.question, args.answer)
         for action in args.actions:
             observation, reward, done, info = env.step(action)

@@ -85,10 +85,14 @@ _LEADING_ARTICLE = re.compile(r"^(?:the|a|an) (?=\S)")
 def near_key(title: str) -> str:
     """The near-match form: `title_key`, diacritics removed, a leading English article dropped
     ("The Beatles" ~ "beatles", "Pokémon" ~ "pokemon")."""
-    key = title_key(title)
+    return near_key_of(title_key(title))
+
+
+def near_key_of(key: str) -> str:
+    """`near_key` from a title's `title_key` (the build has it already)."""
     if not key.isascii():
         key = "".join(c for c in unicodedata.normalize("NFKD", key) if not unicodedata.combining(c))
-    return _LEADING_ARTICLE.sub("", key)
+    return _LEADING_ARTICLE.sub("", key) if key[:1] in "ta" else key
 
 
 # ---------------------------------------------------------------- build
@@ -227,8 +231,9 @@ def _fill(db: sqlite3.Connection, sources: list[Path], settings: BuildSettings,
             page_id += 1
             sentences = [s for p in paragraphs for s in p]
             sizes = paragraph_sizes(paragraphs)
-            page_rows.append((page_id, title, title_key(title), json.dumps(sentences, ensure_ascii=False),
-                              json.dumps(sizes) if sizes else None, near_key(title)))
+            key = title_key(title)
+            page_rows.append((page_id, title, key, json.dumps(sentences, ensure_ascii=False),
+                              json.dumps(sizes) if sizes else None, near_key_of(key)))
             fts_rows.append((page_id, _fts_text(title), _fts_text(" ".join(sentences))))
             if len(page_rows) >= settings.batch_size:
                 flush()
