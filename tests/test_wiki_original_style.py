@@ -111,3 +111,13 @@ def test_the_config_carries_the_style_to_every_env(index, tmp_path):
     assert WikiEnv(backend).style == "original"
     with pytest.raises(PipelineError, match="observation_style"):
         open_backend(WikiConfig(index=index.path, corpus=[], observation_style="pretty"))
+
+
+def test_wiki_step_takes_the_style(index):
+    from episode_testdata import run_pipeline
+
+    proc = run_pipeline("wiki", "step", "--index", str(index.path), "--style", "original",
+                        "search[Milhouse Van Houten]", "lookup[Nixon]")
+    assert proc.returncode == 0, proc.stderr
+    first, second = (json.loads(line) for line in proc.stdout.splitlines())
+    assert first["observation"].endswith("Milhous..") and second["observation"].startswith("(Result 1 / 2)")

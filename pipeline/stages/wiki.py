@@ -135,7 +135,12 @@ def replay(args: argparse.Namespace) -> int:
     from pipeline.wiki.index import LocalIndex
     from pipeline.wiki.replay import replay as run_replay
 
-    files = [resolve_corpus(f) for f in (args.files or REPLAY_DEFAULTS)]
+    try:
+        files = [resolve_corpus(f) for f in (args.files or REPLAY_DEFAULTS)]
+    except PipelineError:
+        raise PipelineError("the released trajectories are not in a local data mirror; give their paths "
+                            "(prompts_naive.json, fever_react_davinci002_500_trajs.jsonl, FireAct's "
+                            "alpaca_format/hotpotqa.json) or set REACT_PIPELINE_MIRROR") from None
     with LocalIndex(args.index) as index:
         report = run_replay(index, files, args.style)
         print(f"index {index.path} ({index.page_count:,} pages), observation style {args.style}")
