@@ -141,3 +141,18 @@ def test_wikimedia_wikipedia_parquet_through_datasets(tmp_path):
                                      ["It began long ago.", "Then more."]]
     with LocalIndex(build_index([path], tmp_path / "w.sqlite").out) as idx:
         assert idx.get_page("albedo").sentences == ["Albedo is a measure of reflection."]
+
+
+def test_an_index_of_the_previous_format_is_rebuilt_on_first_use(tmp_path):
+    import sqlite3
+
+    from pipeline.wiki.config import WikiConfig, open_backend
+    from pipeline.wiki.index import INDEX_FORMAT, index_format
+
+    corpus = write_corpus(tmp_path)
+    path = build_index([corpus], tmp_path / "w.sqlite").out
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE meta SET value = '1' WHERE key = 'format'")
+    assert index_format(path) == 1
+    backend = open_backend(WikiConfig(index=path, corpus=[str(corpus)]))
+    assert index_format(path) == INDEX_FORMAT and backend.get_page("Beatles").title == "The Beatles"

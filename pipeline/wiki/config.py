@@ -58,9 +58,13 @@ def open_backend(cfg: WikiConfig) -> WikiBackend:
 
 def _open(cfg: WikiConfig) -> WikiBackend:
     if cfg.backend == "local":
-        from pipeline.wiki.index import LocalIndex, build_index
+        from pipeline.wiki.index import INDEX_FORMAT, LocalIndex, build_index, index_format
 
         corpus = [resolve_corpus(c) for c in cfg.corpus]
+        if Path(cfg.index).is_file() and corpus and (index_format(cfg.index) or INDEX_FORMAT) < INDEX_FORMAT:
+            # an index this code's older self built: derived data, so rebuild it from the same corpus
+            print(f"{cfg.index} has an older index format; rebuilding it from {[str(c) for c in corpus]}")
+            build_index(corpus, Path(cfg.index))
         if not Path(cfg.index).exists():
             build_index(corpus, Path(cfg.index))
         index = LocalIndex(Path(cfg.index))

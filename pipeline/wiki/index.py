@@ -310,6 +310,19 @@ def _write_meta(db: sqlite3.Connection, stats: BuildStats) -> None:
                    [(k, json.dumps(v, ensure_ascii=False)) for k, v in meta.items()])
 
 
+def index_format(path: str | Path) -> int | None:
+    """The format number an index file records, or None when it is not a readable index."""
+    try:
+        db = sqlite3.connect(f"file:{quote(str(Path(path).resolve()))}?mode=ro", uri=True)
+        try:
+            row = db.execute("SELECT value FROM meta WHERE key = 'format'").fetchone()
+        finally:
+            db.close()
+        return int(json.loads(row[0])) if row else None
+    except (sqlite3.Error, ValueError, TypeError):
+        return None
+
+
 # ---------------------------------------------------------------- query
 
 
