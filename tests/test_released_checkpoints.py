@@ -234,3 +234,65 @@ def test_a_released_checkpoint_is_plotted_as_its_own_labelled_point(tmp_path):
     react_line = next(line for line in tuned.get_lines() if line.get_color() == "#d62728")
     assert list(react_line.get_ydata()) == [30.0]  # our student only: the released point is not on the line
     assert "released fine-tuned agent, evaluated here" in [t.get_text() for t in fig.legends[0].get_texts()]
+
+
+# -- a `checkpoint:` student in a run grid ---------------------------------------------------------
+
+
+def checkpoint_grid(tmp_path: Path, index: Path, tiny: dict) -> tuple:
+    from pipeline.config import build
+    from pipeline.stages.run import RunConfig, Student
+
+    cfg = build(RunConfig, {
+        "experiment": "released", "out_dir": str(tmp_path / "run"), "methods": ["react"],
+        "wiki": {"index": str(index)},
+        "eval": {"questions": "offline-eval", "limit": 2, "model": {"device": "cpu"},
+                 "method": {"max_new_tokens": 4}},
+        "plot": {"reference_points": False},
+    })
+    students = [build(Student, s) for s in (
+        {"name": "agent-lora", "checkpoint": str(tiny["adapter"]), "format": "fireact"},
+        {"name": "agent-full", "checkpoint": str(tiny["full"]), "format": "react", "size_class": "tiny"},
+    )]
+    return cfg, students
+
+
+def test_a_checkpoint_student_plans_an_eval_and_no_training(tmp_path, index, tiny):
+    from pipeline.stages.run import plan
+
+    cfg, students = checkpoint_grid(tmp_path, index, tiny)
+    units = plan(cfg, students)
+    assert [u.title.split(":")[0] for u in units] == ["eval", "eval", "plot"]  # no generate/filter/train
+    lora = units[0].config
+    assert (str(lora.checkpoint), lora.format, lora.out_dir.name) == (str(tiny["adapter"]), "fireact",
+                                                                     "agent-lora-checkpoint")
+
+
+@pytest.mark.parametrize("student,message", [
+    ({"name": "x", "checkpoint": "a/b", "config": "configs/students/tiny.yaml"}, "drop `config`/`train`"),
+    ({"name": "x", "format": "fireact", "config": "c.yaml", "size_class": "7b", "params_b": 7}, "describes a `checkpoint`"),
+    ({"name": "x", "config": "c.yaml"}, "set size_class, params_b"),
+    ({"name": "x", "size_class": "7b", "params_b": 7}, "set config"),
+])
+def test_bad_students_fail_before_anything_runs(tmp_path, index, tiny, student, message):
+    from pipeline.config import build
+    from pipeline.stages.run import Student, plan
+
+    cfg, _ = checkpoint_grid(tmp_path, index, tiny)
+    with pytest.raises(PipelineError, match=message.replace("`", ".").replace("/", ".")):
+        plan(cfg, [build(Student, student)])
+
+
+def test_a_grid_of_already_fine_tuned_students_is_evaluated_and_plotted(tmp_path, index, tiny):
+    from pipeline.stages.run import run
+
+    cfg, students = checkpoint_grid(tmp_path, index, tiny)
+    outputs = run(cfg, students)
+    table = outputs["md"].read_text()
+    for label in ("my-agent-lora (released)", "full (released)"):
+        assert label in table
+    rows = [json.loads((tmp_path / "run" / "eval" / f"{n}-checkpoint" / "summary.json").read_text())[0]
+            for n in ("agent-lora", "agent-full")]
+    assert [(r["released"]["format"], r["mode"], r["n"]) for r in rows] == [("fireact", "finetune", 2),
+                                                                            ("react", "finetune", 2)]
+    assert not (tmp_path / "run" / "sft").exists() and not (tmp_path / "run" / "generate").exists()
