@@ -104,7 +104,7 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
             final = Path(ft.output_dir) / "final"
             units.append(Unit(f"train: {student.name} on {method}", (ft, student.config, overrides), launch_train))
             units.append(Unit(f"eval: {student.name} fine-tuned on {method}",
-                              eval_config(cfg, student, final), skip_or(evaluate)))
+                              eval_config(cfg, student, final), with_model_card(final, skip_or(evaluate))))
     summaries = [u.config.out_dir / "summary.json" for u in units if u.title.startswith("eval")]
     units.append(Unit("plot: figure 3 and the table", plot_config(cfg, summaries), run_plot))
     return units
@@ -152,6 +152,19 @@ def skip_or(action):
             print(f"[run] skip: {config.out_dir} is complete")
             return None
         return action(config)
+    return run_unit
+
+
+def with_model_card(final: Path, action):
+    """Evaluate, then rewrite final/README.md with the EM / F1 rows: the card `publish` uploads."""
+    def run_unit(config):
+        from pipeline.cards import eval_rows_for, write_model_card
+
+        result = action(config)
+        summary = Path(config.out_dir) / "summary.json"
+        if summary.is_file():
+            write_model_card(final, eval_rows_for(final, [summary]))
+        return result
     return run_unit
 
 
