@@ -1,7 +1,7 @@
 """`publish`: package an SFT dataset or a fine-tuned checkpoint for others, and upload it.
 
     python -m pipeline publish dataset=runs/demo/sft                    # every method's dataset
-    python -m pipeline publish checkpoint=checkpoints/demo/smollm2-135m-instruct/react/final \\
+    python -m pipeline publish checkpoint=checkpoints/demo/smollm2-135m/react/final \\
         summaries=[runs/demo/eval/*/summary.json] hub_id=me/smollm2-135m-react
 
 A dataset becomes a `datasets`-loadable folder: `<method>/train.jsonl` per method and a README.md
