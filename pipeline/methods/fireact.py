@@ -16,7 +16,8 @@ Read from FireAct's released code (github.com/anchen1011/FireAct, `generation.py
   (or False: FireAct prints the exact-match boolean);
 - each iteration asks for `<prompt so far>Thought:` with the stop string `\\nObservation:`; the
   output is split at `\\nAction: `; with no action at all, the model is asked for the action alone
-  after `Thought: <thought>\\nAction:`; at most 11 iterations (`while iteration < 11`).
+  after `Thought: <thought>\\nAction:`; at most 11 iterations (`while iteration < 11`). The
+  token budget per call is `method.max_new_tokens` (FireAct's Llama interface allowed 1,000).
 
 `render(traj)` writes a ReAct trajectory in this text (our capitalised actions and 0/1 rewards are
 converted), so the same renderer builds the prompt at every step and FireAct-style training text;

@@ -85,7 +85,7 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
 
     dataset_dir = cfg.out_dir / "sft"
     units = []
-    if any(s.finetune and not s.checkpoint for s in students):  # training data only when something trains
+    if not students or not all(s.checkpoint for s in students):  # a grid of released students needs no data
         units = [Unit("generate: the teacher writes trajectories", generate_config(cfg), skip_or(generate)),
                  Unit("filter: correct trajectories -> SFT datasets", filter_config(cfg, dataset_dir), run_filter)]
     for student in students:
