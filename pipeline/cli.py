@@ -20,6 +20,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "eval": ("pipeline.stages.eval", "run prompted or fine-tuned models through the environment -> EM/F1"),
     "plot": ("pipeline.stages.plot", "summaries -> the paper's figure 3 (prompting vs fine-tuning) and a table"),
     "run": ("pipeline.stages.run", "chain generate -> filter -> train -> eval -> plot for an experiment grid"),
+    "publish": ("pipeline.stages.publish", "package an SFT dataset or a checkpoint with its card; upload it to the hub"),
 }
 
 

@@ -470,6 +470,10 @@ def save_final(trainer, cfg: FinetuneConfig, tokenizer, dataset_path: Path, repo
             dataset={**file_fingerprint(dataset_path), "examples": report.n_kept}, lengths=report.to_dict(),
             train_loss=getattr(result, "training_loss", None), seconds=round(time.time() - started, 1),
         )
+        from pipeline.cards import model_card
+
+        # The model card every checkpoint carries (replacing PEFT's template); `run` adds eval results.
+        (partial / "README.md").write_text(model_card(manifest, []), encoding="utf-8")
         if final.exists():
             shutil.rmtree(final)
         partial.rename(final)

@@ -3,6 +3,7 @@ and a tiny grid runs end to end, survives a kill, and finishes at once when run 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -117,6 +118,9 @@ def test_a_tiny_grid_runs_end_to_end_survives_a_kill_and_then_skips_everything(
     for name in ("figure3.png", "figure3.svg", "results.csv", "results.md", "orderings.md"):
         assert (run_dir / "plot" / name).stat().st_size > 0
     assert (tmp_path / "ckpt" / "e2e" / "tiny" / "react" / "final" / "manifest.json").exists()
+    card = (tmp_path / "ckpt" / "e2e" / "tiny" / "react" / "final" / "README.md").read_text()
+    react = json.loads((run_dir / "eval" / "tiny-ft-react" / "summary.json").read_text())[0]
+    assert f"| react | offline-eval | 3 | {100 * react['em']:.1f} | {100 * react['f1']:.1f} |" in card
     summaries = sorted(p.parent.name for p in (run_dir / "eval").glob("*/summary.json"))
     assert summaries == ["tiny-ft-react", "tiny-ft-standard", "tiny-prompt"]
     before = outputs(run_dir)

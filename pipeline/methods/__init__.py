@@ -4,7 +4,9 @@
     records = pipeline.agent.run_episodes(llm, make_backend, questions, method, on_record)
 
 Names: standard, cot, cot_sc, act, react, react_to_cot_sc, cot_sc_to_react.
-`settings.mode == "zero_shot"` drops instruction and exemplars (fine-tuned students).
+`settings.mode == "zero_shot"` drops instruction and exemplars (fine-tuned students);
+`settings.mode == "fireact"` runs ReAct in FireAct's format (pipeline.methods.fireact: the
+Alpaca wrapper, unnumbered lines), the way FireAct's released agents decode.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pipeline.methods.interactive import Interactive
 from pipeline.methods.prompts import PromptPrefix, load_prompt, zero_shot
 
 METHOD_NAMES = ("standard", "cot", "cot_sc", "act", "react", "react_to_cot_sc", "cot_sc_to_react")
-MODES = ("prompt", "zero_shot")
+MODES = ("prompt", "zero_shot", "fireact")
 LOOPS = ("ours", "original")
 # The trajectory formats (pipeline.trajectory.METHODS) each method prompts with.
 FORMATS_USED = {"standard": ("standard",), "cot": ("cot",), "cot_sc": ("cot",), "act": ("act",),
@@ -31,6 +33,10 @@ __all__ = ["METHOD_NAMES", "EpisodeContext", "Method", "MethodSettings", "Outcom
 def prompt_prefixes(name: str, settings: MethodSettings) -> dict[str, PromptPrefix]:
     """The prefix of each format `name` uses (for the manifest's exemplar source, too)."""
     check_method(name, settings)
+    if settings.mode == "fireact":
+        from pipeline.methods.fireact import SOURCE
+
+        return {"react": PromptPrefix("react", "", "", SOURCE)}
     if settings.mode == "zero_shot":
         return {fmt: zero_shot(fmt) for fmt in FORMATS_USED[name]}
     return {fmt: load_prompt(fmt, settings.exemplars) for fmt in FORMATS_USED[name]}
@@ -39,6 +45,10 @@ def prompt_prefixes(name: str, settings: MethodSettings) -> dict[str, PromptPref
 def build_method(name: str, settings: MethodSettings | None = None) -> Method:
     settings = settings or MethodSettings()
     p = prompt_prefixes(name, settings)
+    if settings.mode == "fireact":
+        from pipeline.methods.fireact import FireActReAct
+
+        return FireActReAct(settings)
     if name in ("standard", "cot"):
         return Direct(p[name], settings)
     if name in ("act", "react"):
@@ -59,6 +69,8 @@ def check_method(name: str, settings: MethodSettings) -> None:
         raise PipelineError(f"unknown mode '{settings.mode}'; expected one of {', '.join(MODES)}")
     if settings.loop not in LOOPS:
         raise PipelineError(f"unknown loop '{settings.loop}'; expected one of {', '.join(LOOPS)}")
+    if settings.mode == "fireact" and name != "react":
+        raise PipelineError(f"FireAct's format is ReAct only; it cannot run '{name}' (set methods=[react])")
     if settings.max_steps < 1 or settings.max_new_tokens < 1 or settings.cot_sc_samples < 1:
         raise PipelineError("max_steps, max_new_tokens and cot_sc_samples must be >= 1 "
                             f"(got {settings.max_steps}, {settings.max_new_tokens}, {settings.cot_sc_samples})")

@@ -2,11 +2,16 @@
 
     python -m pipeline eval model.model=smollm2 size_class=135m params_b=0.135 methods=[react,cot] limit=20
     python -m pipeline eval checkpoint=checkpoints/demo/smollm2-135m/react/final limit=20
+    python -m pipeline eval checkpoint=forestai/fireact_llama_2_7b_lora    # a released agent
+    python -m pipeline eval checkpoint=downloads/agent format=react params_b=7.6   # any folder
     python -m pipeline eval --config configs/demo.yaml          # the demo's `eval` section
 
 A base model is prompted with the method's instruction and exemplars (mode `prompt`); a
 fine-tuned checkpoint of ours runs zero-shot in the format it was trained on (mode `finetune`:
 the question line alone), its base model, adapter, method and size read from its manifest.
+Any other fine-tuned model or PEFT adapter (a folder or hub id without our manifest, e.g. a
+released agent) is resolved by pipeline.checkpoints and decodes in its `format`
+(pipeline.checkpoints.DECODE_FORMATS: ours, or FireAct's).
 Per-question records are appended as episodes finish (a re-run resumes), then `summary.json`
 gets one row per method: the input of `python -m pipeline plot`.
 """
@@ -33,13 +38,15 @@ KNOWN_SIZES_B = {"smollm2": 0.135, "HuggingFaceTB/SmolLM2-135M-Instruct": 0.135,
 
 
 # Keys whose change makes old records incomparable with new ones (a larger `limit` is fine).
-IDENTITY_KEYS = ("model", "checkpoint", "questions", "method", "wiki")
+IDENTITY_KEYS = ("model", "checkpoint", "format", "base_model", "questions", "method", "wiki")
 
 
 @dataclass
 class EvalConfig:
     model: LLMConfig = field(default_factory=LLMConfig)  # a base model to prompt
-    checkpoint: Path | None = None  # or one of our fine-tuned `final` folders (mode finetune)
+    checkpoint: Path | None = None  # or a fine-tuned checkpoint: our `final` folder, any model/adapter folder, a hub id
+    format: str | None = None  # how a checkpoint without our manifest decodes: standard|cot|act|react|fireact
+    base_model: str | None = None  # the base of an adapter checkpoint (default: its adapter_config.json)
     size_class: str | None = None  # e.g. 135m, 8b, 62b; from the checkpoint when not given
     params_b: float | None = None  # billions of parameters (the figure's x axis)
     methods: list[str] = field(default_factory=lambda: ["standard", "cot", "act", "react"])
@@ -59,6 +66,8 @@ class ModelUnderTest:
     size_class: str
     params_b: float
     trained_format: str | None  # the format a fine-tuned student decodes
+    decode_mode: str = "zero_shot"  # how its prompts are built (pipeline.methods MODES)
+    released: dict | None = None  # a checkpoint not trained here: {checkpoint, format}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -79,9 +88,10 @@ def evaluate(cfg: EvalConfig) -> list[dict]:
     from pipeline.wiki.config import open_backend
 
     target = model_under_test(cfg)
-    settings = replace(cfg.method, mode="zero_shot" if target.mode == "finetune" else "prompt")
-    check_finetuned_methods(cfg.methods, target)
-    check_methods(cfg.methods, settings, target.label)
+    settings = replace(cfg.method, mode=target.decode_mode if target.mode == "finetune" else "prompt")
+    methods = default_methods(cfg.methods, target)
+    check_finetuned_methods(methods, target)
+    check_methods(methods, settings, target.label)
     questions = load_question_set(cfg.questions, limit=cfg.limit)
     if not questions:
         raise PipelineError(f"question set '{cfg.questions}' is empty: nothing to evaluate")
@@ -96,7 +106,7 @@ def evaluate(cfg: EvalConfig) -> list[dict]:
         # A summary of an earlier (smaller) run must not outlive this run's start: if this run is
         # killed, no summary.json is left to be plotted as if it were this run's result.
         (cfg.out_dir / "summary.json").unlink(missing_ok=True)
-        stats = run_methods(llm, target.label, cfg.methods, questions, settings, backend, cfg.out_dir,
+        stats = run_methods(llm, target.label, methods, questions, settings, backend, cfg.out_dir,
                             max_in_flight=cfg.max_in_flight, source="eval")
         rows = [summary_row(target, name, cfg.questions, s) for name, s in stats.items()]
         atomic_write_json(cfg.out_dir / "summary.json", rows)
@@ -109,6 +119,8 @@ def evaluate(cfg: EvalConfig) -> list[dict]:
 
 def model_under_test(cfg: EvalConfig) -> ModelUnderTest:
     if cfg.checkpoint is None:
+        if cfg.format or cfg.base_model:
+            raise PipelineError("format= and base_model= describe a fine-tuned checkpoint; set checkpoint= too")
         params_b = cfg.params_b or KNOWN_SIZES_B.get(cfg.model.model)
         missing = [k for k, v in (("size_class", cfg.size_class), ("params_b", params_b)) if not v]
         if missing:
@@ -118,9 +130,14 @@ def model_under_test(cfg: EvalConfig) -> ModelUnderTest:
     from pipeline.llm.hf import looks_like_path
 
     final = Path(cfg.checkpoint)
+    if not (final / "manifest.json").exists():
+        return released_model_under_test(cfg)
     manifest = require_complete(final / "manifest.json", f"fine-tuned checkpoint {final}")
     if not manifest.get("method"):
         raise PipelineError(f"{final}/manifest.json names no 'method'; is it a `train` output folder?")
+    if cfg.format not in (None, manifest["method"]):
+        raise PipelineError(f"{final} was trained here on '{manifest['method']}' (its manifest); "
+                            f"format={cfg.format} contradicts it: drop format=")
     if manifest.get("adapter"):
         base = manifest.get("base_model")
         if not base or looks_like_path(str(base)) and not Path(base).expanduser().exists():
@@ -142,6 +159,24 @@ def model_under_test(cfg: EvalConfig) -> ModelUnderTest:
 SIZE_HINTS = {"size_class": "e.g. 8b", "params_b": "billions, e.g. 8.0"}
 
 
+def released_model_under_test(cfg: EvalConfig) -> ModelUnderTest:
+    """A checkpoint without our manifest (a released agent, any model or adapter folder)."""
+    from pipeline.checkpoints import resolve_checkpoint
+
+    ckpt = resolve_checkpoint(str(cfg.checkpoint), format=cfg.format, base_model=cfg.base_model,
+                              size_class=cfg.size_class, params_b=cfg.params_b, name=cfg.model.name)
+    llm = replace(cfg.model, model=ckpt.model, adapter=ckpt.adapter, gguf_file=None, name=ckpt.label)
+    return ModelUnderTest(llm, ckpt.label, "finetune", ckpt.size_class, ckpt.params_b, ckpt.trained_format,
+                          ckpt.decode_mode, {"checkpoint": ckpt.source, "format": ckpt.format})
+
+
+def default_methods(methods: list[str], target: ModelUnderTest) -> list[str]:
+    """A fine-tuned checkpoint left at the default methods runs its own format only."""
+    if target.mode == "finetune" and methods == EvalConfig().methods:
+        return [target.trained_format]
+    return methods
+
+
 def check_finetuned_methods(methods: list[str], target: ModelUnderTest) -> None:
     """A student decodes only the format it was trained on (CoT-SC needs a CoT student)."""
     if target.mode != "finetune":
@@ -157,6 +192,9 @@ def check_finetuned_methods(methods: list[str], target: ModelUnderTest) -> None:
 
 
 def summary_row(target: ModelUnderTest, method: str, question_set: str, stats: dict) -> dict:
-    return {"model": target.label, "size_class": target.size_class, "params_b": target.params_b,
-            "mode": target.mode, "method": method, "question_set": question_set, **stats,
-            "source": "ours"}
+    row = {"model": target.label, "size_class": target.size_class, "params_b": target.params_b,
+           "mode": target.mode, "method": method, "question_set": question_set, **stats,
+           "source": "ours"}
+    if target.released:  # evaluated here, trained elsewhere: plot draws it apart from our students
+        row["released"] = target.released
+    return row

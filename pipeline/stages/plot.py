@@ -9,7 +9,10 @@ Two panels (prompting, fine-tuning); x = model size in billions of parameters (l
 y = HotpotQA EM (%); one line per method (Standard, CoT, Act, ReAct), CoT-SC and the hybrids as
 markers. Reference points (ReAct paper Table 1 at 540B, FireAct's Llama-2 numbers, and FireAct's
 released runs when `fireact_runs` is set) are drawn hollow and labelled; they are not "our" data
-and never enter the orderings check except where it says so. Writes <name>.png, <name>.svg,
+and never enter the orderings check except where it says so. Rows of released checkpoints
+evaluated here (`released` in the row: eval of a checkpoint trained elsewhere) are drawn as
+filled plus markers labelled with their own name, apart from our students' lines, and are not judged
+by the orderings check. Writes <name>.png, <name>.svg,
 results.csv, results.md, orderings.md, orderings.json and manifest.json into out_dir, each by an
 atomic rename.
 
@@ -364,8 +367,9 @@ def draw_figure(rows: list[dict], references: list[dict], title: str):
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.6), sharey=True)
     top = max([100 * r["em"] for r in [*rows, *references]] + [10.0])
+    released = [r for r in rows if r.get("released")]
     for ax, (mode, panel) in zip(axes, MODES.items(), strict=True):
-        mode_rows = [r for r in rows if r["mode"] == mode]
+        mode_rows = [r for r in rows if r["mode"] == mode and not r.get("released")]
         for i, method in enumerate(FOUR):
             # a small multiplicative offset per method keeps equal EMs at one size visible
             dodge = 1.07 ** (i - 1.5)
@@ -379,7 +383,9 @@ def draw_figure(rows: list[dict], references: list[dict], title: str):
                            label=METHOD_LABELS[method], zorder=3)
         mode_refs = [r for r in references if r["mode"] == mode]
         _draw_references(ax, mode_refs)
-        ours = sorted({r["params_b"] for r in mode_rows})
+        mode_released = [r for r in released if r["mode"] == mode]
+        _draw_released(ax, mode_released)
+        ours = sorted({r["params_b"] for r in mode_rows} | {r["params_b"] for r in mode_released})
         everything = sorted({*ours, *(r["params_b"] for r in mode_refs)})
         ax.set_xscale("log")
         if everything:
@@ -390,7 +396,7 @@ def draw_figure(rows: list[dict], references: list[dict], title: str):
         ax.set_title(panel)
         ax.set_xlabel("model size (parameters, log scale)")
         ax.grid(alpha=0.3)
-        if not mode_rows:
+        if not mode_rows and not mode_released:
             ax.text(0.5, 0.5, "no runs", transform=ax.transAxes, ha="center", color="gray")
     axes[0].set_ylabel("HotpotQA EM (%)")
     axes[0].set_ylim(-1.5, top * 1.15 + 2)  # below 0 so points at EM 0 are not cut
@@ -398,6 +404,9 @@ def draw_figure(rows: list[dict], references: list[dict], title: str):
     handles = [Line2D([], [], color=COLORS[m], marker="o", label=METHOD_LABELS[m]) for m in FOUR if m in shown]
     handles += [Line2D([], [], color=COLORS[m], marker="s", linestyle="none", label=METHOD_LABELS[m])
                 for m in MARKER_METHODS if m in shown]
+    if released:
+        handles.append(Line2D([], [], color="black", marker=RELEASED_MARKER, linestyle="none",
+                              label="released fine-tuned agent, evaluated here"))
     kinds = {_ref_kind(r) for r in references}
     handles += [Line2D([], [], color="black", marker=mk, markerfacecolor="none", linestyle="none", label=lab)
                 for src, mk, lab in REFERENCE_STYLES if src in kinds]
@@ -435,6 +444,19 @@ def _draw_references(ax, refs: list[dict]) -> None:
         top = max(members, key=lambda r: r["em"])
         label = model if len(members) > 1 and len({m["method"] for m in members}) > 1 else f"{model} {_label(top)}"
         ax.annotate(label, (params_b, 100 * top["em"]), textcoords="offset points", xytext=(7, 4), fontsize=7)
+
+
+RELEASED_MARKER = "P"  # filled plus: a checkpoint trained elsewhere, run through our environment here
+
+
+def _draw_released(ax, rows: list[dict]) -> None:
+    """Each released checkpoint's point, in its method's colour, labelled with its own name;
+    never joined into our students' lines."""
+    for row in rows:
+        ax.scatter([row["params_b"]], [100 * row["em"]], marker=RELEASED_MARKER, s=90, zorder=5,
+                   color=COLORS.get(row["method"], "black"), edgecolors="black", linewidths=0.6)
+        ax.annotate(row["model"], (row["params_b"], 100 * row["em"]), textcoords="offset points",
+                    xytext=(7, -10), fontsize=7)
 
 
 def _base_model(model: str) -> str:
@@ -478,7 +500,8 @@ def run_plot(cfg: PlotConfig) -> dict[str, Path]:
     question_sets = check_question_sets(rows, cfg.allow_mixed_question_sets)
     check_duplicates(rows)
     references = collect_references(cfg)
-    results = check_orderings(rows, references, cfg.clear_margin)
+    # The paper's orderings are about students trained by this recipe: released agents are plotted, not judged.
+    results = check_orderings([r for r in rows if not r.get("released")], references, cfg.clear_margin)
     out = Path(cfg.out_dir)
     paths = {"png": out / f"{cfg.name}.png", "svg": out / f"{cfg.name}.svg", "csv": out / "results.csv",
              "md": out / "results.md", "orderings": out / "orderings.md", "orderings_json": out / "orderings.json"}

@@ -5,7 +5,8 @@
 
 The experiment YAML names the teacher, the methods, the students by size class, the question
 sets and each stage's settings (sections `generate`, `filter`, `train`, `eval`, `plot`, with
-`students:` a list). Every unit (a generate run, a dataset, a student x method training run, an
+`students:` a list; a student given as `checkpoint:` is already fine-tuned, e.g. a released agent,
+and is only evaluated). Every unit (a generate run, a dataset, a student x method training run, an
 evaluation) is skipped when its manifest says it is complete with the same config; an interrupted
 unit resumes (episodes by id, training from its latest complete checkpoint). The run ends with
 the table and the figure's path.
@@ -27,12 +28,16 @@ from pipeline.storage import read_manifest
 @dataclass
 class Student:
     name: str  # folder label, e.g. smollm2-135m
-    config: Path  # its FinetuneConfig YAML (configs/students/...)
-    size_class: str  # 135m | 8b | 62b ...
-    params_b: float  # billions of parameters: the figure's x axis
+    config: Path | None = None  # its FinetuneConfig YAML (configs/students/...); not with `checkpoint`
+    size_class: str | None = None  # 135m | 8b | 62b ...; a known released checkpoint has its own
+    params_b: float | None = None  # billions of parameters: the figure's x axis
     prompt_model: dict = field(default_factory=dict)  # LLMConfig keys to prompt the base model; {} = skip
     finetune: bool = True  # train it on each method and evaluate zero-shot
     train: dict = field(default_factory=dict)  # FinetuneConfig overrides for this student
+    # Already fine-tuned (a folder or hub id, e.g. forestai/fireact_llama_2_7b_lora): evaluated
+    # and plotted beside ours, never trained; `format` says how it decodes when it is not known.
+    checkpoint: str | None = None
+    format: str | None = None
 
 
 @dataclass
@@ -79,12 +84,19 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
     from pipeline.stages.generate import generate
 
     dataset_dir = cfg.out_dir / "sft"
-    units = [Unit("generate: the teacher writes trajectories", generate_config(cfg), skip_or(generate)),
-             Unit("filter: correct trajectories -> SFT datasets", filter_config(cfg, dataset_dir), run_filter)]
+    units = []
+    if not students or not all(s.checkpoint for s in students):  # a grid of released students needs no data
+        units = [Unit("generate: the teacher writes trajectories", generate_config(cfg), skip_or(generate)),
+                 Unit("filter: correct trajectories -> SFT datasets", filter_config(cfg, dataset_dir), run_filter)]
     for student in students:
+        check_student(student)
         if student.prompt_model:
             units.append(Unit(f"eval: {student.name} prompted", eval_config(cfg, student, None),
                               skip_or(evaluate)))
+        if student.checkpoint:
+            units.append(Unit(f"eval: {student.name} (already fine-tuned: {student.checkpoint})",
+                              checkpoint_eval_config(cfg, student), skip_or(evaluate)))
+            continue
         if not student.finetune:
             continue
         for method in cfg.methods:
@@ -92,7 +104,7 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
             final = Path(ft.output_dir) / "final"
             units.append(Unit(f"train: {student.name} on {method}", (ft, student.config, overrides), launch_train))
             units.append(Unit(f"eval: {student.name} fine-tuned on {method}",
-                              eval_config(cfg, student, final), skip_or(evaluate)))
+                              eval_config(cfg, student, final), with_model_card(final, skip_or(evaluate))))
     summaries = [u.config.out_dir / "summary.json" for u in units if u.title.startswith("eval")]
     units.append(Unit("plot: figure 3 and the table", plot_config(cfg, summaries), run_plot))
     return units
@@ -140,6 +152,19 @@ def skip_or(action):
             print(f"[run] skip: {config.out_dir} is complete")
             return None
         return action(config)
+    return run_unit
+
+
+def with_model_card(final: Path, action):
+    """Evaluate, then rewrite final/README.md with the EM / F1 rows: the card `publish` uploads."""
+    def run_unit(config):
+        from pipeline.cards import eval_rows_for, write_model_card
+
+        result = action(config)
+        summary = Path(config.out_dir) / "summary.json"
+        if summary.is_file():
+            write_model_card(final, eval_rows_for(final, [summary]))
+        return result
     return run_unit
 
 
@@ -201,6 +226,34 @@ def eval_config(cfg: RunConfig, student: Student, final: Path | None):
         name, layer = f"{student.name}-ft-{method}", {
             "checkpoint": str(final), "methods": [method],
             "size_class": student.size_class, "params_b": student.params_b}
+    layers = merged({"wiki": cfg.wiki}, cfg.eval, layer, {"out_dir": str(cfg.out_dir / "eval" / name)})
+    return build(EvalConfig, layers, where=f"eval ({name})")
+
+
+def check_student(student: Student) -> None:
+    """A student we train needs its training config and size; one given as a checkpoint is not trained."""
+    if student.checkpoint:
+        if student.train or student.config:
+            raise PipelineError(f"student {student.name}: `checkpoint` is already fine-tuned; drop `config`/`train` "
+                                "(or drop `checkpoint` to train it here)")
+        return
+    if student.format:
+        raise PipelineError(f"student {student.name}: `format` describes a `checkpoint`; a student trained here "
+                            "decodes in each method's own format")
+    needed = ["config"] if student.finetune else []
+    needed += ["size_class", "params_b"] if student.finetune or student.prompt_model else []
+    missing = [k for k in needed if getattr(student, k) in (None, "")]
+    if missing:
+        raise PipelineError(f"student {student.name}: set {', '.join(missing)} (or give a fine-tuned `checkpoint`)")
+
+
+def checkpoint_eval_config(cfg: RunConfig, student: Student):
+    """Eval of an already fine-tuned student: its own format (EvalConfig's default methods mean that)."""
+    from pipeline.stages.eval import EvalConfig
+
+    name = f"{student.name}-checkpoint"
+    layer = {"checkpoint": student.checkpoint, "format": student.format, "methods": EvalConfig().methods,
+             "size_class": student.size_class, "params_b": student.params_b}
     layers = merged({"wiki": cfg.wiki}, cfg.eval, layer, {"out_dir": str(cfg.out_dir / "eval" / name)})
     return build(EvalConfig, layers, where=f"eval ({name})")
 
