@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipeline.errors import PipelineError
+    from pipeline.errors import PipelineError, os_error_message
 
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -60,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     except PipelineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except OSError as exc:  # the operating system refused (permissions, full disk, ...): one line, not a traceback
+        print(f"error: {os_error_message(exc)}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted: finished work is saved; re-run the same command to resume", file=sys.stderr)
         return 130

@@ -36,8 +36,9 @@ if __package__ in (None, ""):  # run as a script (`accelerate launch pipeline/fi
     sys.path.insert(0, str(_here.parent))
 
 from pipeline.config import add_config_arguments, load_config, to_dict  # noqa: E402
-from pipeline.errors import PipelineError  # noqa: E402
+from pipeline.errors import PipelineError, os_error_message  # noqa: E402
 from pipeline.storage import (  # noqa: E402
+    atomic_write_json,
     file_fingerprint,
     read_jsonl,
     read_manifest,
@@ -221,12 +222,19 @@ def choose_resume(cfg: FinetuneConfig) -> Path | None:
 
 # ----------------------------------------------------------------------------- data and model
 
-def load_sft_records(cfg: FinetuneConfig) -> tuple[Path, list[dict]]:
+def check_dataset(cfg: FinetuneConfig) -> Path:
+    """The method's train.jsonl, refused unless present and complete by its manifest (the
+    `train` stage calls this too, before it launches anything)."""
     folder = cfg.dataset_dir / cfg.method
     path = folder / "train.jsonl"
     if not path.is_file():
         raise PipelineError(f"dataset_dir: {path} not found; run `python -m pipeline filter` first (or set dataset_dir)")
     require_complete(folder / "manifest.json", f"SFT dataset {folder}")
+    return path
+
+
+def load_sft_records(cfg: FinetuneConfig) -> tuple[Path, list[dict]]:
+    path = check_dataset(cfg)
     records = read_jsonl(path, tolerate_torn_tail=False)
     if cfg.max_examples is not None:
         records = records[: cfg.max_examples]
@@ -502,9 +510,27 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(FinetuneConfig, args.config, args.overrides, section="train")
         run(cfg)
     except PipelineError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_code
+        return report_error(str(exc), exc.exit_code)
+    except OSError as exc:  # a full disk while checkpointing, an unwritable output_dir
+        return report_error(os_error_message(exc), 2)
     return 0
+
+
+# Set by the `train` stage: the child writes its one error line here instead of stderr, and
+# the stage prints it once (not once per rank) without the launcher's traceback after it.
+ERROR_FILE_ENV = "PIPELINE_ERROR_FILE"
+
+
+def report_error(message: str, exit_code: int) -> int:
+    error_file = os.environ.get(ERROR_FILE_ENV)
+    if error_file:
+        try:
+            atomic_write_json(error_file, {"message": message, "exit_code": exit_code})
+            return exit_code
+        except OSError:
+            pass  # the stage cannot hear us: say it on stderr
+    print(f"error: {message}", file=sys.stderr)
+    return exit_code
 
 
 if __name__ == "__main__":
