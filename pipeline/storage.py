@@ -156,8 +156,8 @@ def check_writable_dir(path: str | os.PathLike, what: str = "out_dir") -> None:
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     if not existing.is_dir():
-        reason = "exists and is not a folder" if existing == path else f"{existing} is a file, not a folder"
-        raise PipelineError(f"{what}: {path}: {reason}; choose another path")
+        where = "" if existing == path else f"{path}: "
+        raise PipelineError(f"{what}: {where}{existing} is a file, not a folder; choose another path")
     try:
         with tempfile.TemporaryFile(dir=existing):
             pass

@@ -66,7 +66,7 @@ def build(args: argparse.Namespace) -> int:
     from pipeline.wiki.index import build_index, check_sources
 
     sources = check_sources(resolve_corpus(spec) for spec in (args.corpus or DEFAULTS.corpus))
-    check_writable_dir(args.out.parent, "--out")  # before minutes of indexing
+    check_writable_dir(args.out.parent, f"--out {args.out}")  # before minutes of indexing
     remove_stale_temps(args.out.parent, args.out.name)  # a killed build's half-written index
     with tqdm(unit=" pages", unit_scale=True, desc="indexing", disable=args.no_progress,
               mininterval=1.0, delay=1.0, file=sys.stderr) as bar:
