@@ -506,14 +506,46 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pipeline/finetune.py", description=__doc__.split("\n")[0])
     add_config_arguments(parser)
     args = parser.parse_args(argv)
+    cfg = None
     try:
         cfg = load_config(FinetuneConfig, args.config, args.overrides, section="train")
         run(cfg)
     except PipelineError as exc:
         return report_error(str(exc), exc.exit_code)
-    except OSError as exc:  # a full disk while checkpointing, an unwritable output_dir
-        return report_error(os_error_message(exc), 2)
+    except Exception as exc:  # a full disk while checkpointing, an unwritable output_dir
+        message = storage_error_message(exc, cfg.output_dir if cfg else None)
+        if message is None:
+            raise  # a bug: keep its traceback
+        return report_error(message, 2)
     return 0
+
+
+# What torch.save's C++ writer says when a write fails (it gives no errno): seen on a full disk.
+TORCH_WRITE_FAILURES = ("PytorchStreamWriter failed writing", "inline_container.cc", "iostream error")
+
+
+def storage_error_message(exc: Exception, output_dir: Path | None) -> str | None:
+    """One line for a failed write, whichever library raised it: an OSError, safetensors'
+    SafetensorError ("I/O error: ... (os error 28)"), torch.save's RuntimeError ("unexpected
+    pos ...", "iostream error"); None for anything else (a bug keeps its traceback)."""
+    import re
+    import shutil
+
+    if isinstance(exc, OSError):
+        return os_error_message(exc, output_dir)
+    text = str(exc)
+    code = re.search(r"\(os error (\d+)\)", text)
+    if type(exc).__name__ == "SafetensorError" and code:
+        number = int(code.group(1))
+        return os_error_message(OSError(number, os.strerror(number)), output_dir)
+    chain = [exc, exc.__context__]
+    if output_dir is not None and any(isinstance(e, RuntimeError) and any(m in str(e) for m in TORCH_WRITE_FAILURES)
+                                      for e in chain):
+        free = shutil.disk_usage(output_dir).free / 1e6 if output_dir.exists() else float("nan")
+        return (f"{output_dir}: writing a checkpoint failed ({text.splitlines()[0] if text else type(exc).__name__}; "
+                f"{free:.1f} MB free there); free space (or check permissions) and re-run the same command: "
+                "training resumes from the latest complete checkpoint")
+    return None
 
 
 # Set by the `train` stage: the child writes its one error line here instead of stderr, and

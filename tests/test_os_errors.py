@@ -11,6 +11,7 @@ child fails (relayed without accelerate's or torchrun's traceback).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -184,18 +185,29 @@ def test_too_many_open_files_is_one_line(index, tmp_path):
 
 # ------------------------------------------------------------ a full disk mid-run
 
-@pytest.fixture
-def small_tmpfs(tmp_path):
-    """A 128 KB tmpfs that can be grown in place (root only)."""
-    point = tmp_path / "small"
+@contextlib.contextmanager
+def tmpfs(point: Path, size: str):
+    """A small tmpfs at `point` that can be grown in place (root only; skips otherwise)."""
     point.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=128k", "tmpfs", str(point)],
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(point)],
                           capture_output=True, text=True)
     if proc.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs here ({proc.stderr.strip() or 'mount failed'}); "
                     "the file-size-limit test covers a full disk instead")
-    yield point
-    subprocess.run(["umount", str(point)], check=True)
+    try:
+        yield point
+    finally:
+        subprocess.run(["umount", str(point)], check=True)
+
+
+def grow(point: Path, size: str) -> None:
+    subprocess.run(["mount", "-o", f"remount,size={size}", str(point)], check=True)
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    with tmpfs(tmp_path / "small", "128k") as point:
+        yield point
 
 
 def assert_resumed_equals_reference(index: Path, out: Path, tmp_path: Path, *args: str) -> None:
@@ -219,7 +231,7 @@ def test_a_full_disk_stops_in_one_line_keeps_records_and_resumes(index, small_tm
     assert 0 < len(kept) < 30
     assert json.loads((out / "manifest.json").read_text())["complete"] is False
     assert not list(out.glob(".*.tmp"))
-    subprocess.run(["mount", "-o", "remount,size=2m", str(small_tmpfs)], check=True)  # space freed
+    grow(small_tmpfs, "2m")  # space freed
     proc = run_pipeline(*oracle(index, out, *args))
     assert proc.returncode == 0, proc.stderr
     assert (out / "react.jsonl").read_bytes().startswith(written)  # resumed: nothing rewritten
@@ -348,3 +360,21 @@ def test_run_relays_a_failing_train_unit_in_one_line(tmp_path, shared_data):
     assert_one_line(proc, "training tiny on react", "every example is longer than max_length=4")
     assert "ChildFailedError" not in proc.stdout and "CalledProcessError" not in proc.stdout
 
+
+
+@pytest.mark.slow
+def test_a_full_disk_while_checkpointing_is_one_line_and_training_resumes(tmp_path, dataset):
+    """60 MB holds one checkpoint of the tiny student (~41 MB: weights + Adam state), not two:
+    the second save fails inside torch.save / safetensors, which give no OSError."""
+    with tmpfs(tmp_path / "disk", "60m") as disk:
+        args = ("train", "--config", str(TINY), "accelerate_config=cpu", f"dataset_dir={dataset}",
+                f"output_root={disk}", "max_steps=2", "save_steps=1")
+        proc = run_pipeline(*args, timeout=600)
+        assert_one_line(proc, "re-run the same command")
+        out = disk / "default" / "tiny" / "react"
+        assert (out / "checkpoint-1" / "trainer_state.json").is_file()
+        grow(disk, "400m")
+        proc = run_pipeline(*args, timeout=600)
+        assert proc.returncode == 0, proc.stderr
+        assert f"resuming from {out / 'checkpoint-1'}" in proc.stdout
+        assert json.loads((out / "final" / "manifest.json").read_text())["steps"] == 2
