@@ -9,6 +9,10 @@
 fsdp), a path to a YAML file, or `auto`: no GPU -> cpu, one GPU -> single_gpu, several ->
 multi_gpu over all of them. The batch split is checked before anything starts; the training
 output is streamed through; the exit code is the launch's.
+
+Before launching, what the child would refuse is checked here (dataset present and complete,
+output folder writable, accelerate config readable). When the child stops on an error, its one
+line and exit code are relayed, without the launcher's traceback.
 """
 
 from __future__ import annotations
