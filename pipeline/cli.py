@@ -10,6 +10,8 @@ import argparse
 import importlib
 import sys
 
+from pipeline.errors import PipelineError, os_error_message  # stdlib only: keeps --help fast
+
 # stage name -> (module, one-line help)
 STAGES: dict[str, tuple[str, str]] = {
     "data": ("pipeline.stages.data", "HotpotQA: fetch/locate the data, build the eval sample and offline splits"),
@@ -37,8 +39,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipeline.errors import PipelineError
+    """Run a stage. Bad input (PipelineError) and what the operating system refuses (OSError:
+    permissions, a full disk, too many open files), raised anywhere, end in one line, exit 2."""
+    try:
+        return run_stage(argv)
+    except PipelineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except OSError as exc:
+        print(f"error: {os_error_message(exc)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: finished work is saved; re-run the same command to resume", file=sys.stderr)
+        return 130
 
+
+def run_stage(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     if not argv or argv[0] not in STAGES:
@@ -56,11 +72,4 @@ def main(argv: list[str] | None = None) -> int:
     stage_parser = argparse.ArgumentParser(prog=f"python -m pipeline {stage}", description=help_text)
     module.add_arguments(stage_parser)
     args = stage_parser.parse_args(rest)
-    try:
-        return int(module.main(args) or 0)
-    except PipelineError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        print("interrupted: finished work is saved; re-run the same command to resume", file=sys.stderr)
-        return 130
+    return int(module.main(args) or 0)

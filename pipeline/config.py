@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from pipeline.errors import PipelineError
+from pipeline.errors import PipelineError, os_error_message
 
 T = TypeVar("T")
 
@@ -57,10 +57,16 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.exists():
         raise PipelineError(f"config file not found: {path}")
+    if not path.is_file():
+        raise PipelineError(f"config file {path} is a folder (or not a regular file); give a YAML file")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as exc:
         raise PipelineError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    except UnicodeDecodeError:
+        raise PipelineError(f"config file {path} is not UTF-8 text; give a YAML file") from None
+    except OSError as exc:
+        raise PipelineError(f"config file {os_error_message(exc, path)}") from None
     if not isinstance(data, dict):
         raise PipelineError(f"{path}: expected a mapping of config keys at the top level")
     return data

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pipeline import __version__
 from pipeline.errors import PipelineError
-from pipeline.storage import atomic_path
+from pipeline.storage import atomic_path, check_writable_dir, remove_stale_temps
 
 USER_AGENT = (
     f"react-finetune-pipeline/{__version__} "
@@ -30,6 +30,8 @@ def download(url: str, dest: str | os.PathLike, *, timeout: float = 60.0, quiet:
     from tqdm.auto import tqdm
 
     dest = Path(dest)
+    check_writable_dir(dest.parent, "data folder")
+    remove_stale_temps(dest.parent, dest.name)  # an earlier download that was killed
     request = urllib.request.Request(url, headers={"User-Agent": USER_AGENT})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response, atomic_path(dest) as tmp:

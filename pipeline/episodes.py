@@ -17,7 +17,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from pipeline.errors import PipelineError
-from pipeline.storage import JsonlAppender, read_jsonl
+from pipeline.storage import JsonlAppender, read_jsonl, remove_stale_temps
 
 LOCK_NAME = ".lock"
 
@@ -37,6 +37,7 @@ def run_lock(out_dir: Path) -> Iterator[None]:
         fh.truncate(0)
         fh.write(str(os.getpid()))
         fh.flush()
+        remove_stale_temps(out_dir)  # a killed run's half-written manifest or summary
         yield
 
 

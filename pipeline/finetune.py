@@ -36,8 +36,9 @@ if __package__ in (None, ""):  # run as a script (`accelerate launch pipeline/fi
     sys.path.insert(0, str(_here.parent))
 
 from pipeline.config import add_config_arguments, load_config, to_dict  # noqa: E402
-from pipeline.errors import PipelineError  # noqa: E402
+from pipeline.errors import PipelineError, os_error_message  # noqa: E402
 from pipeline.storage import (  # noqa: E402
+    atomic_write_json,
     file_fingerprint,
     read_jsonl,
     read_manifest,
@@ -221,12 +222,19 @@ def choose_resume(cfg: FinetuneConfig) -> Path | None:
 
 # ----------------------------------------------------------------------------- data and model
 
-def load_sft_records(cfg: FinetuneConfig) -> tuple[Path, list[dict]]:
+def check_dataset(cfg: FinetuneConfig) -> Path:
+    """The method's train.jsonl, refused unless present and complete by its manifest (the
+    `train` stage calls this too, before it launches anything)."""
     folder = cfg.dataset_dir / cfg.method
     path = folder / "train.jsonl"
     if not path.is_file():
         raise PipelineError(f"dataset_dir: {path} not found; run `python -m pipeline filter` first (or set dataset_dir)")
     require_complete(folder / "manifest.json", f"SFT dataset {folder}")
+    return path
+
+
+def load_sft_records(cfg: FinetuneConfig) -> tuple[Path, list[dict]]:
+    path = check_dataset(cfg)
     records = read_jsonl(path, tolerate_torn_tail=False)
     if cfg.max_examples is not None:
         records = records[: cfg.max_examples]
@@ -502,13 +510,63 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pipeline/finetune.py", description=__doc__.split("\n")[0])
     add_config_arguments(parser)
     args = parser.parse_args(argv)
+    cfg = None
     try:
         cfg = load_config(FinetuneConfig, args.config, args.overrides, section="train")
         run(cfg)
     except PipelineError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_code
+        return report_error(str(exc), exc.exit_code)
+    except Exception as exc:  # a full disk while checkpointing, an unwritable output_dir
+        message = storage_error_message(exc, cfg.output_dir if cfg else None)
+        if message is None:
+            raise  # a bug: keep its traceback
+        return report_error(message, 2)
     return 0
+
+
+# What torch.save's C++ writer says when a write fails (it gives no errno): seen on a full disk.
+TORCH_WRITE_FAILURES = ("PytorchStreamWriter failed writing", "inline_container.cc", "iostream error")
+
+
+def storage_error_message(exc: Exception, output_dir: Path | None) -> str | None:
+    """One line for a failed write, whichever library raised it: an OSError, safetensors'
+    SafetensorError ("I/O error: ... (os error 28)"), torch.save's RuntimeError ("unexpected
+    pos ...", "iostream error"); None for anything else (a bug keeps its traceback)."""
+    import re
+    import shutil
+
+    if isinstance(exc, OSError):
+        return os_error_message(exc, output_dir)
+    text = str(exc)
+    code = re.search(r"\(os error (\d+)\)", text)
+    if type(exc).__name__ == "SafetensorError" and code:
+        number = int(code.group(1))
+        return os_error_message(OSError(number, os.strerror(number)), output_dir)
+    chain = [exc, exc.__context__]
+    if output_dir is not None and any(isinstance(e, RuntimeError) and any(m in str(e) for m in TORCH_WRITE_FAILURES)
+                                      for e in chain):
+        free = shutil.disk_usage(output_dir).free / 1e6 if output_dir.exists() else float("nan")
+        return (f"{output_dir}: writing a checkpoint failed ({text.splitlines()[0] if text else type(exc).__name__}; "
+                f"{free:.1f} MB free there); free space (or check permissions) and re-run the same command: "
+                "training resumes from the latest complete checkpoint")
+    return None
+
+
+# Set by the `train` stage: the child writes its one error line here instead of stderr, and
+# the stage prints it once (not once per rank) without the launcher's traceback after it.
+ERROR_FILE_ENV = "PIPELINE_ERROR_FILE"
+
+
+def report_error(message: str, exit_code: int) -> int:
+    error_file = os.environ.get(ERROR_FILE_ENV)
+    if error_file:
+        try:
+            atomic_write_json(error_file, {"message": message, "exit_code": exit_code})
+            return exit_code
+        except OSError:
+            pass  # the stage cannot hear us: say it on stderr
+    print(f"error: {message}", file=sys.stderr)
+    return exit_code
 
 
 if __name__ == "__main__":

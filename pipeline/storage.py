@@ -7,9 +7,12 @@ run loses at most the record it was writing (which is detected and dropped on re
 from __future__ import annotations
 
 import contextlib
+import errno
+import glob
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -19,10 +22,19 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import PipelineError
+from pipeline.errors import PipelineError, os_error_message
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
+
+
+TMP_SUFFIX = ".tmp"
+
+
+def temp_prefix(name: str) -> str:
+    """`.<name>.<pid>.`: temporaries are hidden, end in `.tmp`, and carry their writer's pid so
+    the next run can tell a kill's leftover (writer gone) from a live writer's file."""
+    return f".{name}.{os.getpid()}."
 
 
 @contextlib.contextmanager
@@ -30,7 +42,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside `path`; rename it over `path` only if the block succeeds."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path.name), suffix=TMP_SUFFIX, dir=path.parent)
     os.close(fd)
     tmp_path = Path(tmp)
     os.chmod(tmp_path, 0o666 & ~_UMASK)  # mkstemp makes 0600; outputs get the usual mode
@@ -39,6 +51,10 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         with open(tmp_path, "rb") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp_path, path)
+    except OSError as exc:
+        if exc.filename is None:  # a failed write names no file: name the one being written
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
+        raise
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
@@ -93,7 +109,7 @@ class JsonlAppender:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._truncate_torn_tail()
-        self._fh = open(self.path, "a", encoding="utf-8")
+        self._fh = open(self.path, "ab", buffering=0)  # unbuffered: nothing is left to flush after an error
 
     def _truncate_torn_tail(self) -> None:
         if not self.path.exists():
@@ -106,9 +122,20 @@ class JsonlAppender:
             fh.truncate(keep)
 
     def append(self, record: dict) -> None:
-        self._fh.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
+        """Write one whole line or nothing: on a failed write (a full disk) the part that got out
+        is cut off again, so the file still ends with the last complete record."""
+        data = (json.dumps(record, ensure_ascii=False, default=str) + "\n").encode("utf-8")
+        fd = self._fh.fileno()
+        start = os.fstat(fd).st_size
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, start)  # shrinking needs no free space
+            raise OSError(exc.errno, exc.strerror, str(self.path)) from exc
 
     def close(self) -> None:
         self._fh.close()
@@ -118,6 +145,66 @@ class JsonlAppender:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def check_writable_dir(path: str | os.PathLike, what: str = "out_dir") -> None:
+    """Refuse, before any work starts, an output folder that cannot be created or written: a
+    path under a file, a read-only or system location, no permission. Creates nothing: a probe
+    file is made in the nearest existing folder and vanishes at once (O_TMPFILE or unlink)."""
+    path = Path(path)
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        where = "" if existing == path else f"{path}: "
+        raise PipelineError(f"{what}: {where}{existing} is a file, not a folder; choose another path")
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as exc:
+        where = path if existing == path else f"{path} (in {existing})"  # not the probe's random name
+        if exc.errno in _KNOWN_WRITE_ERRORS:
+            message = os_error_message(OSError(exc.errno, exc.strerror), where)
+        else:  # e.g. ENOENT in /proc: a system folder, not a typo
+            message = f"{where}: cannot create files there ({exc.strerror}); choose a writable folder"
+        raise PipelineError(f"{what}: {message}") from None
+
+
+_KNOWN_WRITE_ERRORS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EMFILE,
+                       errno.ENFILE)
+
+
+def remove_stale_temps(folder: str | os.PathLike, name: str | None = None) -> list[Path]:
+    """Delete the `.<name>.<pid>.*.tmp` files and folders that a killed writer left in `folder`
+    (only those of `name` when given); they are never read, since consumers open final names
+    only. A temporary whose writer is still alive is kept."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    removed = []
+    for tmp in folder.glob(f".{glob.escape(name) + '.' if name else ''}*{TMP_SUFFIX}"):
+        if _writer_alive(tmp.name):
+            continue
+        if tmp.is_dir() and not tmp.is_symlink():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
+        removed.append(tmp)
+    return removed
+
+
+def _writer_alive(name: str) -> bool:
+    parts = name.split(".")  # ['', <name parts...>, <pid>, <random>, 'tmp']
+    pid = parts[-3] if len(parts) >= 5 else ""
+    if not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # alive, owned by someone else
+    return True
 
 
 def git_commit() -> str | None:

@@ -99,7 +99,7 @@ def test_bad_corpus_inputs_fail_in_one_line(tmp_path, corpus):
     assert not out.exists() and list(tmp_path.glob(".wiki.sqlite*")) == []
     assert_one_line_error(wiki("build", "--corpus", corpus, "--out", tmp_path), "is a folder")
     assert_one_line_error(wiki("build", "--corpus", corpus, "--out", corpus.parent / "corpus.jsonl" / "x.sqlite"),
-                          "failed")
+                          "is a file, not a folder")
 
 
 def test_bad_index_fails_in_one_line(tmp_path):

@@ -17,7 +17,12 @@ from collections import Counter
 from pathlib import Path
 
 from pipeline.errors import PipelineError
-from pipeline.storage import atomic_write_json, atomic_write_text
+from pipeline.storage import (
+    atomic_write_json,
+    atomic_write_text,
+    check_writable_dir,
+    remove_stale_temps,
+)
 
 FETCH_SOURCES = {
     "prompts": "react-prompts",
@@ -115,13 +120,15 @@ def split(args: argparse.Namespace) -> int:
     from pipeline import hotpotqa
     from pipeline.paths import resolve_source
 
+    out = args.out or hotpotqa.SPLITS_DIR / hotpotqa.OFFLINE_SPLIT
+    check_writable_dir(out, "--out")
+    remove_stale_temps(out)  # a killed run's half-written id lists
     questions_path = resolve_source("hotpotqa-with-context", args.questions)
     corpus_path = resolve_source("wiki-corpus", args.corpus)
     rows = hotpotqa.read_with_context(questions_path)
     titles = hotpotqa.corpus_titles(corpus_path)
     result = hotpotqa.build_offline_split(rows, titles, seed=args.seed, eval_size=args.eval_size,
                                           exclude_dev_indices=hotpotqa.react_dev500_indices())
-    out = args.out or hotpotqa.SPLITS_DIR / hotpotqa.OFFLINE_SPLIT
     header = {
         "format": hotpotqa.SPLIT_FORMAT,
         "seed": args.seed,

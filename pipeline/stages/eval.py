@@ -26,7 +26,7 @@ from pipeline.config import add_config_arguments, load_config, to_dict
 from pipeline.errors import PipelineError
 from pipeline.llm.config import LLMConfig
 from pipeline.methods import MethodSettings
-from pipeline.storage import atomic_write_json, require_complete, write_manifest
+from pipeline.storage import atomic_write_json, check_writable_dir, require_complete, write_manifest
 from pipeline.wiki.config import WikiConfig
 
 # Sizes (billions of parameters) of models a config may name without saying params_b.
@@ -87,6 +87,7 @@ def evaluate(cfg: EvalConfig) -> list[dict]:
     from pipeline.stages.generate import check_methods, check_resumable, open_llm
     from pipeline.wiki.config import open_backend
 
+    check_writable_dir(cfg.out_dir)  # before any model is loaded or episode run
     target = model_under_test(cfg)
     settings = replace(cfg.method, mode=target.decode_mode if target.mode == "finetune" else "prompt")
     methods = default_methods(cfg.methods, target)

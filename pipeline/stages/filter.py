@@ -32,10 +32,14 @@ from typing import Any
 from pipeline.config import add_config_arguments, load_config, to_dict
 from pipeline.errors import PipelineError
 from pipeline.storage import (
+    TMP_SUFFIX,
+    check_writable_dir,
     file_fingerprint,
     read_jsonl,
     read_manifest,
+    remove_stale_temps,
     require_complete,
+    temp_prefix,
     write_manifest,
 )
 from pipeline.trajectory import METHODS, Trajectory, render
@@ -307,7 +311,7 @@ def dataset_card(stats: dict, cfg: FilterConfig) -> str:
 def write_dataset_dir(target: Path, files: dict[str, str], manifest: dict) -> None:
     """Write every file into a temporary folder beside `target`, then swap it in by rename."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(target.name), suffix=TMP_SUFFIX, dir=target.parent))
     old = None
     try:
         for name, text in files.items():
@@ -319,7 +323,7 @@ def write_dataset_dir(target: Path, files: dict[str, str], manifest: dict) -> No
         (tmp / "manifest.json").chmod(0o644)  # mkstemp/mkdtemp create owner-only files
         tmp.chmod(0o755)
         if target.exists():
-            old = target.with_name(f".{target.name}.old-{os.getpid()}")
+            old = target.with_name(f"{temp_prefix(target.name)}old{TMP_SUFFIX}")  # cleaned up if killed
             os.replace(target, old)
         try:
             os.replace(tmp, target)
@@ -357,6 +361,8 @@ def run_filter(cfg: FilterConfig) -> dict:
     unknown = [m for m in cfg.methods if m not in METHODS]
     if unknown:
         raise PipelineError(f"filter: methods {unknown} are not training formats; choose from {list(METHODS)}")
+    check_writable_dir(cfg.out_dir)
+    remove_stale_temps(cfg.out_dir)  # a killed run's half-written dataset folders and manifest
     by_method, inputs, reports = collect_episodes(cfg)
     methods = cfg.methods or [m for m in METHODS if m in by_method]
     missing = [m for m in methods if m not in by_method]

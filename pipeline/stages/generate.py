@@ -26,7 +26,7 @@ from pipeline.config import add_config_arguments, load_config, to_dict
 from pipeline.errors import PipelineError
 from pipeline.llm.config import LLMConfig
 from pipeline.methods import MethodSettings
-from pipeline.storage import read_manifest, write_manifest
+from pipeline.storage import check_writable_dir, read_manifest, write_manifest
 from pipeline.wiki.config import WikiConfig
 
 
@@ -64,6 +64,7 @@ def generate(cfg: GenerateConfig) -> dict[str, dict]:
     from pipeline.hotpotqa import load_question_set
     from pipeline.wiki.config import open_backend
 
+    check_writable_dir(cfg.out_dir)  # before any model is loaded or episode run
     label = teacher_label(cfg.teacher)
     exemplar_sources = check_methods(cfg.methods, cfg.method, label)
     questions = load_question_set(cfg.questions, limit=cfg.limit)

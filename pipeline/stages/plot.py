@@ -38,8 +38,10 @@ from pipeline.storage import (
     atomic_path,
     atomic_write_json,
     atomic_write_text,
+    check_writable_dir,
     file_fingerprint,
     read_json,
+    remove_stale_temps,
     require_complete,
     write_manifest,
 )
@@ -496,6 +498,7 @@ def collect_references(cfg: PlotConfig) -> list[dict]:
 
 def run_plot(cfg: PlotConfig) -> dict[str, Path]:
     """Write the figure, tables and orderings check; returns their paths by kind."""
+    check_writable_dir(cfg.out_dir)
     rows = load_summaries(cfg.summaries)
     question_sets = check_question_sets(rows, cfg.allow_mixed_question_sets)
     check_duplicates(rows)
@@ -505,6 +508,7 @@ def run_plot(cfg: PlotConfig) -> dict[str, Path]:
     out = Path(cfg.out_dir)
     paths = {"png": out / f"{cfg.name}.png", "svg": out / f"{cfg.name}.svg", "csv": out / "results.csv",
              "md": out / "results.md", "orderings": out / "orderings.md", "orderings_json": out / "orderings.json"}
+    remove_stale_temps(out)  # a killed run's half-written figure or tables
     title = cfg.title or f"HotpotQA EM: prompting vs fine-tuning ({', '.join(question_sets)})"
     fig = draw_figure(rows, references, title)
     try:

@@ -22,7 +22,7 @@ from typing import Any
 
 from pipeline.config import add_config_arguments, build, load_config, to_dict
 from pipeline.errors import PipelineError
-from pipeline.storage import read_manifest
+from pipeline.storage import check_writable_dir, read_manifest
 
 
 @dataclass
@@ -113,6 +113,7 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
 def run(cfg: RunConfig, students: list[Student]) -> dict:
     started = time.monotonic()
     units = plan(cfg, students)
+    check_outputs(cfg, units)
     outputs: dict = {}
     for i, unit in enumerate(units, start=1):
         stage(f"[{i}/{len(units)}] {unit.title}")
@@ -120,6 +121,16 @@ def run(cfg: RunConfig, students: list[Student]) -> dict:
     print(f"[run] done in {time.monotonic() - started:.0f} s; figure: {outputs['png']} (and .svg), "
           f"table: {outputs['md']}, csv: {outputs['csv']}, orderings: {outputs['orderings']}")
     return outputs
+
+
+def check_outputs(cfg: RunConfig, units: list[Unit]) -> None:
+    """Every folder the grid will write must be writable before the first unit starts: a
+    read-only checkpoint root should not surface after hours of generation."""
+    check_writable_dir(cfg.out_dir, "out_dir")
+    for unit in units:
+        if unit.action is launch_train:
+            ft = unit.config[0]
+            check_writable_dir(ft.output_dir, f"train output_dir ({ft.student_name}, {ft.method})")
 
 
 def stage(title: str) -> None:
@@ -208,7 +219,12 @@ def launch_train(unit_config) -> None:
         return
     args = argparse.Namespace(config=config_path, overrides=overrides, accelerate_config=None,
                               num_processes=None, dry_run=False)
-    code = train_main(args)
+    try:
+        code = train_main(args)
+    except PipelineError as exc:  # the child's own error line, relayed by the train stage
+        failure = PipelineError(f"training {ft.student_name} on {ft.method}: {exc}")
+        failure.exit_code = exc.exit_code
+        raise failure from None
     if code != 0:
         raise PipelineError(f"training {ft.student_name} on {ft.method} failed (exit code {code}); "
                             "fix the cause and re-run: it resumes from the latest checkpoint")

@@ -9,12 +9,17 @@
 fsdp), a path to a YAML file, or `auto`: no GPU -> cpu, one GPU -> single_gpu, several ->
 multi_gpu over all of them. The batch split is checked before anything starts; the training
 output is streamed through; the exit code is the launch's.
+
+Before launching, what the child would refuse is checked here (dataset present and complete,
+output folder writable, accelerate config readable). When the child stops on an error, its one
+line and exit code are relayed, without the launcher's traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -92,21 +97,69 @@ def main(args: argparse.Namespace) -> int:
     print("[train] " + shlex.join(cmd), flush=True)
     if args.dry_run:
         return 0
-    return stream(cmd)
+    preflight(cfg, config_path)
+    return launch(cmd)
 
 
-def stream(cmd: list[str]) -> int:
+def preflight(cfg, config_path: Path) -> None:
+    """Refuse now what the launched child would refuse seconds or minutes later: a dataset that
+    is missing or incomplete by its manifest, an output folder that cannot be written, an
+    accelerate config that is not a readable YAML file."""
+    from pipeline.finetune import check_dataset
+    from pipeline.storage import check_writable_dir
+
+    read_yaml(config_path)
+    check_dataset(cfg)
+    check_writable_dir(cfg.output_dir, "output_dir")
+
+
+def launch(cmd: list[str]) -> int:
+    """Run the launch; when the child stops on a user error (it writes the line to an error
+    file instead of stderr), raise that line with its exit code instead of showing the
+    launcher's traceback (accelerate's CalledProcessError, torchrun's ChildFailedError)."""
+    import json
+    import tempfile
+
+    from pipeline.finetune import ERROR_FILE_ENV
+
+    with tempfile.TemporaryDirectory(prefix="pipeline-train-") as folder:
+        error_file = Path(folder) / "error.json"
+        code, held = stream(cmd, {ERROR_FILE_ENV: str(error_file)})
+        if code != 0 and error_file.is_file():
+            error = json.loads(error_file.read_text(encoding="utf-8"))
+            failure = PipelineError(error["message"])
+            failure.exit_code = int(error.get("exit_code", code))
+            raise failure
+    for line in held:  # no error line from the child: a crash; show everything
+        sys.stdout.write(line)
+    return code
+
+
+# Where the launcher's own report of a failed child begins: a Python traceback, or a
+# torch.distributed.elastic error log line (glog style: "E1201 01:56:59.900000 10849 path:line] ...")
+# or its warning that it is stopping the other workers.
+_GLOG = r"\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+\] "
+LAUNCHER_REPORT = re.compile(rf"^(Traceback \(most recent call last\):|[EF]{_GLOG}|W{_GLOG}.*closing signal)")
+
+
+def stream(cmd: list[str], extra_env: dict[str, str] | None = None) -> tuple[int, list[str]]:
     """Run the launch in its own process group, copying its output line by line; Ctrl-C stops
-    the whole group (the launcher and its workers), and the next run resumes from a checkpoint."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    the whole group (the launcher and its workers), and the next run resumes from a checkpoint.
+    From the first line of a launcher's failure report on, lines are held back and returned
+    with the exit code, for the caller to show or drop."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                             env=env, start_new_session=True)
+    held: list[str] = []
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
+            if held or LAUNCHER_REPORT.match(line):
+                held.append(line)
+                continue
             sys.stdout.write(line)
             sys.stdout.flush()
-        return proc.wait()
+        return proc.wait(), held
     except KeyboardInterrupt:
         signal_tree(proc.pid, signal.SIGINT)
         try:

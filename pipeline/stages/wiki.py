@@ -79,9 +79,12 @@ def main(args: argparse.Namespace) -> int:
 def build(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from pipeline.storage import check_writable_dir, remove_stale_temps
     from pipeline.wiki.index import build_index, check_sources
 
     sources = check_sources(resolve_corpus(spec) for spec in (args.corpus or DEFAULTS.corpus))
+    check_writable_dir(args.out.parent, f"--out {args.out}")  # before minutes of indexing
+    remove_stale_temps(args.out.parent, args.out.name)  # a killed build's half-written index
     with tqdm(unit=" pages", unit_scale=True, desc="indexing", disable=args.no_progress,
               mininterval=1.0, delay=1.0, file=sys.stderr) as bar:
         stats = build_index(sources, args.out, progress=bar.update)

@@ -52,7 +52,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
-from pipeline.errors import PipelineError
+from pipeline.errors import PipelineError, os_error_message
 from pipeline.storage import atomic_path
 from pipeline.wiki.backend import Page, paragraph_sizes
 from pipeline.wiki.corpus import (
@@ -174,7 +174,8 @@ def build_index(
             finally:
                 db.close()
     except (OSError, sqlite3.Error) as exc:  # unreadable input, unwritable output, disk full
-        raise PipelineError(f"building {out} failed: {exc}") from None
+        reason = os_error_message(exc, out) if isinstance(exc, OSError) else exc
+        raise PipelineError(f"building {out} failed: {reason}") from None
     stats.out, stats.bytes = str(out), out.stat().st_size
     stats.seconds = time.perf_counter() - started
     return stats
