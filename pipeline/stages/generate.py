@@ -57,6 +57,7 @@ def generate(cfg: GenerateConfig) -> dict[str, dict]:
     from pipeline.wiki.config import open_backend
 
     label = teacher_label(cfg.teacher)
+    check_oracle_style(cfg.teacher, label)
     exemplar_sources = check_methods(cfg.methods, cfg.method, label)
     questions = load_question_set(cfg.questions, limit=cfg.limit)
     if not questions:
@@ -71,12 +72,51 @@ def generate(cfg: GenerateConfig) -> dict[str, dict]:
         check_resumable(cfg.out_dir, "generate", to_dict(cfg))  # again, now that we hold the folder
         write_manifest(manifest_path, complete=False, **manifest)
         stats = run_methods(llm, label, cfg.methods, questions, cfg.method, backend, cfg.out_dir,
-                            max_in_flight=cfg.max_in_flight, source="generate")
+                            max_in_flight=cfg.max_in_flight, source="generate",
+                            oracle_style=cfg.teacher.oracle_style)
+        add_search_stats(stats, cfg.out_dir, questions)
         write_manifest(manifest_path, complete=True, stats=stats, **manifest)
     for name, s in stats.items():
         print(f"{name:>16}: {s['n']} episodes, EM {s['em']:.3f}, F1 {s['f1']:.3f}, "
               f"finished {s['finish_rate']:.0%} -> {cfg.out_dir / (name + '.jsonl')}")
+        if "search" in s:
+            print(" " * 18 + search_line(s["search_correct"]))
     return stats
+
+
+def check_oracle_style(teacher: LLMConfig, label: str) -> None:
+    """teacher.oracle_style means something only to the oracle: fail rather than ignore it."""
+    from pipeline.methods.oracle import DEFAULT_STYLE, check_style
+
+    if label == "oracle":
+        check_style(teacher.oracle_style)
+    elif teacher.oracle_style != DEFAULT_STYLE:
+        raise PipelineError(f"teacher.oracle_style={teacher.oracle_style} applies only to teacher.backend=oracle "
+                            f"(the stand-in teacher); remove it for the {teacher.backend} teacher")
+
+
+def add_search_stats(stats: dict[str, dict], out_dir: Path, questions: list) -> None:
+    """For Act / ReAct files: how the episodes searched (pipeline.search_stats), over all of them
+    (`search`) and over the correct ones the filter keeps for training (`search_correct`)."""
+    from pipeline.search_stats import search_stats
+    from pipeline.storage import read_jsonl
+
+    ids = {str(q.id) for q in questions}
+    for name, s in stats.items():
+        path = out_dir / f"{name}.jsonl"
+        records = [r for r in read_jsonl(path) if str(r["id"]) in ids and r.get("steps")] if path.exists() else []
+        if records:
+            s["search"] = search_stats(records)
+            s["search_correct"] = search_stats(r for r in records if float(r.get("em") or 0) == 1.0)
+
+
+def search_line(s: dict) -> str:
+    def pct(rate):
+        return "-" if rate is None else f"{rate:.0%}"
+
+    return (f"correct episodes: {s['episodes']}; missed a search {s['miss_episodes']} ({pct(s['miss_rate'])}), "
+            f"recovered {s['recovered_episodes']} ({pct(s['recover_rate'])} of those), "
+            f"looked up {s['lookup_episodes']} ({pct(s['lookup_rate'])}); search hit rate {pct(s['search_hit_rate'])}")
 
 
 def teacher_label(teacher: LLMConfig) -> str:
