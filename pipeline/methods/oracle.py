@@ -130,6 +130,9 @@ class OracleMethod:
                 thought = f"{evidence} Next, I need to search {titles[k + 1]}."
             else:
                 thought = f"{evidence} So the answer is {q.answer}."
+        return self.finish(q, env, traj, thought)
+
+    def finish(self, q, env, traj: Trajectory, thought: str) -> Outcome:
         self.act(env, traj, thought, f"Finish[{q.answer}]")
         info = env.info()
         if not info["finished"]:
@@ -186,12 +189,7 @@ class OracleMethod:
                 thought = f"{evidence} Next, I need to search {query}."
             else:
                 thought = f"{evidence} So the answer is {q.answer}."
-        self.act(env, traj, thought, f"Finish[{q.answer}]")
-        info = env.info()
-        if not info["finished"]:
-            return Outcome(traj, None, "step_limit")
-        traj.answer = info["answer"]
-        return Outcome(traj, info["answer"], "finish")
+        return self.finish(q, env, traj, thought)
 
     def affordable_query(self, traj: Trajectory, titles: list[str], k: int, question: str) -> str:
         """The query for titles[k]; the exact title when a miss could not be recovered within
