@@ -8,6 +8,9 @@ One record per finished episode is appended (flushed, fsynced) as it finishes; a
 question ids already written, so a killed run resumes where it stopped. `teacher.backend=oracle`
 is a stand-in teacher that writes correct trajectories from HotpotQA's gold supporting facts
 (NOT the paper's PaLM-540B); any transformers / vllm / openai model is a real teacher.
+`teacher.oracle_style=agent` makes the oracle search names as the question writes them, miss and
+recover (`exact`, the default, searches the gold titles). The stats (manifest, summary lines) say
+how often Act / ReAct episodes missed a search, recovered, and used Lookup.
 """
 
 from __future__ import annotations
