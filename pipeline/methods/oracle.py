@@ -14,7 +14,8 @@ trajectories in every format without a large model.
                       `search_query`: `Search[Adorable]`); on a miss pick the gold title from the
                       `Similar:` list (or, when it is not there, search the full title), and on a
                       page that is not the one meant, search the full title. Its trajectories
-                      miss and recover as a prompted teacher's do.
+                      show misses and recoveries, as a prompted teacher's do (though its
+                      recovery always knows the gold title: it is still a stand-in).
   cot          reasoning = the supporting sentences, then "So the answer is <gold>."
   standard     the gold answer.
 
