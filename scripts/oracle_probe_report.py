@@ -65,8 +65,8 @@ def pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.1f}"
 
 
-def interval(ci: tuple[float, float] | None) -> str:
-    return "-" if ci is None else f"[{pct(ci[0])}, {pct(ci[1])}]"
+def with_interval(value: float | None, ci: tuple[float, float] | None) -> str:
+    return "-" if value is None or ci is None else f"{pct(value)} [{pct(ci[0])}, {pct(ci[1])}]"
 
 
 def markdown(rows: list[dict]) -> str:
@@ -77,8 +77,8 @@ def markdown(rows: list[dict]) -> str:
         t = r["teacher"]
         teacher = "-" if not t else f"{pct(t['miss_rate'])} / {pct(t['recover_rate'])} / {pct(t['lookup_rate'])}"
         lines.append(f"| {r['style']} | {r['model']} | {teacher} | {r['n']} | {pct(r['finish_rate'])} "
-                     f"| {pct(r['em'])} {interval(r['em_ci'])} | {r['searches']} "
-                     f"| {pct(r['search_hit_rate'])} {interval(r['search_hit_ci'])} |")
+                     f"| {with_interval(r['em'], r['em_ci'])} | {r['searches']} "
+                     f"| {with_interval(r['search_hit_rate'], r['search_hit_ci'])} |")
     return "\n".join(lines)
 
 

@@ -89,10 +89,11 @@ def test_probe_report_prints_em_and_search_hit_rate_with_intervals(tmp_path):
     teacher = search_stats(RECORDS[:1])  # missed 100%, recovered 100%, looked up 100%
     write_probe(tmp_path, "agent", RECORDS[:4], teacher)
     write_probe(tmp_path, "exact", RECORDS[2:4], None)
+    write_probe(tmp_path, "silent", [record(0.0, step("Think[hm]", "Invalid action: Think[hm]"), finished=False)], None)
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "oracle_probe_report.py"), str(tmp_path)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    rows = [line for line in proc.stdout.splitlines() if line.startswith("| agent") or line.startswith("| exact")]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and not line.startswith("| style")]
     lo, hi = wilson(2, 4)
     hit_lo, hit_hi = wilson(3, 7)
     assert rows[0] == (f"| agent | smollm2-135m-ft-react | 100.0 / 100.0 / 100.0 | 4 | 75.0 | 50.0 "
@@ -101,6 +102,7 @@ def test_probe_report_prints_em_and_search_hit_rate_with_intervals(tmp_path):
     hit_lo, hit_hi = wilson(2, 3)
     assert rows[1] == (f"| exact | smollm2-135m-ft-react | - | 2 | 50.0 | 50.0 [{100 * lo:.1f}, {100 * hi:.1f}] "
                        f"| 3 | 66.7 [{100 * hit_lo:.1f}, {100 * hit_hi:.1f}] |")
+    assert rows[2] == "| silent | smollm2-135m-ft-react | - | 1 | 0.0 | 0.0 [0.0, 79.3] | 0 | - |"  # no search: no rate
 
 
 def test_probe_report_without_records_exits_2(tmp_path):
