@@ -80,7 +80,7 @@ class EpisodeSink:
 
 
 def run_methods(llm, label: str, methods: list[str], questions: list, settings, backend,
-                out_dir: Path, *, max_in_flight: int, source: str) -> dict[str, dict]:
+                out_dir: Path, *, max_in_flight: int, source: str, oracle_style: str = "exact") -> dict[str, dict]:
     """Run each method over the questions not yet in `<out_dir>/<method>.jsonl`; return
     per-method counts over the whole file (old and new records)."""
     from pipeline.agent import run_episodes
@@ -88,7 +88,7 @@ def run_methods(llm, label: str, methods: list[str], questions: list, settings, 
     stats = {}
     ids = {str(q.id) for q in questions}
     for name in methods:
-        method = build_method_for(label, name, settings)
+        method = build_method_for(label, name, settings, oracle_style)
         path = out_dir / f"{name}.jsonl"
         done = finished_ids(path)
         todo = [q for q in questions if str(q.id) not in done]
@@ -101,11 +101,11 @@ def run_methods(llm, label: str, methods: list[str], questions: list, settings, 
     return stats
 
 
-def build_method_for(label: str, name: str, settings):
+def build_method_for(label: str, name: str, settings, oracle_style: str = "exact"):
     if label == "oracle":
         from pipeline.methods.oracle import oracle_method
 
-        return oracle_method(name, settings)
+        return oracle_method(name, settings, oracle_style)
     from pipeline.methods import build_method
 
     return build_method(name, settings)

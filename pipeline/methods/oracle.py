@@ -3,31 +3,54 @@ supporting facts. It is NOT the paper's teacher (PaLM-540B prompted with ReAct);
 `teacher: "oracle"`. It exists so offline runs and tests have correct, environment-grounded
 trajectories in every format without a large model.
 
-  react / act  Search each gold title through the real WikiEnv; when a supporting sentence is not
+  react / act  Search each gold page through the real WikiEnv; when a supporting sentence is not
                among the 5 sentences a search shows, Lookup a keyword of that sentence (chosen so
                the sentence comes up first when possible); then Finish[gold answer]. Templated
-               thoughts (ReAct) restate the evidence the observations showed.
+               thoughts (ReAct) restate the evidence the observations showed. Two styles
+               (`teacher.oracle_style`):
+               exact  search each gold title exactly as written (`Search[Adorable (band)]`): never
+                      misses, so its trajectories show no recovery;
+               agent  search each entity the way an agent reading the question would (see
+                      `search_query`: `Search[Adorable]`); on a miss pick the gold title from the
+                      `Similar:` list (or, when it is not there, search the full title), and on a
+                      page that is not the one meant, search the full title. Its trajectories
+                      show misses and recoveries, as a prompted teacher's do (though its
+                      recovery always knows the gold title: it is still a stand-in).
   cot          reasoning = the supporting sentences, then "So the answer is <gold>."
   standard     the gold answer.
 
 A gold page that the index does not hold ends the episode unanswered with end_reason
-`oracle_missing_page: <title>`: the oracle never answers without its evidence.
+`oracle_missing_page: <title>`: the oracle never answers without its evidence. Both styles are
+deterministic: the agent style draws the wording of its recovery thoughts from a generator seeded
+by the question id and `method.seed`.
 
     from pipeline.agent import run_episodes
     from pipeline.methods.oracle import oracle_method
-    run_episodes(None, lambda: index, questions, oracle_method("react"), sink, teacher="oracle")
+    run_episodes(None, lambda: index, questions, oracle_method("react", style="agent"), sink, teacher="oracle")
 """
 
 from __future__ import annotations
 
+import ast
+import random
 import re
 
 from pipeline.errors import PipelineError
-from pipeline.methods.base import EpisodeContext, MethodSettings, Outcome, Program, backend_errors
+from pipeline.methods.base import (
+    EpisodeContext,
+    MethodSettings,
+    Outcome,
+    Program,
+    backend_errors,
+    episode_seed,
+)
 from pipeline.trajectory import METHODS, Step, Trajectory, one_line
 from pipeline.wiki.backend import Page
+from pipeline.wiki.index import title_key
 
 TEACHER = "oracle"
+STYLES = ("exact", "agent")  # how the oracle searches (module docstring); teacher.oracle_style
+DEFAULT_STYLE = "exact"
 MAX_THOUGHT_WORDS = 45
 _WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9'\-]*")
 _STOPWORDS = frozenset("""a an and are as at be been by did do does for from had has have he her his how in
@@ -35,17 +58,24 @@ into is it its of on or she that the their them they this to was were what when 
 whose why with which also than then there these those both either same other name named first""".split())
 
 
-def oracle_method(fmt: str, settings: MethodSettings | None = None) -> OracleMethod:
+def oracle_method(fmt: str, settings: MethodSettings | None = None, style: str = DEFAULT_STYLE) -> OracleMethod:
     if fmt not in METHODS:
         raise PipelineError(f"the oracle teacher writes {', '.join(METHODS)} trajectories, not '{fmt}'")
-    return OracleMethod(fmt, settings or MethodSettings())
+    check_style(style)
+    return OracleMethod(fmt, settings or MethodSettings(), style)
+
+
+def check_style(style: str) -> None:
+    if style not in STYLES:
+        raise PipelineError(f"teacher.oracle_style must be one of {', '.join(STYLES)}, not '{style}' "
+                            "(exact: gold titles as written; agent: names as the question writes them)")
 
 
 class OracleMethod:
     """An episode program (pipeline.methods.base) that never asks a model."""
 
-    def __init__(self, fmt: str, settings: MethodSettings):
-        self.name, self.settings = fmt, settings
+    def __init__(self, fmt: str, settings: MethodSettings, style: str = DEFAULT_STYLE):
+        self.name, self.settings, self.style = fmt, settings, style
 
     def run(self, ctx: EpisodeContext) -> Program:
         return self.write(ctx)
@@ -62,6 +92,8 @@ class OracleMethod:
         try:
             if self.name == "cot":
                 return self.write_cot(q, env.backend, traj)
+            if self.style == "agent":
+                return self.write_agent(q, env, traj)
             return self.write_interactive(q, env, traj)
         except backend_errors() as exc:
             return Outcome(traj, None, f"backend_error: {type(exc).__name__}: {exc}")
@@ -91,34 +123,85 @@ class OracleMethod:
             page = env.state.page
             if page is None:
                 return Outcome(traj, None, f"oracle_missing_page: {title}")
-            fresh: list[str] = []
-            for sentence in supporting_sentences(q, title, page):
-                if one_line(sentence) in observation:
-                    fresh.append(sentence)
-                    continue
-                keyword, rank = lookup_keyword(sentence, page, q.question, title)
-                if keyword is None or rank + 1 > lookups_left:
-                    continue
-                thought = (f"The paragraph does not say it yet. I need to look up {keyword} "
-                           f"on the {title} page.")
-                for _ in range(rank + 1):
-                    observation = self.act(env, traj, thought, f"Lookup[{keyword}]")
-                    thought = "The result is not the one I need. I need to look up the next one."
-                lookups_left -= rank + 1
-                if one_line(sentence) in observation:
-                    fresh.append(sentence)
+            fresh, used = self.show_evidence(q, env, traj, title, page, observation, lookups_left)
+            lookups_left -= used
             seen += fresh
             evidence = " ".join(clip(s) for s in fresh) or f"The {title} page has the facts I need."
             if k + 1 < len(titles):
                 thought = f"{evidence} Next, I need to search {titles[k + 1]}."
             else:
                 thought = f"{evidence} So the answer is {q.answer}."
+        return self.finish(q, env, traj, thought)
+
+    def finish(self, q, env, traj: Trajectory, thought: str) -> Outcome:
         self.act(env, traj, thought, f"Finish[{q.answer}]")
         info = env.info()
         if not info["finished"]:
             return Outcome(traj, None, "step_limit")
         traj.answer = info["answer"]
         return Outcome(traj, info["answer"], "finish")
+
+    def show_evidence(self, q, env, traj: Trajectory, title: str, page: Page, observation: str,
+                      lookups_left: int) -> tuple[list[str], int]:
+        """The supporting sentences of `title` the search showed, or that a Lookup brings up while
+        `lookups_left` steps allow; returns them and the Lookup steps taken."""
+        fresh: list[str] = []
+        used = 0
+        for sentence in supporting_sentences(q, title, page):
+            if one_line(sentence) in observation:
+                fresh.append(sentence)
+                continue
+            keyword, rank = lookup_keyword(sentence, page, q.question, title)
+            if keyword is None or used + rank + 1 > lookups_left:
+                continue
+            thought = (f"The paragraph does not say it yet. I need to look up {keyword} "
+                       f"on the {title} page.")
+            for _ in range(rank + 1):
+                observation = self.act(env, traj, thought, f"Lookup[{keyword}]")
+                thought = "The result is not the one I need. I need to look up the next one."
+            used += rank + 1
+            if one_line(sentence) in observation:
+                fresh.append(sentence)
+        return fresh, used
+
+    # -- Act / ReAct, agent style ----------------------------------------------------------------
+    def write_agent(self, q, env, traj: Trajectory) -> Outcome:
+        """Search each entity as the question (or an earlier observation) writes it, recover
+        from a miss or a wrong page, Lookup what the search did not show, Finish."""
+        rng = random.Random(episode_seed(q.id, self.settings.seed))
+        titles = agent_order(q)
+        if len(titles) + 1 > self.settings.max_steps:
+            return Outcome(traj, None, "step_limit")
+        query = self.affordable_query(traj, titles, 0, q.question)
+        thought = agent_opening(q, titles, query)
+        for k, title in enumerate(titles):
+            observation = self.act(env, traj, thought, f"Search[{query}]")
+            if not on_page(env, title) and title_key(query) != title_key(title):
+                thought = recovery_thought(query, title, observation, env.state.page is not None, rng)
+                observation = self.act(env, traj, thought, f"Search[{title}]")
+            if not on_page(env, title):
+                return Outcome(traj, None, f"oracle_missing_page: {title}")
+            reserve = len(titles) - k  # the later titles' searches and the Finish
+            lookups_left = self.settings.max_steps - len(traj.steps) - reserve
+            fresh, _ = self.show_evidence(q, env, traj, title, env.state.page, observation, lookups_left)
+            evidence = " ".join(clip(s) for s in fresh) or f"The {title} page has the facts I need."
+            if k + 1 < len(titles):
+                query = self.affordable_query(traj, titles, k + 1, q.question)
+                thought = f"{evidence} Next, I need to search {query}."
+            else:
+                thought = f"{evidence} So the answer is {q.answer}."
+        return self.finish(q, env, traj, thought)
+
+    def affordable_query(self, traj: Trajectory, titles: list[str], k: int, question: str) -> str:
+        """The query for titles[k]; the exact title when a miss could not be recovered within
+        the step limit (the later titles' searches and the Finish come first)."""
+        title = titles[k]
+        read = " ".join(step.observation for step in traj.steps)  # where a bridge entity is named
+        query = search_query(title, question, read)
+        steps_left = self.settings.max_steps - len(traj.steps)
+        if title_key(query) != title_key(title) and steps_left < (len(titles) - k) + 2:
+            return title
+        return query
 
     def act(self, env, traj: Trajectory, thought: str, action: str) -> str:
         """Take one action in the real environment and append the step."""
@@ -166,6 +249,135 @@ def lookup_keyword(sentence: str, page: Page, question: str, title: str) -> tupl
     if best is None:
         return None, 0
     return best[1], best[0][0]
+
+
+# -- the agent style's search rule ----------------------------------------------------------------
+_NAME_WORD = re.compile(r"[^\W_]+(?:['\u2019.][^\W_]+)*")  # words; "Arthur's", "U.S" stay whole
+_DISAMBIGUATOR = re.compile(r"\s*\([^()]*\)\s*$")  # a trailing "(band)", "(2007 film)"
+_POSSESSIVE = ("'s", "\u2019s")
+
+
+def base_title(title: str) -> str:
+    """The title without its trailing parenthetical disambiguator: "Adorable (band)" -> "Adorable"."""
+    return _DISAMBIGUATOR.sub("", title).strip() or title
+
+
+def name_span(title: str, text: str) -> str | None:
+    """The span of `text` that names the page `title`, as `text` writes it, or None.
+
+    The rule: compare words case-insensitively (a possessive "'s" in the text is ignored) and
+    take the longest run of consecutive words of `text` that is also a run of consecutive words
+    of the title without its disambiguator (the earliest, among equally long ones). It counts
+    when it is the whole of that title, or at least 2 words and at least half of the title's
+    words, with a word written as a name (capitalised or a number, not a stopword); otherwise
+    the text does not name the page."""
+    title_words = [w.casefold() for w in _NAME_WORD.findall(base_title(title))]
+    if not title_words:
+        return None
+    want = [_strip_possessive(w) for w in title_words]
+    words = list(_NAME_WORD.finditer(text))
+    have = [_strip_possessive(m.group().casefold()) for m in words]
+    best = (0, 0, 0)  # (length, start in text words, start in title words)
+    for i in range(len(have)):
+        for j in range(len(want)):
+            n = 0
+            while i + n < len(have) and j + n < len(want) and have[i + n] == want[j + n]:
+                n += 1
+            if n > best[0]:
+                best = (n, i, j)
+    n, i, j = best
+    if n == 0 or not (n == len(want) or (n >= 2 and 2 * n >= len(want))):
+        return None
+    if not any(_is_name_word(m.group()) for m in words[i:i + n]):
+        return None  # "high school" does not name "DuSable High School"; "DuSable" would
+    span = text[words[i].start():words[i + n - 1].end()]
+    # "Adele's album" names "Adele": the possessive is the text's, not the title's
+    return span if title_words[j + n - 1].endswith(_POSSESSIVE) else _strip_possessive(span)
+
+
+def _is_name_word(word: str) -> bool:
+    return word.casefold() not in _STOPWORDS and (word[:1].isupper() or word[:1].isdigit())
+
+
+def _strip_possessive(word: str) -> str:
+    for suffix in _POSSESSIVE:
+        if word.endswith(suffix) and len(word) > len(suffix):
+            return word[: -len(suffix)]
+    return word
+
+
+def search_query(title: str, question: str, read: str = "") -> str:
+    """What the agent style searches for the page `title`: the name as the question writes it;
+    for a page the question does not name (a bridge entity), the name as an earlier observation
+    writes it; else the full title."""
+    return name_span(title, question) or name_span(title, read) or title
+
+
+def agent_order(q) -> list[str]:
+    """Gold titles in the order an agent meets them: those the question names, by where it
+    names them, then the others (bridge entities) in the supporting facts' order."""
+    titles = gold_titles(q)
+    named = {t: _span_start(t, q.question) for t in titles}
+    return sorted(titles, key=lambda t: (named[t] is None, named[t] or 0, titles.index(t)))
+
+
+def _span_start(title: str, text: str) -> int | None:
+    span = name_span(title, text)
+    return None if span is None else text.find(span)
+
+
+def on_page(env, title: str) -> bool:
+    """Whether the environment's current page is the gold page `title`."""
+    page = env.state.page
+    return page is not None and title_key(page.title) == title_key(title)
+
+
+def similar_shown(observation: str) -> list[str]:
+    """The titles a miss observation lists after `Similar:` ([] if it lists none or reads otherwise)."""
+    found = re.search(r"Similar: (\[.*\])\.?\s*$", observation)
+    if not found:
+        return []
+    try:
+        listed = ast.literal_eval(found.group(1))  # a Python list repr of strings: data, never code
+    except (ValueError, SyntaxError):
+        return []
+    return [t for t in listed if isinstance(t, str)] if isinstance(listed, list) else []
+
+
+_FROM_SIMILAR = ("The search for {q} found no page; the similar titles include {t}, which is the one the question means.",
+                 "There is no page for {q}. Of the similar titles, {t} is the one the question is about.")
+_NOT_SIMILAR = ("The search for {q} found no page, and none of the similar titles is the one I need. "
+                "I need to search the full name, {t}.",
+                "{q} is not a page title here, and the similar titles do not help. I should search {t} instead.")
+_WRONG_PAGE = ("This {q} is not the one the question means. I need to search {t}.",
+               "That page is about a different {q}. The question means {t}, so I need to search that.")
+
+
+def recovery_thought(query: str, title: str, observation: str, got_a_page: bool, rng: random.Random) -> str:
+    """Why the agent style searches `title` after `Search[query]` did not reach it, in words
+    grounded in the observation: a different page, or a miss whose Similar list does or does not
+    hold the title."""
+    if got_a_page:
+        templates = _WRONG_PAGE
+    elif title in similar_shown(observation):
+        templates = _FROM_SIMILAR
+    else:
+        templates = _NOT_SIMILAR
+    thought = rng.choice(templates).format(q=query, t=title)
+    return thought[:1].upper() + thought[1:]
+
+
+def agent_opening(q, titles: list[str], first_query: str) -> str:
+    """The first thought: the entities the question names (as it names them), in order."""
+    named = [search_query(t, q.question) for t in titles if name_span(t, q.question)]
+    if len(named) <= 1:
+        if len(titles) == 1:
+            return f"I need to search {first_query} and find the answer there."
+        return f"I need to search {first_query} first, then follow what it says to the answer."
+    listed = ", ".join(named[:-1]) + f" and {named[-1]}"
+    if getattr(q, "type", None) == "comparison":
+        return f"I need to search {listed}, then compare them."
+    return f"I need to search {listed}, and combine what they say to find the answer."
 
 
 def opening_thought(q, titles: list[str]) -> str:

@@ -14,6 +14,9 @@ episodes or the pool is exhausted; it reports how many questions it needed. A re
 everything from the records, so it resumes too (and a larger N continues where a smaller stopped). `teacher.backend=oracle`
 is a stand-in teacher that writes correct trajectories from HotpotQA's gold supporting facts
 (NOT the paper's PaLM-540B); any transformers / vllm / openai model is a real teacher.
+`teacher.oracle_style=agent` makes the oracle search names as the question writes them, miss and
+recover (`exact`, the default, searches the gold titles). The stats (manifest, summary lines) say
+how often Act / ReAct episodes missed a search, recovered, and used Lookup.
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ def generate(cfg: GenerateConfig) -> dict[str, dict]:
 
     check_writable_dir(cfg.out_dir)  # before any model is loaded or episode run
     label = teacher_label(cfg.teacher)
+    check_oracle_style(cfg.teacher, label)
     exemplar_sources = check_methods(cfg.methods, cfg.method, label)
     questions = load_question_set(cfg.questions, limit=cfg.limit)
     if not questions:
@@ -82,9 +86,11 @@ def generate(cfg: GenerateConfig) -> dict[str, dict]:
         write_manifest(manifest_path, complete=False, **manifest)
         if cfg.target_correct is None:
             stats = run_methods(llm, label, cfg.methods, questions, cfg.method, backend, cfg.out_dir,
-                                max_in_flight=cfg.max_in_flight, source="generate")
+                                max_in_flight=cfg.max_in_flight, source="generate",
+                                oracle_style=cfg.teacher.oracle_style)
         else:
             stats = run_to_target(llm, label, cfg, questions, backend)
+        add_search_stats(stats, cfg.out_dir, questions)
         write_manifest(manifest_path, complete=True, stats=stats, **manifest)
     for name, s in stats.items():
         print(f"{name:>16}: {s['n']} episodes, EM {s['em']:.3f}, F1 {s['f1']:.3f}, "
@@ -94,6 +100,8 @@ def generate(cfg: GenerateConfig) -> dict[str, dict]:
             reached = (f"reached after {t['questions_needed']} questions" if t["reached"]
                        else f"NOT reached: the pool of {t['pool']} is exhausted")
             print(f"{'':>16}  target {t['target']} correct: {t['correct']} correct, {reached}")
+        if "search" in s:
+            print(" " * 18 + search_line(s["search_correct"]))
     return stats
 
 
@@ -150,9 +158,45 @@ def run_to_target(llm, label: str, cfg: GenerateConfig, questions: list, backend
             # enough for the missing ones at a perfect rate, and at least a full round of the runner
             batch = todo[:max(cfg.target_correct - progress["correct"], cfg.max_in_flight)]
             run_methods(llm, label, [name], batch, cfg.method, backend, cfg.out_dir,
-                        max_in_flight=cfg.max_in_flight, source="generate")
+                        max_in_flight=cfg.max_in_flight, source="generate",
+                        oracle_style=cfg.teacher.oracle_style)
         stats[name] = {**method_stats(path, set(records)), "target": progress}
     return stats
+
+
+def check_oracle_style(teacher: LLMConfig, label: str) -> None:
+    """teacher.oracle_style means something only to the oracle: fail rather than ignore it."""
+    from pipeline.methods.oracle import DEFAULT_STYLE, check_style
+
+    if label == "oracle":
+        check_style(teacher.oracle_style)
+    elif teacher.oracle_style != DEFAULT_STYLE:
+        raise PipelineError(f"teacher.oracle_style={teacher.oracle_style} applies only to teacher.backend=oracle "
+                            f"(the stand-in teacher); remove it for the {teacher.backend} teacher")
+
+
+def add_search_stats(stats: dict[str, dict], out_dir: Path, questions: list) -> None:
+    """For Act / ReAct files: how the episodes searched (pipeline.search_stats), over all of them
+    (`search`) and over the correct ones the filter keeps for training (`search_correct`)."""
+    from pipeline.search_stats import search_stats
+    from pipeline.storage import read_jsonl
+
+    ids = {str(q.id) for q in questions}
+    for name, s in stats.items():
+        path = out_dir / f"{name}.jsonl"
+        records = [r for r in read_jsonl(path) if str(r["id"]) in ids and r.get("steps")] if path.exists() else []
+        if records:
+            s["search"] = search_stats(records)
+            s["search_correct"] = search_stats(r for r in records if float(r.get("em") or 0) == 1.0)
+
+
+def search_line(s: dict) -> str:
+    def pct(rate):
+        return "-" if rate is None else f"{rate:.0%}"
+
+    return (f"correct episodes: {s['episodes']}; missed a search {s['miss_episodes']} ({pct(s['miss_rate'])}), "
+            f"recovered {s['recovered_episodes']} ({pct(s['recover_rate'])} of those), "
+            f"looked up {s['lookup_episodes']} ({pct(s['lookup_rate'])}); search hit rate {pct(s['search_hit_rate'])}")
 
 
 def teacher_label(teacher: LLMConfig) -> str:
