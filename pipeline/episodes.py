@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -89,7 +90,7 @@ def run_methods(llm, label: str, methods: list[str], questions: list, settings, 
     ids = {str(q.id) for q in questions}
     for name in methods:
         method = build_method_for(label, name, settings, oracle_style)
-        path = out_dir / f"{name}.jsonl"
+        path = method_file(out_dir, name)
         done = finished_ids(path)
         todo = [q for q in questions if str(q.id) not in done]
         if todo:
@@ -99,6 +100,20 @@ def run_methods(llm, label: str, methods: list[str], questions: list, settings, 
                              max_in_flight=max_in_flight, source=source)
         stats[name] = method_stats(path, ids)
     return stats
+
+
+# A method name becomes a file name: letters, digits, "_" and "-" only, so no separator, "..",
+# leading dot or NUL can take the file out of out_dir.
+_FILE_STEM = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+
+
+def method_file(out_dir: Path, method: str) -> Path:
+    """`<out_dir>/<method>.jsonl`. Method names pass an allow-list before they get here; this
+    check keeps the file inside out_dir even if that list ever admits a name made of a path."""
+    if not isinstance(method, str) or not _FILE_STEM.fullmatch(method):
+        raise PipelineError(f"method name {method!r} cannot name a file in {out_dir}: "
+                            "use letters, digits, '_' and '-' only")
+    return out_dir / f"{method}.jsonl"
 
 
 def build_method_for(label: str, name: str, settings, oracle_style: str = "exact"):

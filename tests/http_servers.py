@@ -59,6 +59,7 @@ class Reply:
     status: int = 200
     body: Any = None  # JSON-serialisable
     headers: dict[str, str] = field(default_factory=dict)
+    raw: bytes | None = None  # sent as is instead of `body` (e.g. a gzip-encoded answer)
 
 
 class FaultyServer:
@@ -200,7 +201,7 @@ def _handler_for(server: FaultyServer) -> type[BaseHTTPRequestHandler]:
                 pass
 
         def _send(self, reply: Reply):
-            payload = json.dumps(reply.body, ensure_ascii=False).encode("utf-8")
+            payload = reply.raw if reply.raw is not None else json.dumps(reply.body, ensure_ascii=False).encode("utf-8")
             self._write(reply.status, payload, {"Content-Type": "application/json",
                                                 **reply.headers})
 
@@ -301,6 +302,37 @@ class FakeMediaWiki(FaultyServer):
 # -- a fake OpenAI-compatible endpoint -------------------------------------------------------------
 
 
+# What real OpenAI-compatible servers answer (HTTP 400) to a request that does not fit their
+# context window, word for word from their sources:
+#  - vLLM, OpenAIServing._validate_input: a prompt of n_ctx tokens or more, or a prompt that
+#    fits but leaves no room for max_tokens; the body is its ErrorResponse (recent releases nest
+#    it under "error"; older ones put the fields at the top level with "object": "error").
+#  - llama.cpp's llama-server: a prompt of n_ctx tokens or more (exceed_context_size_error, with
+#    both counts in the body). It does not check max_tokens: generation stops at the window.
+OVERFLOW_STYLES = ("vllm", "vllm-legacy", "llama.cpp")
+
+
+def context_overflow(style: str, n_prompt: int, max_tokens: int, n_ctx: int) -> dict | None:
+    """The error body `style` answers with, or None when the request fits."""
+    if style == "llama.cpp":
+        if n_prompt < n_ctx:
+            return None
+        return {"error": {"code": 400, "message": f"request ({n_prompt} tokens) exceeds the available context "
+                          f"size ({n_ctx} tokens), try increasing it", "type": "exceed_context_size_error",
+                          "n_prompt_tokens": n_prompt, "n_ctx": n_ctx}}
+    if n_prompt >= n_ctx:
+        message = (f"This model's maximum context length is {n_ctx} tokens. However, your request has "
+                   f"{n_prompt} input tokens. Please reduce the length of the input messages.")
+    elif n_prompt + max_tokens > n_ctx:
+        message = (f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's maximum "
+                   f"context length is {n_ctx} tokens and your request has {n_prompt} input tokens "
+                   f"({max_tokens} > {n_ctx} - {n_prompt}).")
+    else:
+        return None
+    error = {"message": message, "type": "BadRequestError", "param": None, "code": 400}
+    return {"object": "error", **error} if style == "vllm-legacy" else {"error": error}
+
+
 class FakeOpenAI(FaultyServer):
     """/v1/models, /v1/completions and /v1/chat/completions like `vllm serve`. A "token" is a
     whitespace-separated word. `replies[prompt]` lists the texts of the choices (cycled); any
@@ -317,6 +349,10 @@ class FakeOpenAI(FaultyServer):
         self.replies: dict[str, list[str]] = {}
         self.prompt_faults: dict[str, deque[Fault]] = {}
         self.usage = True  # False: answers carry no usage block (some servers omit it)
+        # A context window (in words) answered like a real server when a request does not fit
+        # (see context_overflow); None: no limit.
+        self.context_window: int | None = None
+        self.overflow_style = "vllm"
 
     def api_fault(self, code: str) -> Reply:
         """"api:no_choices": a 200 without choices; "api:bad_usage": usage that is not a number."""
@@ -373,6 +409,10 @@ class FakeOpenAI(FaultyServer):
             return Reply(400, {"error": {"message": "This model's maximum context length is "
                                          "2048 tokens. However, you requested 9000 tokens."}})
         n, max_tokens = int(body.get("n", 1)), int(body.get("max_tokens", 16))
+        if self.context_window is not None:
+            error = context_overflow(self.overflow_style, len(prompt.split()), max_tokens, self.context_window)
+            if error is not None:
+                return Reply(400, error)
         stop = body.get("stop") or []
         stop = [stop] if isinstance(stop, str) else stop
         scripted = self.replies.get(prompt)

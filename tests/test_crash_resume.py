@@ -107,7 +107,8 @@ def test_sigkill_at_random_moments_then_resume_equals_an_uninterrupted_run(index
     assert proc.returncode == 0, proc.stderr
     resumed = tmp_path / "resumed"
     log = kill_loop(oracle_args(index, resumed, *args), resumed, kills=6, seed=1)
-    assert log["killed_mid_run"] >= 3, log
+    # 6 x at most 40 new records stays below 600: every kill lands mid-run
+    assert log["killed_mid_run"] == 6 and log["finished_before_kill"] == 0, log
     assert log["records_at_kill"] == sorted(log["records_at_kill"])  # kept, never lost
     proc = run_pipeline(*oracle_args(index, resumed, *args))
     assert proc.returncode == 0, proc.stderr
@@ -131,7 +132,8 @@ def test_sigkill_of_an_llm_teacher_run_then_resume_equals_an_uninterrupted_run(i
         assert proc.returncode == 0, proc.stderr
         resumed = tmp_path / "resumed"
         log = kill_loop([*args, f"out_dir={resumed}"], resumed, kills=4, seed=2, max_new_records=15)
-        assert log["killed_mid_run"] >= 2, log
+        # 4 x at most 15 new records stays below 96: every kill lands mid-run
+        assert log["killed_mid_run"] == 4 and log["finished_before_kill"] == 0, log
         assert log["records_at_kill"] == sorted(log["records_at_kill"])
         proc = run_pipeline(*args, f"out_dir={resumed}")
         assert proc.returncode == 0, proc.stderr
@@ -183,8 +185,8 @@ def test_a_corrupt_line_before_the_end_is_refused_with_its_line_number(small_run
     before = path.read_bytes()
     proc = run_pipeline(*args)
     assert proc.returncode == 2
-    assert proc.stderr.strip() == f"error: {path}:2: not valid JSON (Unterminated string starting at); fix or delete that line" \
-        or (f"{path}:2: not valid JSON" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1)
+    [line] = proc.stderr.strip().splitlines()  # one line, naming the file and the line
+    assert line.startswith(f"error: {path}:2: not valid JSON") and line.endswith("fix or delete that line")
     assert path.read_bytes() == before
 
 

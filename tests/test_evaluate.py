@@ -145,14 +145,12 @@ def test_a_finetuned_checkpoint_runs_zero_shot_in_its_trained_format(tmp_path, i
 
 
 @pytest.fixture(scope="module")
-def tiny_final(tmp_path_factory):
+def tiny_final(tmp_path_factory, smollm2_dir):
     """A real tiny Llama (random weights) + the SmolLM2 tokenizer saved as a full-model `final`."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from pipeline.llm.smollm2 import local_smollm2_dir
-
-    tokenizer = AutoTokenizer.from_pretrained(local_smollm2_dir())
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=4, intermediate_size=128, max_position_embeddings=512,

@@ -155,7 +155,7 @@ def test_incomplete_checkpoints_are_never_picked(tmp_path):
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
 
 
-def test_padding_free_batches_match_padded_ones(tmp_path):
+def test_padding_free_batches_match_padded_ones(tmp_path, smollm2_dir):
     """Padding-free batches (one flat row, position ids restarting per example) must give the
     padded batch's logits and loss: attention must not leak across examples. (transformers
     builds the block-diagonal mask from the position ids only without a KV cache, which is
@@ -224,7 +224,7 @@ def losses_by_step(checkpoint: Path) -> dict[int, float]:
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
+def dataset(tmp_path_factory, smollm2_dir):  # tiny.yaml trains with the SmolLM2 tokenizer
     root = tmp_path_factory.mktemp("ft")
     # 23 real FireAct ReAct trajectories of <= 450 characters (92-129 tokens): batch 8 spans epochs
     write_dataset(root / "sft", "react", fireact_records(max_chars=450))
@@ -320,7 +320,7 @@ def test_killed_run_resumes_from_latest_complete_checkpoint(dataset, reference_r
 
 
 @pytest.mark.slow
-def test_lora_adapter_saves_reloads_merges(tmp_path):
+def test_lora_adapter_saves_reloads_merges(tmp_path, smollm2_dir):
     """LoRA on the real SmolLM2-135M, one process, in-process trainer: the adapter is saved with
     a manifest, reloads on its base, and merged weights give the adapter's outputs."""
     import torch

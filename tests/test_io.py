@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import platform
+from importlib import metadata
 
 import pytest
 
@@ -52,4 +54,8 @@ def test_manifest_completion_is_enforced(tmp_path):
         require_complete(manifest, "trajectories")
     write_manifest(manifest, stage="generate", config={"a": 1}, complete=True, counts={"react": 3})
     got = require_complete(manifest, "trajectories")
-    assert got["counts"] == {"react": 3} and "torch" in got["packages"] or "python" in got["packages"]
+    assert got["complete"] is True and got["counts"] == {"react": 3}
+    # the versions that matter for reproducing a run are the installed ones
+    assert got["packages"]["python"] == platform.python_version()
+    for name in ("torch", "transformers"):
+        assert got["packages"][name] == metadata.version(name), name

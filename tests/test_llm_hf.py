@@ -43,9 +43,8 @@ def _needs_smollm2():
 
 
 @pytest.fixture(scope="session")
-def tokenizer_dir() -> Path:
-    _needs_smollm2()
-    return smollm2.local_smollm2_dir()  # converted once (~20-40 s), then cached
+def tokenizer_dir(smollm2_dir) -> Path:
+    return smollm2_dir  # converted once (~20-40 s), then cached
 
 
 def build_tiny_llama(tokenizer_dir: Path, out: Path, seed: int = 0) -> Path:
@@ -280,8 +279,7 @@ def test_smollm2_conversion_is_atomic_and_done_once(tiny_dir, tmp_path, monkeypa
 
 
 @pytest.mark.slow
-def test_smollm2_answers_a_trivial_prompt():
-    _needs_smollm2()
+def test_smollm2_answers_a_trivial_prompt(smollm2_dir):
     llm = TransformersLLM(LLMConfig(model="smollm2"))
     prompt = "Q: What is the capital of Germany?\nA: Berlin\nQ: What is the capital of France?\nA:"
     out = llm.generate([GenerationRequest(prompt, stop=["\n"], max_new_tokens=10)])[0][0]

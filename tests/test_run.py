@@ -3,8 +3,8 @@ and a tiny grid runs end to end, survives a kill, and finishes at once when run 
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -50,14 +50,12 @@ def test_a_typo_in_a_later_section_fails_before_anything_runs(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def tiny_prompt_model(tmp_path_factory) -> Path:
+def tiny_prompt_model(tmp_path_factory, smollm2_dir) -> Path:
     """A randomly initialised tiny Llama with the SmolLM2 tokenizer, as a 'base model' to prompt."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from pipeline.llm.smollm2 import local_smollm2_dir
-
-    tokenizer = AutoTokenizer.from_pretrained(local_smollm2_dir())
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=4, intermediate_size=128, max_position_embeddings=8192,
@@ -68,6 +66,10 @@ def tiny_prompt_model(tmp_path_factory) -> Path:
     return out
 
 
+# The grid's trainings: enough steps that a kill after the first checkpoint lands mid-training.
+TRAIN_STEPS, SAVE_EVERY = 4, 2
+
+
 def tiny_grid(tmp_path: Path, shared_data: Path, base: Path) -> Path:
     config = {
         "experiment": "e2e",
@@ -76,8 +78,8 @@ def tiny_grid(tmp_path: Path, shared_data: Path, base: Path) -> Path:
         "wiki": {"index": str(tmp_path / "wiki.sqlite"), "corpus": [str(shared_data / "wiki" / "corpus.jsonl")]},
         "generate": {"teacher": {"backend": "oracle"}, "questions": "offline-bootstrap", "limit": 12},
         "filter": {"tokenizer": "smollm2"},
-        "train": {"output_root": str(tmp_path / "ckpt"), "max_steps": 2, "global_batch_size": 4,
-                  "accelerate_config": "cpu", "save_steps": 1},
+        "train": {"output_root": str(tmp_path / "ckpt"), "max_steps": TRAIN_STEPS, "global_batch_size": 4,
+                  "accelerate_config": "cpu", "save_steps": SAVE_EVERY},
         "eval": {"questions": "offline-eval", "limit": 3, "max_in_flight": 3,
                  "method": {"max_new_tokens": 8, "max_steps": 2}},
         "plot": {"reference_points": False},
@@ -94,27 +96,72 @@ def outputs(run_dir: Path) -> dict[str, bytes]:
     return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*.jsonl"))}
 
 
+def records_without_timing(run_dir: Path) -> dict[str, list[dict]]:
+    """Every record file under the run folder, parsed, without the timing fields."""
+    from episode_testdata import read_records, without_timing
+
+    return {name: [without_timing(r) for r in read_records(run_dir / name)] for name in outputs(run_dir)}
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL `run` and everything under it. `train` starts `accelerate launch` in its own
+    session (so that Ctrl-C reaches the whole launch), so killing run's process group alone
+    would leave the training going on in the background."""
+    import psutil
+
+    root = psutil.Process(proc.pid)
+    tree = [root, *root.children(recursive=True)]
+    for p in tree:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.send_signal(signal.SIGKILL)
+    _, alive = psutil.wait_procs(tree, timeout=30)
+    assert not alive, alive
+    proc.wait()
+
+
 @pytest.mark.slow
-def test_a_tiny_grid_runs_end_to_end_survives_a_kill_and_then_skips_everything(
+def test_a_tiny_grid_killed_mid_training_resumes_from_its_checkpoint_and_then_skips_everything(
         tmp_path, shared_data, tiny_prompt_model):
+    from pipeline.finetune import checkpoint_step, latest_complete_checkpoint
+
     grid = tiny_grid(tmp_path, shared_data, tiny_prompt_model)
     run_dir = tmp_path / "run"
+    first_training = tmp_path / "ckpt" / "e2e" / "tiny" / "standard"
 
-    # 1. kill the whole process tree once training has started
+    # 1. Kill the whole process tree as soon as the first training has a complete checkpoint on disk.
+    log = (tmp_path / "first.log").open("w")
     proc = subprocess.Popen([sys.executable, "-m", "pipeline", "run", "--config", str(grid)], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if "train: tiny on standard" in line:
-            time.sleep(3)
-            break
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert (run_dir / "generate" / "react.jsonl").exists() and not (run_dir / "plot").exists()
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 600
+    while proc.poll() is None and latest_complete_checkpoint(first_training) is None:
+        assert time.monotonic() < deadline, "no checkpoint within 600 s"
+        time.sleep(0.02)
+    assert proc.poll() is None, "run ended before any checkpoint: " + (tmp_path / "first.log").read_text()[-3000:]
+    kill_tree(proc)
+    # Proof that the kill landed mid-training: a complete checkpoint short of the last step, no final model.
+    resume_from = latest_complete_checkpoint(first_training)
+    assert 0 < checkpoint_step(resume_from) < TRAIN_STEPS and not (first_training / "final").exists()
+    assert not (run_dir / "plot").exists()
+    finished_before_kill = records_without_timing(run_dir)  # generate, filter, the prompted eval
+    assert {"generate/standard.jsonl", "generate/react.jsonl", "sft/standard/train.jsonl",
+            "eval/tiny-prompt/standard.jsonl"} <= set(finished_before_kill)
 
-    # 2. re-run: completes, figure and table written
+    # 2. Re-run: the finished units are skipped and their records are unchanged; the training
+    # resumes from that checkpoint (only the steps after it are trained); figure and table written.
     done = run_pipeline("run", "--config", str(grid), timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert f"[run] skip: {run_dir / 'generate'} is complete" in done.stdout
+    assert f"[run] skip: {run_dir / 'eval' / 'tiny-prompt'} is complete" in done.stdout
+    assert "standard: up to date" in done.stdout and "react: up to date" in done.stdout  # filter
+    first, second = done.stdout.split("train: tiny on react")[0], done.stdout.split("train: tiny on react")[1]
+    assert f"[finetune] resuming from {resume_from}" in first
+    # the trainer logs every step's loss: after the resume only the steps past the checkpoint ran
+    assert first.count("{'loss': ") == TRAIN_STEPS - checkpoint_step(resume_from)
+    assert "[finetune] starting from step 0" in second  # the second training had not started
+    final = json.loads((first_training / "final" / "manifest.json").read_text())
+    assert final["steps"] == TRAIN_STEPS
+    after = records_without_timing(run_dir)
+    assert {name: after[name] for name in finished_before_kill} == finished_before_kill
     for name in ("figure3.png", "figure3.svg", "results.csv", "results.md", "orderings.md"):
         assert (run_dir / "plot" / name).stat().st_size > 0
     assert (tmp_path / "ckpt" / "e2e" / "tiny" / "react" / "final" / "manifest.json").exists()

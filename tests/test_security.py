@@ -7,6 +7,7 @@ file inside the run folder. Real processes, real files, the fake OpenAI server o
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from pathlib import Path
@@ -41,13 +42,11 @@ def all_files(root: Path) -> set[Path]:
 
 
 @pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory) -> Path:
+def tiny_model_dir(tmp_path_factory, smollm2_dir) -> Path:
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from pipeline.llm.smollm2 import local_smollm2_dir
-
-    tokenizer = AutoTokenizer.from_pretrained(local_smollm2_dir())
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=4, intermediate_size=128, max_position_embeddings=128)
@@ -57,13 +56,10 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("asked", [False, True])
-def test_trust_remote_code_reaches_from_pretrained_only_when_the_config_asks(tiny_model_dir, monkeypatch, asked):
+def record_trust_remote_code(monkeypatch) -> list[tuple[str, object]]:
+    """Wrap the real AutoTokenizer / AutoModelForCausalLM.from_pretrained; each call appends
+    (class, the trust_remote_code it was given, or "absent")."""
     import transformers
-
-    from pipeline.config import load_config
-    from pipeline.llm.hf import TransformersLLM
-    from pipeline.stages.generate import GenerateConfig
 
     calls = []
     for cls in (transformers.AutoTokenizer, transformers.AutoModelForCausalLM):
@@ -74,6 +70,16 @@ def test_trust_remote_code_reaches_from_pretrained_only_when_the_config_asks(tin
             return _original(*args, **kwargs)
 
         monkeypatch.setattr(cls, "from_pretrained", recording)
+    return calls
+
+
+@pytest.mark.parametrize("asked", [False, True])
+def test_trust_remote_code_reaches_the_inference_loader_only_when_the_config_asks(tiny_model_dir, monkeypatch, asked):
+    from pipeline.config import load_config
+    from pipeline.llm.hf import TransformersLLM
+    from pipeline.stages.generate import GenerateConfig
+
+    calls = record_trust_remote_code(monkeypatch)
     overrides = [f"teacher.model={tiny_model_dir}", "teacher.device=cpu"]
     if asked:
         overrides.append("teacher.trust_remote_code=true")
@@ -82,12 +88,98 @@ def test_trust_remote_code_reaches_from_pretrained_only_when_the_config_asks(tin
     assert sorted(calls) == [("AutoModelForCausalLM", asked), ("AutoTokenizer", asked)]
 
 
-def test_no_source_file_hard_codes_trust_remote_code_true():
-    """Every from_pretrained takes the flag from a config (default False), never a literal."""
-    sources = Path(__file__).resolve().parents[1].joinpath("pipeline").rglob("*.py")
-    hits = [f"{p}:{i}" for p in sources for i, line in enumerate(p.read_text().splitlines(), 1)
-            if re.search(r"trust_remote_code\s*[=:]\s*True", line)]
+@pytest.mark.parametrize("asked", [False, True])
+def test_trust_remote_code_reaches_the_training_loader_only_when_the_config_asks(tiny_model_dir, monkeypatch, asked):
+    """The same through pipeline/finetune.py's loaders (what `accelerate launch` runs), on a
+    pretrained student given as a local folder."""
+    from pipeline.config import load_config
+    from pipeline.finetune import FinetuneConfig, load_student, load_tokenizer, resolve
+
+    calls = record_trust_remote_code(monkeypatch)
+    overrides = [f"student={tiny_model_dir}", "finetuning=full", "precision=fp32", "max_steps=1"]
+    if asked:
+        overrides.append("trust_remote_code=true")
+    cfg = resolve(load_config(FinetuneConfig, None, overrides))
+    load_student(cfg, load_tokenizer(cfg))
+    assert sorted(calls) == [("AutoModelForCausalLM", asked), ("AutoTokenizer", asked)]
+
+
+TRUST = "trust_remote_code"
+
+
+def _true(node) -> bool:
+    return isinstance(node, ast.Constant) and node.value is True
+
+
+def _is_flag(node) -> bool:
+    """`trust_remote_code` as a name, an attribute, a subscript key or a string constant."""
+    if isinstance(node, ast.Constant):
+        return node.value == TRUST
+    if isinstance(node, ast.Name):
+        return node.id == TRUST
+    if isinstance(node, ast.Attribute):
+        return node.attr == TRUST
+    if isinstance(node, ast.Subscript):
+        return _is_flag(node.slice)
+    return False
+
+
+def trust_remote_code_set_true(source: str) -> list[int]:
+    """Lines of Python source that set trust_remote_code to a literal True, in any of the forms
+    code uses: a keyword argument, a dict key (the form pipeline/ itself uses for its kwargs),
+    a subscript, attribute or annotated assignment (a dataclass default), or positional
+    ("trust_remote_code", True) as in setdefault / setattr."""
+    hits = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.keyword) and node.arg == TRUST and _true(node.value):
+            hits.append(node.value.lineno)
+        elif isinstance(node, ast.Dict):
+            hits += [v.lineno for k, v in zip(node.keys, node.values, strict=True) if _is_flag(k) and _true(v)]
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if _true(node.value) and any(_is_flag(t) for t in targets):
+                hits.append(node.lineno)
+        elif isinstance(node, ast.Call):
+            hits += [b.lineno for a, b in zip(node.args, node.args[1:], strict=False) if _is_flag(a) and _true(b)]
+    return hits
+
+
+@pytest.mark.parametrize("source", [
+    "AutoModel.from_pretrained(name, trust_remote_code=True)",
+    'kwargs = {"trust_remote_code": True, "dtype": dtype}',
+    "kwargs = dict(trust_remote_code=True)",
+    'kwargs["trust_remote_code"] = True',
+    "cfg.trust_remote_code = True",
+    "class C:\n    trust_remote_code: bool = True",
+    'kwargs.setdefault("trust_remote_code", True)',
+    'setattr(cfg, "trust_remote_code", True)',
+])
+def test_the_scan_catches_every_form_of_a_hard_coded_true(source):
+    assert trust_remote_code_set_true(source) != []
+
+
+@pytest.mark.parametrize("source", [
+    'kwargs: dict = {"trust_remote_code": cfg.trust_remote_code}',  # pipeline/finetune.py's form
+    "AutoTokenizer.from_pretrained(name, trust_remote_code=cfg.trust_remote_code)",
+    "trust_remote_code: bool = False",
+])
+def test_the_scan_passes_a_flag_taken_from_the_config(source):
+    assert trust_remote_code_set_true(source) == []
+
+
+def test_no_source_file_or_config_hard_codes_trust_remote_code_true():
+    """Every from_pretrained takes the flag from a config (default False), never a literal True;
+    no shipped YAML config turns it on."""
+    repo = Path(__file__).resolve().parents[1]
+    sources = sorted(repo.joinpath("pipeline").rglob("*.py"))
+    assert len(sources) > 20  # the scan really read the package
+    hits = [f"{p}:{line}" for p in sources for line in trust_remote_code_set_true(p.read_text(encoding="utf-8"))]
     assert hits == []
+    uses = sum(p.read_text(encoding="utf-8").count(TRUST) for p in sources)
+    assert uses >= 5  # the loaders that pass it on (hf.py, finetune.py, vllm_backend.py) were seen
+    configs = sorted(repo.joinpath("configs").rglob("*.yaml"))
+    assert configs and not [str(p) for p in configs if re.search(rf"^\s*(\w+\.)?{TRUST}\s*:\s*(true|yes|on)\b",
+                                                                  p.read_text(encoding="utf-8"), re.M | re.I)]
 
 
 # -- YAML ----------------------------------------------------------------------------------------
@@ -146,7 +238,9 @@ def test_model_text_only_ever_becomes_observations(tmp_path, index, questions):
     assert proc.returncode == 0, proc.stderr
     assert not marker.exists() and list(cwd.iterdir()) == []
     assert all_files(tmp_path) - before == {out / "react.jsonl", out / "manifest.json", out / ".lock"}
-    for r in read_records(out / "react.jsonl"):
+    records = read_records(out / "react.jsonl")
+    assert len(records) == len(questions)
+    for r in records:
         observations = [s["observation"] for s in r["steps"]]
         assert [s["action"] for s in r["steps"]] == server.replies.actions
         assert observations[0].startswith("Could not find ../../etc/passwd. Similar: [")
@@ -186,7 +280,10 @@ def test_a_planted_api_key_never_reaches_any_output(tmp_path, index, questions):
                                     f"wiki.index={index}", f"out_dir={tmp_path / 'run' / 'refused'}", env=env))
     assert outputs[-1].returncode == 2 and "was refused" in outputs[-1].stderr
     files = all_files(tmp_path / "run")
-    assert len(files) >= 12  # records, manifests, summary
+    # every file both runs wrote (the refused run wrote nothing): records, manifests, summary, locks
+    expected = {f"{stage}/{m}.jsonl" for stage in ("gen", "eval") for m in ("standard", "cot", "act", "react")}
+    expected |= {"gen/manifest.json", "gen/.lock", "eval/manifest.json", "eval/summary.json", "eval/.lock"}
+    assert {str(f.relative_to(tmp_path / "run")) for f in files} == expected
     for path in files:
         assert PLANTED.encode() not in path.read_bytes(), path
         assert PLANTED[:12] not in path.read_text(errors="replace"), path
@@ -212,9 +309,50 @@ def test_hostile_question_ids_and_names_stay_inside_the_run_folder(tmp_path, ind
                                      "manifest.json", ".lock")}
     assert [r["id"] for r in read_records(out / "react.jsonl")] == ids  # kept as data, verbatim
     assert not Path("/tmp/absolute-id").exists()
-    for name in ("../escaped", "/tmp/evil", "react/../../x"):  # a method name is never a path
+    for name in ("../escaped", "/tmp/evil", "react/../../x"):  # stopped by the methods' allow-list
         proc = run_pipeline("generate", "teacher.backend=oracle", f"questions={qfile}", f"wiki.index={index}",
                             f"out_dir={tmp_path / 'runs' / 'm'}", f"methods=[{name}]", cwd=cwd)
         assert proc.returncode == 2 and "writes standard, cot, act, react trajectories" in proc.stderr
     assert all_files(tmp_path) - before == new and list(cwd.iterdir()) == []
+
+
+HOSTILE_NAMES = ["../escaped", "/tmp/evil", "react/../../x", "..", ".", "", ".hidden", "a\\b", "x\x00y",
+                 "react/", "react.jsonl/../../x", "~/x", " react"]
+
+
+@pytest.mark.parametrize("name", HOSTILE_NAMES)
+def test_the_method_file_name_check_refuses_paths(tmp_path, name):
+    from pipeline.episodes import method_file
+    from pipeline.errors import PipelineError
+
+    with pytest.raises(PipelineError, match="cannot name a file in"):
+        method_file(tmp_path, name)
+
+
+@pytest.mark.parametrize("name", ["react", "cot_sc", "react_to_cot_sc", "my-method2"])
+def test_the_method_file_name_check_keeps_plain_names_in_out_dir(tmp_path, name):
+    from pipeline.episodes import method_file
+
+    assert method_file(tmp_path, name) == tmp_path / f"{name}.jsonl"
+
+
+def test_with_the_allow_list_bypassed_hostile_method_names_still_write_nothing(tmp_path, questions, monkeypatch):
+    """The episode runner that generate and eval share, with the allow-list replaced by a
+    stand-in that accepts any name (building the real ReAct method): the path is now built from
+    the hostile name, and the file-name check refuses it before anything is opened."""
+    from pipeline import episodes
+    from pipeline.errors import PipelineError
+    from pipeline.methods import build_method
+
+    monkeypatch.setattr(episodes, "build_method_for", lambda label, name, settings: build_method("react", settings))
+    out, cwd = tmp_path / "runs" / "gen", tmp_path / "cwd"
+    out.mkdir(parents=True)
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    before = all_files(tmp_path)
+    for name in HOSTILE_NAMES:
+        with pytest.raises(PipelineError, match="cannot name a file in"):
+            episodes.run_methods(None, "stand-in", [name], questions, None, None, out,
+                                 max_in_flight=1, source="test")
+    assert all_files(tmp_path) == before and list(cwd.iterdir()) == [] and not Path("/tmp/evil.jsonl").exists()
 

@@ -13,13 +13,9 @@ pytestmark = pytest.mark.skipif(not DATA.is_dir(), reason="../shared/data is abs
 
 
 @pytest.fixture(scope="session")
-def tokenizer():
+def tokenizer(smollm2_dir):
     from transformers import AutoTokenizer
-    try:
-        from pipeline.llm.smollm2 import local_smollm2_dir
-        return AutoTokenizer.from_pretrained(local_smollm2_dir())
-    except PipelineError as exc:
-        pytest.skip(f"SmolLM2 not installed: {exc}")
+    return AutoTokenizer.from_pretrained(smollm2_dir)
 
 
 @pytest.fixture(scope="module")
