@@ -14,7 +14,6 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -185,6 +184,62 @@ def test_padding_free_batches_match_padded_ones(tmp_path):
         start += n
 
 
+def test_packed_rows_match_padded_batches(tmp_path):
+    """`packing` (pipeline/batching.py): trajectories placed whole into fixed-length rows, the
+    tail padded with positions that continue the last one. Same loss as a padded batch, and no
+    attention across trajectories (per-trajectory logits equal)."""
+    import torch
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    from pipeline.batching import PackingCollator, best_fit_decreasing, count_trajectories
+    from pipeline.finetune import load_student, load_tokenizer
+    from pipeline.sft import tokenize_records
+
+    cfg = tiny_cfg(tmp_path)
+    tokenizer = load_tokenizer(cfg)
+    examples, report = tokenize_records(fireact_records(limit=5), tokenizer)
+    model = load_student(cfg, tokenizer).eval()
+    packed = PackingCollator(tokenizer.pad_token_id, max_length=2 * report.max_length)(examples)
+    assert packed["input_ids"].shape == (3, 2 * report.max_length) and count_trajectories(packed) == 5
+    padded = DataCollatorForLanguageModeling(pad_token_id=tokenizer.pad_token_id)(examples)
+    with torch.no_grad():
+        out_packed, out_padded = model(**packed, use_cache=False), model(**padded, use_cache=False)
+    assert out_packed.loss.item() == pytest.approx(out_padded.loss.item(), abs=1e-5)
+    rows = best_fit_decreasing([len(e["input_ids"]) for e in examples], 2 * report.max_length)
+    for row, members in enumerate(rows):  # each trajectory's logits, where the collator put it
+        start = 0
+        for i in members:
+            n = len(examples[i]["input_ids"])
+            assert packed["input_ids"][row, start:start + n].tolist() == examples[i]["input_ids"]
+            assert torch.allclose(out_packed.logits[row, start:start + n], out_padded.logits[i, :n], atol=1e-4)
+            start += n
+
+
+@pytest.mark.parametrize("batching", ["padding_free", "packing", "padded"])
+def test_every_batching_mode_trains_global_batch_trajectories_per_step(tmp_path, batching):
+    """Batch 8 (= 2 per device x 4 accumulation here) means 8 trajectories per optimizer step in
+    every mode: counted in the batches the trainer really collates."""
+    from pipeline.batching import count_trajectories
+    from pipeline.finetune import build_trainer, load_tokenizer
+    from pipeline.sft import tokenize_records
+
+    cfg = tiny_cfg(tmp_path, f"batching={batching}", "max_steps=1", "save_steps=100", "per_device_batch_size=2")
+    tokenizer = load_tokenizer(cfg)
+    examples, report = tokenize_records(fireact_records(max_chars=450, limit=16), tokenizer)
+    trainer = build_trainer(cfg, examples, tokenizer, per_device=2, grad_accum=4, max_length=2 * report.max_length)
+    counts: list[int] = []  # per micro-batch the model trains on (the loader collates one ahead)
+    compute_loss = trainer.compute_loss
+
+    def counting_loss(model, inputs, *args, **kwargs):
+        counts.append(count_trajectories(inputs))
+        return compute_loss(model, inputs, *args, **kwargs)
+
+    trainer.compute_loss = counting_loss
+    trainer.train()
+    assert counts == [2] * 4, counts  # 4 micro-batches of 2 trajectories
+    assert sum(counts) == cfg.global_batch_size
+
+
 # ----------------------------------------------------------------------------- real launches
 
 def launch(tmp_path: Path, *overrides: str, processes: int = 2, config: str = "cpu_ddp") -> subprocess.Popen:
@@ -226,8 +281,9 @@ def losses_by_step(checkpoint: Path) -> dict[int, float]:
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
     root = tmp_path_factory.mktemp("ft")
-    # 23 real FireAct ReAct trajectories of <= 450 characters (92-129 tokens): batch 8 spans epochs
-    write_dataset(root / "sft", "react", fireact_records(max_chars=450))
+    # 16 real FireAct ReAct trajectories of <= 450 characters (92-129 tokens): batch 8 spans epochs,
+    # and every epoch cuts into whole batches under any split (so the strategies' runs compare)
+    write_dataset(root / "sft", "react", fireact_records(max_chars=450, limit=16))
     return root
 
 
@@ -282,41 +338,76 @@ def test_second_launch_resumes_at_the_right_step(dataset, reference_run):
         assert resumed[step] == pytest.approx(reference[step], abs=LOSS_TOLERANCE), (step, resumed, reference)
 
 
-@pytest.mark.slow
-def test_killed_run_resumes_from_latest_complete_checkpoint(dataset, reference_run):
-    """SIGKILL a real 2-process run as soon as its checkpoint-3 is complete, plant a half-written
-    checkpoint beyond it, relaunch: it resumes from the latest complete checkpoint, continues
-    the step count and the data order, and its losses match the uninterrupted run's."""
-    ref_dir, _ = reference_run
-    run_dir = dataset / "ck" / "killed" / "tiny" / "react"
-    proc = launch(dataset, "experiment=killed", f"max_steps={LONG}", "save_steps=3")
-    deadline = time.time() + 180
-    while not is_complete_checkpoint(run_dir / "checkpoint-3"):
-        assert proc.poll() is None and time.time() < deadline, "run ended before checkpoint-3"
+# (accelerate config, processes, steps): the strategies that run on CPU. FSDP does not: accelerate
+# enables it only for GPU process groups (test_fsdp_on_cpu_is_refused). DeepSpeed compiles its CPU
+# ops on first use (~1-2 min, cached in ~/.cache/torch_extensions).
+STRATEGIES = [("cpu_ddp", 2, LONG), ("cpu", 1, 12), ("deepspeed_zero2", 2, 12), ("deepspeed_zero3", 2, 12)]
+
+
+def kill_after_checkpoint(proc: subprocess.Popen, checkpoint: Path, timeout: float = 400) -> None:
+    deadline = time.time() + timeout
+    while not is_complete_checkpoint(checkpoint):
+        assert proc.poll() is None and time.time() < deadline, f"run ended before {checkpoint.name}"
         time.sleep(0.02)
-    kill_tree(proc)  # the launcher and both workers, mid-run
+    kill_tree(proc)  # the launcher and every worker, mid-run
     proc.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config, processes, steps", STRATEGIES, ids=[s[0] for s in STRATEGIES])
+def test_killed_run_resumes_from_latest_complete_checkpoint(dataset, reference_run, config, processes, steps):
+    """SIGKILL a real run as soon as its checkpoint-3 is complete, plant a half-written
+    checkpoint beyond it, relaunch: it resumes from the latest complete checkpoint, continues
+    the step count and the data order, and its losses match an uninterrupted run's (of the same
+    strategy: DDP's is the module's reference run)."""
+    if config.startswith("deepspeed"):
+        pytest.importorskip("deepspeed")
+    name = f"killed-{config}"
+    run_dir = dataset / "ck" / name / "tiny" / "react"
+    args = (f"experiment={name}", f"max_steps={steps}", "save_steps=3")
+    if config == "cpu_ddp":
+        reference = losses_by_step(reference_run[0] / f"checkpoint-{LONG}")
+    else:  # the uninterrupted run of this strategy
+        finish(launch(dataset, f"experiment=ref-{config}", f"max_steps={steps}", "save_steps=3",
+                      processes=processes, config=config), timeout=600)
+        reference = losses_by_step(dataset / "ck" / f"ref-{config}" / "tiny" / "react" / f"checkpoint-{steps}")
+    kill_after_checkpoint(launch(dataset, *args, processes=processes, config=config), run_dir / "checkpoint-3")
     last = latest_complete_checkpoint(run_dir)
     assert last is not None and not (run_dir / "final").exists(), "the kill came after the run ended"
     start = int(last.name.split("-")[1])
     # a checkpoint half-written by a kill: weights but no trainer state yet
     torn = run_dir / f"checkpoint-{start + 2}"
     torn.mkdir()
-    shutil.copy(last / "model.safetensors", torn / "model.safetensors")
+    (torn / "model.safetensors").write_bytes(b"partial")
 
-    log = finish(launch(dataset, "experiment=killed", f"max_steps={LONG}", "save_steps=3"))
+    log = finish(launch(dataset, *args, processes=processes, config=config), timeout=600)
     assert f"resuming from {last}" in log
     assert re.search(r"set aside an incomplete checkpoint: .*incomplete-checkpoint-", log)
-    resumed = losses_by_step(run_dir / f"checkpoint-{LONG}")
-    reference = losses_by_step(ref_dir / f"checkpoint-{LONG}")
-    assert sorted(resumed) == list(range(1, LONG + 1)), "the step count must continue, none repeated"
-    for step in range(start + 1, LONG + 1):
+    resumed = losses_by_step(run_dir / f"checkpoint-{steps}")
+    assert sorted(resumed) == list(range(1, steps + 1)), "the step count must continue, none repeated"
+    for step in range(start + 1, steps + 1):
         assert resumed[step] == pytest.approx(reference[step], abs=LOSS_TOLERANCE), (step, resumed, reference)
     # batches give distinct losses, so a repeated or skipped batch (broken data order) would show:
     # the resumed losses do not match the reference shifted by one step
-    shifted = [abs(resumed[s] - reference[s + 1]) > LOSS_TOLERANCE for s in range(start + 1, LONG)]
+    shifted = [abs(resumed[s] - reference[s + 1]) > LOSS_TOLERANCE for s in range(start + 1, steps)]
     assert sum(shifted) >= len(shifted) // 2 + 1
-    assert json.loads((run_dir / "final" / "manifest.json").read_text())["steps"] == LONG
+    assert json.loads((run_dir / "final" / "manifest.json").read_text())["steps"] == steps
+
+
+@pytest.mark.slow
+def test_resume_on_fewer_processes_resplits_the_same_batch(dataset, reference_run):
+    """A 2-process DDP checkpoint resumed by ONE process: batch 8 = 8 x 1 x 1 instead of 4 x 1 x 2,
+    the same 8 examples per step in the same order (16 examples: every epoch cuts evenly), so the
+    losses continue the 2-process reference run's."""
+    ref_dir, _ = reference_run
+    run_dir = dataset / "ck" / "resplit" / "tiny" / "react"
+    finish(launch(dataset, "experiment=resplit", "max_steps=6", "save_steps=3"))
+    log = finish(launch(dataset, "experiment=resplit", "max_steps=9", "save_steps=3", processes=1, config="cpu"))
+    assert "re-split: batch 8 = 8 per device x 1 accumulation x 1 processes (plain) (was 8 = 4 per device" in log
+    resumed = losses_by_step(run_dir / "checkpoint-9")
+    reference = losses_by_step(ref_dir / f"checkpoint-{LONG}")
+    for step in (7, 8, 9):
+        assert resumed[step] == pytest.approx(reference[step], abs=LOSS_TOLERANCE), (step, resumed, reference)
 
 
 @pytest.mark.slow
