@@ -87,8 +87,11 @@ def test_student_configs_load_and_state_their_cost():
         assert "accelerate launch" in header, f"{path.name}: no launch line"
         if path.stem not in ("tiny", "smollm2-135m"):
             assert cfg.max_steps is None or cfg.max_steps == PAPER_STEPS["8b"][cfg.method]
-            for needle in ("GPU", "FLOPs", "MFU", "hours"):
+            for needle in ("GPU", "FLOPs", "MFU", "hours", "checkpointing", "disk per checkpoint"):
                 assert needle in header, f"{path.name}: header lacks {needle}"
+            # the header's retention is the config's, and the disk figure is per kept checkpoint
+            assert cfg.save_total_limit and f"save_total_limit {cfg.save_total_limit} keeps" in header, path.name
+            assert cfg.attn_implementation == "auto" and cfg.loss == "auto", path.name
 
 
 def test_accelerate_configs_parse():

@@ -166,3 +166,21 @@ def test_train_stage_counts_gpus_for_gpu_configs():
     assert processes_for(cpu_ddp, None, gpus=1) == 2  # CPU processes: the file's count
     with pytest.raises(PipelineError, match="num_processes=8 but this node has 2 GPU"):
         processes_for(zero3, 8, gpus=2)
+
+
+def test_the_model_own_pad_token_is_used_where_the_vocabulary_has_one(tmp_path):
+    """Llama-3.x ships <|finetune_right_pad_id|> (id 128004) but declares no pad token: use it,
+    not EOS. A tokenizer without one keeps EOS (labels mask padding either way)."""
+    from transformers import AutoTokenizer
+
+    from pipeline.finetune import FinetuneConfig, load_tokenizer, resolve_model_path
+    source = AutoTokenizer.from_pretrained(resolve_model_path("smollm2"))
+    source.pad_token = None
+    source.save_pretrained(tmp_path / "plain")
+    source.add_special_tokens({"additional_special_tokens": ["<|finetune_right_pad_id|>"]})
+    source.save_pretrained(tmp_path / "llama3like")
+    plain = load_tokenizer(FinetuneConfig(student=str(tmp_path / "plain")))
+    assert plain.pad_token == plain.eos_token
+    llama3like = load_tokenizer(FinetuneConfig(student=str(tmp_path / "llama3like")))
+    assert llama3like.pad_token == "<|finetune_right_pad_id|>" != llama3like.eos_token
+    assert llama3like.pad_token_id == llama3like.convert_tokens_to_ids("<|finetune_right_pad_id|>")
