@@ -68,7 +68,8 @@ def choose_loss(requested: str, cuda: bool) -> tuple[str, str]:
     cross-entropy gives the same loss (../shared/RUNTIME.md)."""
     if requested == "auto":
         requested = "chunked" if cuda else "model"
-        return requested, (f"loss: {requested} ({'GPU: TRL fused chunked LM head, no full fp32 logits' if cuda else 'CPU: the model own cross-entropy, faster here'})")
+        why = "GPU: TRL's fused chunked LM head, no full fp32 logits" if cuda else "CPU: the model's own cross-entropy, faster here"
+        return requested, f"loss: {requested} ({why})"
     if requested not in ("model", "chunked"):
         raise PipelineError(f"loss: '{requested}' is not one of auto, model, chunked")
     return requested, f"loss: {requested} (as configured)"

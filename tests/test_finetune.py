@@ -293,7 +293,8 @@ def dataset(tmp_path_factory):
 @pytest.fixture(scope="module")
 def reference_run(dataset):
     """An uninterrupted 2-process run of 24 steps, checkpoints every 3 (the last 3 kept)."""
-    out = finish(launch(dataset, "experiment=ref", f"max_steps={LONG}", "save_steps=3"))
+    # peak_tflops declared (a CPU is in no GPU table), so the log carries MFU too
+    out = finish(launch(dataset, "experiment=ref", f"max_steps={LONG}", "save_steps=3", "peak_tflops=0.1"))
     return dataset / "ck" / "ref" / "tiny" / "react", out
 
 
@@ -311,6 +312,10 @@ def test_ddp_run_learns_checkpoints_and_saves_final(dataset, reference_run):
     assert all(is_complete_checkpoint(p) for p in kept)
     losses = losses_by_step(out_dir / f"checkpoint-{LONG}")
     assert sorted(losses) == list(range(1, LONG + 1))
+    # throughput per logged step, from the Trainer's own log (pipeline/flops.py)
+    rows = [r for r in json.loads((out_dir / f"checkpoint-{LONG}" / "trainer_state.json").read_text())["log_history"] if "loss" in r]
+    assert all(r["tokens_per_s_per_device"] > 0 and 0 < r["mfu"] <= r["hfu"] for r in rows), rows[-1]
+    assert "attention: sdpa (CPU" in log and "loss: model (CPU" in log
     assert losses[LONG] < losses[1] - 1.0, losses  # 10.8 (= ln 49152) -> well below
     manifest = json.loads((out_dir / "final" / "manifest.json").read_text())
     assert manifest["complete"] and manifest["steps"] == LONG and manifest["adapter"] is False
@@ -395,6 +400,17 @@ def test_killed_run_resumes_from_latest_complete_checkpoint(dataset, reference_r
     shifted = [abs(resumed[s] - reference[s + 1]) > LOSS_TOLERANCE for s in range(start + 1, steps)]
     assert sum(shifted) >= len(shifted) // 2 + 1
     assert json.loads((run_dir / "final" / "manifest.json").read_text())["steps"] == steps
+
+
+@pytest.mark.slow
+def test_fsdp_on_cpu_is_refused(dataset):
+    """accelerate turns FSDP on only for GPU process groups: on CPU the launch would silently
+    train DDP. A real 2-process launch with accelerate_configs/fsdp.yaml stops at once instead."""
+    proc = launch(dataset, "experiment=fsdp", "max_steps=2", config="fsdp")
+    proc.wait(timeout=300)
+    log = proc.log_path.read_text(encoding="utf-8", errors="replace")
+    assert proc.returncode != 0 and "FSDP, which accelerate runs on GPUs only" in log, log[-3000:]
+    assert not (dataset / "ck" / "fsdp").exists()
 
 
 @pytest.mark.slow
