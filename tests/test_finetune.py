@@ -1,11 +1,13 @@
 """Fine-tuning: configs, checkpoint choice, and real training runs through `accelerate launch`.
 
-    .venv/bin/python -m pytest tests/test_finetune.py               # all (about 3-5 minutes)
+    .venv/bin/python -m pytest tests/test_finetune.py               # all (12 min under a load average of 7-15)
     .venv/bin/python -m pytest tests/test_finetune.py -m "not slow"  # the fast checks
 
-Slow tests launch `accelerate launch --config_file accelerate_configs/cpu_ddp.yaml
-pipeline/finetune.py` with 2 real CPU processes on a tiny random Llama (SmolLM2 tokenizer) and
-real FireAct ReAct trajectories, SIGKILL one run between checkpoints and resume it.
+Slow tests launch `accelerate launch pipeline/finetune.py` with real CPU processes (one process,
+DDP over gloo, DeepSpeed ZeRO-2 and ZeRO-3) on a tiny random Llama (SmolLM2 tokenizer) and real
+FireAct ReAct trajectories, SIGKILL runs between checkpoints and resume them; DeepSpeed compiles
+its CPU communication op on first use (1-4 min; cached in ~/.cache/torch_extensions, or
+TORCH_EXTENSIONS_DIR: worktrees at different paths rebuild it for each other when they share one).
 """
 
 from __future__ import annotations
