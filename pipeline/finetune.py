@@ -19,7 +19,6 @@ COMPLETE one; the trained model (or LoRA adapter) + tokenizer + manifest.json la
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import sys
@@ -45,6 +44,18 @@ from pipeline.storage import (  # noqa: E402
     require_complete,
     write_manifest,
 )
+from pipeline.train_checks import (  # noqa: E402, F401  (is_complete_checkpoint: re-exported)
+    Layout,
+    check_config,
+    check_devices,
+    check_resume_layout,
+    checkpoint_step,
+    is_complete_checkpoint,
+    launch_strategy,
+    layout_callback,
+    saved_layout,
+)
+from pipeline.train_speed import choose_attention, choose_loss, fsdp_plan, installed_kernels  # noqa: E402
 from pipeline.trajectory import METHODS  # noqa: E402
 
 # Paper (appendix B.1): batch 64; steps by size class and method.
@@ -57,9 +68,6 @@ PAPER_STEPS = {
 SIZE_CLASS_SCHEDULE = {"8b": "8b", "7b": "8b", "135m": "8b", "tiny": "8b", "62b": "62b", "70b": "62b", "72b": "62b"}
 
 FINAL_DIR = "final"
-CHECKPOINT_PREFIX = "checkpoint-"
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                "pytorch_model.bin.index.json", "adapter_model.safetensors", "adapter_model.bin")
 
 
 @dataclass
@@ -100,9 +108,11 @@ class FinetuneConfig:
     finetuning: Literal["full", "lora", "qlora"] = "full"
     lora: LoraSettings = field(default_factory=LoraSettings)
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"  # auto: bf16 on a bf16 GPU, else fp32
-    attn_implementation: str | None = "sdpa"
+    attn_implementation: str | None = "auto"  # auto: varlen flash on CUDA where installed, else sdpa (pipeline/train_speed.py)
+    loss: Literal["auto", "model", "chunked"] = "auto"  # auto: TRL's chunked LM-head loss on GPUs, the model's own on CPU
+    peak_tflops: float | None = None  # per device, for MFU; default: the GPU's from pipeline/flops.py's table
     gradient_checkpointing: bool = False
-    batching: Literal["padding_free", "packing", "padded"] = "padding_free"
+    batching: Literal["padding_free", "packing", "padded"] = "padding_free"  # all: global_batch_size trajectories per step
     mask_observations: bool = False  # False = the paper: observations are in the loss
     max_length: int | None = None  # None: sized from the data (nothing truncated)
     long_examples: Literal["drop", "error"] = "drop"  # with max_length: drop (reported) or refuse
@@ -159,31 +169,6 @@ def resolve_model_path(name: str) -> str:
 
 
 # ----------------------------------------------------------------------------- checkpoints
-
-def is_complete_checkpoint(path: Path) -> bool:
-    """A checkpoint is usable only when the trainer finished writing it: trainer_state.json is
-    written last (and must parse), and the weights and optimizer state must be there."""
-    state = path / "trainer_state.json"
-    try:
-        step = json.loads(state.read_text(encoding="utf-8")).get("global_step")
-    except (OSError, json.JSONDecodeError):
-        return False
-    if not isinstance(step, int) or path.name != f"{CHECKPOINT_PREFIX}{step}":
-        return False
-    if not any((path / name).is_file() for name in WEIGHT_FILES) and not _deepspeed_state(path):
-        return False
-    return (path / "optimizer.pt").is_file() or _deepspeed_state(path)
-
-
-def _deepspeed_state(path: Path) -> bool:
-    latest = path / "latest"  # DeepSpeed writes latest -> global_stepN/ with the sharded states
-    return latest.is_file() and (path / latest.read_text().strip()).is_dir()
-
-
-def checkpoint_step(path: Path) -> int:
-    suffix = path.name[len(CHECKPOINT_PREFIX):]
-    return int(suffix) if path.name.startswith(CHECKPOINT_PREFIX) and suffix.isdigit() else -1
-
 
 def list_checkpoints(output_dir: Path) -> list[Path]:
     if not output_dir.is_dir():
@@ -251,8 +236,19 @@ def load_tokenizer(cfg: FinetuneConfig):
     except OSError as exc:
         raise PipelineError(f"tokenizer: cannot load '{name}' ({str(exc).splitlines()[0]})") from None
     if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token  # labels mask padding, so sharing EOS is harmless
+        tokenizer.pad_token = own_pad_token(tokenizer) or tokenizer.eos_token  # labels mask padding either way
     return tokenizer
+
+
+# Padding tokens some tokenizers define without declaring them (Llama-3.x: reserved for fine-tuning).
+OWN_PAD_TOKENS = ("<|finetune_right_pad_id|>", "<|finetune_right_pad|>", "<|pad|>", "<pad>", "[PAD]")
+
+
+def own_pad_token(tokenizer) -> str | None:
+    """The model's own padding token where its vocabulary has one: distinct from EOS, so that
+    padding is never counted (or generated) as an end of sequence."""
+    vocab = tokenizer.get_vocab()
+    return next((token for token in OWN_PAD_TOKENS if token in vocab), None)
 
 
 def use_bf16(cfg: FinetuneConfig) -> bool:
@@ -274,11 +270,10 @@ def load_student(cfg: FinetuneConfig, tokenizer):
                 **cfg.random_model}
         config = LlamaConfig(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
                              eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **dims)
-        config._attn_implementation = cfg.attn_implementation or "sdpa"
+        config._attn_implementation = attention_choice(cfg)[0]
         return LlamaForCausalLM(config)
     kwargs: dict[str, Any] = {"trust_remote_code": cfg.trust_remote_code}
-    if cfg.attn_implementation:
-        kwargs["attn_implementation"] = cfg.attn_implementation
+    kwargs["attn_implementation"] = attention_choice(cfg)[0]
     bf16 = use_bf16(cfg)
     if cfg.finetuning == "qlora":
         kwargs["quantization_config"] = qlora_quantization(bf16)
@@ -292,15 +287,30 @@ def load_student(cfg: FinetuneConfig, tokenizer):
         raise PipelineError(f"student: cannot load '{name}' ({str(exc).splitlines()[0]})") from None
 
 
+def attention_choice(cfg: FinetuneConfig) -> tuple[str, str]:
+    half = cfg.precision in ("bf16", "fp16") or (cfg.precision == "auto" and use_bf16(cfg))
+    return choose_attention(cfg.attn_implementation, installed_kernels(), half)
+
+
 def qlora_quantization(bf16: bool):
     import importlib.util
 
     import torch
     if not torch.cuda.is_available() or importlib.util.find_spec("bitsandbytes") is None:
         raise PipelineError("finetuning: qlora needs CUDA and bitsandbytes (pip install bitsandbytes); use lora on this machine")
+    return bnb_4bit_config(bf16)
+
+
+def bnb_4bit_config(bf16: bool):
+    import torch
     from transformers import BitsAndBytesConfig
+    compute = torch.bfloat16 if bf16 else torch.float16
+    # The 4-bit weights are stored packed in a tensor of dtype quant_storage. ZeRO-3 and FSDP shard
+    # and all-gather parameters as floating tensors of one dtype: the default uint8 storage breaks
+    # ZeRO-3's gather and makes FSDP2 leave the 4-bit base unsharded (accelerate fsdp_utils).
+    # Storing in the compute dtype is what both need, and changes nothing on one GPU.
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                              bnb_4bit_compute_dtype=torch.bfloat16 if bf16 else torch.float16)
+                              bnb_4bit_compute_dtype=compute, bnb_4bit_quant_storage=compute)
 
 
 def peft_config(cfg: FinetuneConfig):
@@ -313,17 +323,30 @@ def peft_config(cfg: FinetuneConfig):
 
 # ----------------------------------------------------------------------------- trainer
 
-def model_loss_trainer_class():
-    """SFTTrainer whose loss is the model's own cross-entropy (Trainer.compute_loss).
+def sft_trainer_class(loss: str = "model"):
+    """SFTTrainer with the chosen loss path (pipeline/train_speed.py: choose_loss) whose log()
+    adds the throughput figures (tokens/s, TFLOP/s, MFU) of each logged step.
 
-    TRL 1.16's default loss runs a fused, chunked log-prob LM head whose non-Triton fallback is
-    several times slower on CPU (../shared/RUNTIME.md) and gives the same loss. TRL's only
-    switches that bypass it (compute_loss_func, label smoothing) still run the fused head for
-    metrics, so the override is the supported route: it is the base Trainer's method."""
+    loss="model": the model's own cross-entropy (Trainer.compute_loss). TRL 1.16's default loss
+    runs a fused, chunked log-prob LM head whose non-Triton fallback is several times slower on
+    CPU (../shared/RUNTIME.md) and gives the same loss. TRL's only switches that bypass it
+    (compute_loss_func, label smoothing) still run the fused head for metrics, so the override
+    is the supported route: it is the base Trainer's method. loss="chunked": TRL's own."""
     from transformers import Trainer
     from trl import SFTTrainer
 
-    class ModelLossSFTTrainer(SFTTrainer):
+    class PipelineSFTTrainer(SFTTrainer):
+        throughput = None  # a pipeline.flops.ThroughputMeter (build_trainer sets it)
+
+        def log(self, logs, *args, **kwargs):
+            if self.throughput is not None and "loss" in logs:
+                logs.update(self.throughput.metrics(self.state.num_input_tokens_seen))
+            super().log(logs, *args, **kwargs)
+
+    if loss == "chunked":
+        return PipelineSFTTrainer
+
+    class ModelLossSFTTrainer(PipelineSFTTrainer):
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             inputs["use_cache"] = False
             return Trainer.compute_loss(self, model, inputs, return_outputs=return_outputs,
@@ -332,17 +355,22 @@ def model_loss_trainer_class():
     return ModelLossSFTTrainer
 
 
+def model_loss_trainer_class():
+    return sft_trainer_class("model")
+
+
 def sft_arguments(cfg: FinetuneConfig, per_device: int, grad_accum: int, max_length: int, bf16: bool,
                   distributed_cpu: bool):
     import torch
     from trl import SFTConfig
-    packing = cfg.batching == "packing"
-    # TRL turns activation (gradient) checkpointing ON by default; ours is the config's choice.
+    # TRL turns activation (gradient) checkpointing ON by default; ours is the config's choice,
+    # and under FSDP it is FSDP's own (accelerate config), never transformers' too.
     # transformers 5.24 renamed it to activation_checkpointing (the old name warns).
+    checkpointing = fsdp_plan(cfg.gradient_checkpointing).transformers_checkpointing
     names = {f.name for f in dataclasses.fields(SFTConfig)}
     prefix = "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
-    extra: dict[str, Any] = {prefix: cfg.gradient_checkpointing}
-    if cfg.gradient_checkpointing:
+    extra: dict[str, Any] = {prefix: checkpointing}
+    if checkpointing:
         extra[f"{prefix}_kwargs"] = {"use_reentrant": False}
     return SFTConfig(
         output_dir=str(cfg.output_dir),
@@ -358,12 +386,11 @@ def sft_arguments(cfg: FinetuneConfig, per_device: int, grad_accum: int, max_len
         bf16=bf16,
         fp16=cfg.precision == "fp16",
         # Our labels are final (prompt masked, EOS trained, nothing truncated): TRL must not
-        # re-tokenise or truncate. Packing alone needs TRL's preparation pass (BFD), with a
-        # max_length no shorter than the longest example, so it never cuts one.
-        dataset_kwargs=None if packing else {"skip_prepare_dataset": True},
-        max_length=max_length if packing else None,
-        packing=packing,
-        packing_strategy="bfd",
+        # re-tokenise, truncate, or pack the dataset (its packing would make a batch count rows,
+        # not trajectories): `packing` is our collator's (pipeline/batching.py).
+        dataset_kwargs={"skip_prepare_dataset": True},
+        max_length=None,
+        packing=False,
         padding_free=cfg.batching == "padding_free",
         completion_only_loss=False,
         shuffle_dataset=False,  # the trainer's seeded sampler shuffles; resume replays it exactly
@@ -373,6 +400,8 @@ def sft_arguments(cfg: FinetuneConfig, per_device: int, grad_accum: int, max_len
         logging_steps=cfg.logging_steps,
         logging_first_step=True,
         report_to=[] if cfg.report_to == "none" else [cfg.report_to],
+        # tokens per logged step, for MFU (one scalar all-gather per micro-batch)
+        include_num_input_tokens_seen="all" if cfg.batching == "padding_free" else "non_padding",
         seed=cfg.seed,
         data_seed=cfg.seed,
         dataloader_num_workers=cfg.dataloader_num_workers,
@@ -393,14 +422,41 @@ def build_trainer(cfg: FinetuneConfig, examples: list[dict], tokenizer, per_devi
     import torch
     from datasets import Dataset
 
+    from pipeline.batching import PackingCollator
+
     distributed_cpu = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
     bf16 = use_bf16(cfg)
     args = sft_arguments(cfg, per_device, grad_accum, max_length, bf16, distributed_cpu)
     model = load_student(cfg, tokenizer)
     dataset = Dataset.from_list(examples)
-    trainer_class = model_loss_trainer_class()
-    return trainer_class(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
-                         peft_config=peft_config(cfg), callbacks=callbacks)
+    collator = PackingCollator(tokenizer.pad_token_id, max_length) if cfg.batching == "packing" else None
+    trainer_class = sft_trainer_class(choose_loss(cfg.loss, torch.cuda.is_available())[0])
+    trainer = trainer_class(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
+                            data_collator=collator, peft_config=peft_config(cfg), callbacks=callbacks)
+    trainer.throughput = throughput_meter(cfg, model.config, examples)
+    trainer.add_callback(trainer.throughput.callback())
+    return trainer
+
+
+def throughput_meter(cfg: FinetuneConfig, model_config, examples: list[dict]):
+    import torch
+
+    from pipeline.flops import ThroughputMeter, attention_length, flops_per_token, peak_tflops
+    per_token = flops_per_token(model_config, full_finetuning=cfg.finetuning == "full",
+                                checkpointing=fsdp_plan(cfg.gradient_checkpointing).checkpointing,
+                                attention_length=attention_length([len(e["input_ids"]) for e in examples]))
+    peak = cfg.peak_tflops or (peak_tflops(torch.cuda.get_device_name()) if torch.cuda.is_available() else None)
+    return ThroughputMeter(per_token, count_processes(), peak)
+
+
+def check_launch(cfg: FinetuneConfig) -> None:
+    """Config-time checks (pipeline/train_checks.py): this config, this launch, this node."""
+    import importlib.util
+
+    import torch
+    check_devices()
+    check_config(cfg.finetuning, cfg.optim, launch_strategy(), torch.cuda.is_available(),
+                 importlib.util.find_spec("bitsandbytes") is not None)
 
 
 def under_deepspeed() -> bool:
@@ -421,6 +477,7 @@ def run(cfg: FinetuneConfig) -> dict:
     if done and done.get("complete") and done.get("steps") == cfg.max_steps:
         print(f"[finetune] {final} is already complete ({cfg.max_steps} steps); nothing to do")
         return done
+    check_launch(cfg)
     num_processes = count_processes()
     per_device, grad_accum = split_batch(cfg.global_batch_size, num_processes, cfg.per_device_batch_size,
                                          cfg.max_per_device_batch_size)
@@ -435,14 +492,20 @@ def run(cfg: FinetuneConfig) -> dict:
         print(f"[finetune] {cfg.method} on {cfg.student_name}: {report.summary()}")
         print(f"[finetune] batch {cfg.global_batch_size} = {per_device} per device x {grad_accum} accumulation "
               f"x {num_processes} processes; {cfg.max_steps} steps; output {cfg.output_dir}")
-    trainer = build_trainer(cfg, examples, tokenizer, per_device, grad_accum, report.max_length)
+        import torch
+        print(f"[finetune] {attention_choice(cfg)[1]}; {choose_loss(cfg.loss, torch.cuda.is_available())[1]}")
+    layout = Layout(num_processes, per_device, grad_accum, cfg.global_batch_size, launch_strategy(), len(examples))
+    trainer = build_trainer(cfg, examples, tokenizer, per_device, grad_accum, report.max_length,
+                            callbacks=[layout_callback(layout)])
     if rank0:
         for path in set_aside_incomplete(cfg.output_dir):
             print(f"[finetune] set aside an incomplete checkpoint: {path}")
     trainer.accelerator.wait_for_everyone()
     resume = choose_resume(cfg)
+    # every rank reads the same files, so every rank refuses alike (no rank left waiting)
+    line = check_resume_layout(resume, saved_layout(resume), layout) if resume else "starting from step 0"
     if rank0:
-        print(f"[finetune] {'resuming from ' + str(resume) if resume else 'starting from step 0'}")
+        print(f"[finetune] {line}")
     started = time.time()
     result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     manifest = save_final(trainer, cfg, tokenizer, dataset_path, report, result, started,
@@ -460,7 +523,10 @@ def save_final(trainer, cfg: FinetuneConfig, tokenizer, dataset_path: Path, repo
     if rank0 and partial.exists():
         shutil.rmtree(partial)
     trainer.accelerator.wait_for_everyone()
-    trainer.save_model(str(partial))  # every rank joins (ZeRO-3 gathers the shards)
+    if fsdp_plan(cfg.gradient_checkpointing).final_gather:
+        save_fsdp_final(trainer, partial, use_bf16(cfg))
+    else:
+        trainer.save_model(str(partial))  # every rank joins (ZeRO-3 gathers the shards)
     manifest: dict = {}
     if rank0:
         tokenizer.save_pretrained(str(partial))
@@ -488,6 +554,22 @@ def save_final(trainer, cfg: FinetuneConfig, tokenizer, dataset_path: Path, repo
         print(f"[finetune] saved {'adapter' if adapter else 'model'} to {final}")
     trainer.accelerator.wait_for_everyone()
     return manifest
+
+
+def save_fsdp_final(trainer, folder: Path, bf16: bool) -> None:
+    """final/ under FSDP: a plain HF folder in the training dtype, whatever the checkpoints'
+    state-dict type. Trainer.save_model writes no HF weights for SHARDED_STATE_DICT and saves the
+    fp32 master weights for FULL_STATE_DICT; here every rank joins one full gather (offloaded to
+    CPU, kept on rank 0), and rank 0 saves it in bf16 (the adapter alone for LoRA)."""
+    import torch
+    state_dict = trainer.accelerator.get_state_dict(trainer.model)  # collective: every rank
+    if trainer.accelerator.is_main_process:
+        dtype = torch.bfloat16 if bf16 else None
+        if dtype is not None:
+            state_dict = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state_dict.items()}
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        model.save_pretrained(str(folder), state_dict=state_dict, safe_serialization=True)
+    trainer.accelerator.wait_for_everyone()
 
 
 def load_finetuned(final_dir: str | Path, merge: bool = True, dtype=None):

@@ -59,10 +59,14 @@ def pick_accelerate_config(name: str, gpus: int) -> Path:
 
 
 def processes_for(config_path: Path, override: int | None, gpus: int) -> int:
-    if override is not None:
-        return override
     data = read_yaml(config_path)
-    if data.get("distributed_type") in ("MULTI_GPU", "DEEPSPEED", "FSDP") and not data.get("use_cpu") and gpus > 1:
+    per_gpu = data.get("distributed_type") in ("MULTI_GPU", "DEEPSPEED", "FSDP") and not data.get("use_cpu")
+    if override is not None:
+        if per_gpu and 0 < gpus < override:  # one process per GPU: more would fail (or hang) at start
+            raise PipelineError(f"num_processes={override} but this node has {gpus} GPU(s); use at most {gpus} "
+                                "(or leave num_processes unset: it defaults to the node's GPU count)")
+        return override
+    if per_gpu and gpus >= 1:
         return gpus  # a node's GPUs, whatever count the file was written for
     return int(data.get("num_processes", 1))
 

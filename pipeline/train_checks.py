@@ -1,0 +1,235 @@
+"""Checks around a training launch: is a checkpoint complete (under every strategy), may a run
+resume on this launch's layout, can this config work here at all. Each check fails in one line.
+
+Called from pipeline/finetune.py at three points: config time (`check_config`, before any model
+is loaded), checkpoint choice (`is_complete_checkpoint`), and resume (`check_resume_layout`).
+
+What each strategy writes into checkpoint-N/ (transformers' Trainer._save_checkpoint, accelerate's
+fsdp_utils, DeepSpeed's engine.save_checkpoint); trainer_state.json is always written last:
+
+    plain / DDP   model.safetensors (or adapter_model.safetensors), optimizer.pt, scheduler.pt
+    ZeRO-2 / -3   latest -> global_stepN/ with one *optim_states.pt per rank (+ model states);
+                  model.safetensors only where 16-bit weights are gathered on save
+    FSDP          pytorch_model_fsdp.bin + optimizer.bin (FULL_STATE_DICT) or the folders
+                  pytorch_model_fsdp_0/ + optimizer_0/ (SHARDED_STATE_DICT, torch.distributed.checkpoint,
+                  whose .metadata is written last), or per-rank *_rank{i}.bin files
+    LoRA          the same optimizer state; the weights are adapter_model.safetensors
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from pipeline.errors import PipelineError
+
+CHECKPOINT_PREFIX = "checkpoint-"
+HF_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                   "pytorch_model.bin.index.json", "adapter_model.safetensors", "adapter_model.bin")
+FSDP_MODEL_NAME = "pytorch_model_fsdp"  # accelerate.utils.constants.FSDP_MODEL_NAME
+DCP_METADATA = ".metadata"  # torch.distributed.checkpoint writes it after every rank's shard
+
+
+# ----------------------------------------------------------------------------- strategy
+
+def launch_strategy(env: dict | None = None) -> str:
+    """plain | ddp | zero2 | zero3 | fsdp, from the variables `accelerate launch` sets."""
+    env = os.environ if env is None else env
+    if env.get("ACCELERATE_USE_DEEPSPEED", "").lower() in ("1", "true"):
+        return f"zero{env.get('ACCELERATE_DEEPSPEED_ZERO_STAGE', '2')}"
+    if env.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true"):
+        return "fsdp"
+    return "ddp" if int(env.get("WORLD_SIZE", "1")) > 1 else "plain"
+
+
+def optimizer_is_sharded(strategy: str) -> bool:
+    """Whether the optimizer state on disk is split by rank (so a resume needs the same count)."""
+    return strategy.startswith("zero") or strategy == "fsdp"
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+def checkpoint_step(path: Path) -> int:
+    suffix = path.name[len(CHECKPOINT_PREFIX):]
+    return int(suffix) if path.name.startswith(CHECKPOINT_PREFIX) and suffix.isdigit() else -1
+
+
+def read_trainer_state(path: Path) -> dict | None:
+    try:
+        state = json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    return state if isinstance(state, dict) else None
+
+
+def is_complete_checkpoint(path: Path) -> bool:
+    """A checkpoint is usable only when the trainer finished writing it: trainer_state.json is
+    written last (and must parse, for this folder's step), and the weights and the optimizer
+    state of whichever strategy wrote it must be there."""
+    state = read_trainer_state(path)
+    if state is None or not isinstance(state.get("global_step"), int):
+        return False
+    if path.name != f"{CHECKPOINT_PREFIX}{state['global_step']}":
+        return False
+    deepspeed = deepspeed_state(path)
+    has_weights = any((path / name).is_file() for name in HF_WEIGHT_FILES) or fsdp_model_state(path) or deepspeed
+    has_optimizer = (path / "optimizer.pt").is_file() or fsdp_optimizer_state(path) or deepspeed
+    return bool(has_weights and has_optimizer)
+
+
+def deepspeed_state(path: Path) -> bool:
+    """DeepSpeed writes `latest` (-> global_stepN/) after its own states; the ZeRO optimizer
+    states are one file per data-parallel rank."""
+    latest = path / "latest"
+    if not latest.is_file():
+        return False
+    tag = path / latest.read_text(encoding="utf-8").strip()
+    return tag.is_dir() and any(tag.glob("*optim_states.pt"))
+
+
+def _dcp_dir(path: Path) -> bool:
+    return path.is_dir() and (path / DCP_METADATA).is_file()
+
+
+def fsdp_model_state(path: Path) -> bool:
+    return (any(path.glob(f"{FSDP_MODEL_NAME}*.bin"))
+            or any(_dcp_dir(p) for p in path.glob(f"{FSDP_MODEL_NAME}_*")))
+
+
+def fsdp_optimizer_state(path: Path) -> bool:
+    # optimizer.bin / optimizer_1.bin (full), optimizer_0_rank0.bin (per rank), optimizer_0/ (DCP)
+    return any(path.glob("optimizer*.bin")) or any(_dcp_dir(p) for p in path.glob("optimizer_*"))
+
+
+# ----------------------------------------------------------------------------- resume layout
+
+@dataclass(frozen=True)
+class Layout:
+    """How a launch splits the global batch. Saved inside every checkpoint's trainer_state.json
+    (as a stateful callback, so it is written with the state, atomically) and compared on resume."""
+
+    num_processes: int
+    per_device_batch_size: int
+    gradient_accumulation_steps: int
+    global_batch_size: int
+    strategy: str
+    examples: int
+
+    def describe(self) -> str:
+        return (f"{self.global_batch_size} = {self.per_device_batch_size} per device x "
+                f"{self.gradient_accumulation_steps} accumulation x {self.num_processes} processes ({self.strategy})")
+
+
+LAYOUT_CALLBACK = "LaunchLayout"
+
+
+def layout_callback(layout: Layout):
+    """A TrainerCallback whose state (the layout) the Trainer writes into trainer_state.json."""
+    from transformers import TrainerCallback
+    from transformers.trainer_callback import ExportableState
+
+    class LaunchLayout(TrainerCallback, ExportableState):
+        def __init__(self, **fields):
+            self.fields = fields
+
+        def state(self) -> dict:
+            return {"args": dict(self.fields), "attributes": {}}
+
+    return LaunchLayout(**asdict(layout))
+
+
+def saved_layout(checkpoint: Path) -> Layout | None:
+    state = read_trainer_state(checkpoint) or {}
+    saved = (state.get("stateful_callbacks") or {}).get(LAYOUT_CALLBACK)
+    if isinstance(saved, list):
+        saved = saved[-1] if saved else None
+    try:
+        return Layout(**saved["args"])
+    except (TypeError, KeyError):
+        return None
+
+
+def check_resume_layout(checkpoint: Path, saved: Layout | None, now: Layout) -> str:
+    """Refuse (PipelineError) a resume that would silently change what a step trains on; else
+    return one line saying what happens.
+
+    A different split of the same global batch trains on the same examples per step only when
+    each epoch cuts into the same batches: the sampler's order does not depend on the split
+    (accelerate's seedable sampler), and consecutive micro-batches of per_device x processes
+    tile each batch of `global` examples, except the epoch's last, partial one (examples mod
+    global), which must split evenly under both layouts (no wrap-around padding, no short
+    micro-batch). Sharded optimizer states (ZeRO, FSDP) also need the same process count."""
+    if saved is None:
+        return f"resuming from {checkpoint} (it records no batch layout: written before layouts were saved)"
+    fix = f"relaunch with --num_processes {saved.num_processes} per_device_batch_size={saved.per_device_batch_size}, or resume=none to start over"
+    if saved.global_batch_size != now.global_batch_size:
+        raise PipelineError(f"resume: {checkpoint} was trained with global_batch_size={saved.global_batch_size}, "
+                            f"this launch has {now.global_batch_size}; set it back, or resume=none to start over")
+    if saved.examples != now.examples:
+        raise PipelineError(f"resume: {checkpoint} was trained on {saved.examples} examples, this launch has "
+                            f"{now.examples} (the data changed, so the data order would too); restore the dataset "
+                            "(or max_examples/max_length), or resume=none to start over")
+    if saved.strategy != now.strategy and (optimizer_is_sharded(saved.strategy) or optimizer_is_sharded(now.strategy)):
+        raise PipelineError(f"resume: {checkpoint} was written under {saved.strategy}, this launch runs {now.strategy}; "
+                            f"their optimizer states are not interchangeable: relaunch with the {saved.strategy} "
+                            "accelerate config, or resume=none to start over")
+    same = (saved.num_processes, saved.per_device_batch_size) == (now.num_processes, now.per_device_batch_size)
+    if same:
+        return f"resuming from {checkpoint}"
+    if saved.num_processes != now.num_processes and optimizer_is_sharded(now.strategy):
+        raise PipelineError(f"resume: {checkpoint} holds {now.strategy} optimizer state split over "
+                            f"{saved.num_processes} processes; this launch has {now.num_processes}: {fix}")
+    tail = now.examples % now.global_batch_size
+    cuts = [layout.per_device_batch_size * layout.num_processes for layout in (saved, now)]
+    if any(tail % cut for cut in cuts):
+        raise PipelineError(
+            f"resume: {checkpoint} was trained with batch {saved.describe()}; this launch would use {now.describe()}, "
+            f"and the last {tail} examples of each epoch would be cut into different batches (steps would change): "
+            f"{fix} (a re-split keeps the steps when examples mod {now.global_batch_size} is a multiple of "
+            "per_device x processes under both)")
+    return (f"resuming from {checkpoint}, re-split: batch {now.describe()} (was {saved.describe()}); "
+            f"the same {now.global_batch_size} examples per step, in the same order")
+
+
+# ----------------------------------------------------------------------------- config time
+
+def is_8bit_optimizer(optim: str) -> bool:
+    return "8bit" in optim or optim.startswith(("adamw_bnb", "paged_", "lion_8bit", "ademamix_8bit"))
+
+
+def check_config(finetuning: str, optim: str, strategy: str, cuda: bool, bitsandbytes: bool) -> None:
+    """Refuse, in one line and before any model is loaded, a combination that cannot work here."""
+    if finetuning == "qlora" and not cuda:
+        raise PipelineError("finetuning: qlora needs a CUDA GPU (bitsandbytes' 4-bit kernels); use finetuning=lora on this machine")
+    if finetuning == "qlora" and not bitsandbytes:
+        raise PipelineError("finetuning: qlora needs bitsandbytes (pip install bitsandbytes), or use finetuning=lora")
+    if is_8bit_optimizer(optim) and not bitsandbytes:
+        raise PipelineError(f"optim: {optim} needs bitsandbytes (pip install bitsandbytes), or use optim=adamw_torch")
+    if strategy == "fsdp" and not cuda:
+        # accelerate (state.py) enables FSDP only for GPU-like process groups; a CPU launch would
+        # silently train plain DDP, replicating everything FSDP was meant to shard.
+        raise PipelineError("the accelerate config says FSDP, which accelerate runs on GPUs only (on CPU it would "
+                            "silently run DDP); use accelerate_config=cpu_ddp or deepspeed_zero3 on this machine")
+    if strategy == "fsdp" and is_8bit_optimizer(optim):
+        # bitsandbytes' 8-bit optimizers quantise whole tensors and do not handle FSDP's
+        # flat/DTensor shards (bitsandbytes issues #89, #1633)
+        raise PipelineError(f"optim: {optim} (bitsandbytes 8-bit) does not work under FSDP; use optim=adamw_torch_fused "
+                            "(FSDP already shards the optimizer state), or a deepspeed_* accelerate config")
+
+
+def check_devices(env: dict | None = None, cuda_devices: int | None = None) -> None:
+    """A launch that starts more processes on this node than it has GPUs fails (or hangs in
+    NCCL) deep inside the first collective: say so first, on every rank, before any collective."""
+    env = os.environ if env is None else env
+    if cuda_devices is None:
+        import torch
+        cuda_devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if cuda_devices == 0 or env.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true"):
+        return  # a CPU launch: processes are not tied to devices
+    local = int(env.get("LOCAL_WORLD_SIZE", env.get("WORLD_SIZE", "1")))
+    if local > cuda_devices:
+        raise PipelineError(f"this launch starts {local} processes on this node, which has {cuda_devices} GPU(s); "
+                            f"pass --num_processes {cuda_devices} to accelerate launch (or use `python -m pipeline train`, "
+                            "which counts the GPUs)")

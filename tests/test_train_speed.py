@@ -1,0 +1,126 @@
+"""The GPU speed choices as pure decisions (pipeline/train_speed.py), the FLOP arithmetic behind
+MFU (pipeline/flops.py) and packing that keeps the batch (pipeline/batching.py). Fast, CPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline.errors import PipelineError
+from pipeline.flops import (
+    ThroughputMeter,
+    attention_length,
+    flops_per_token,
+    matmul_params,
+    peak_tflops,
+)
+from pipeline.train_speed import Kernels, choose_attention, choose_loss, fsdp_plan
+
+REPO_CONFIGS = Path(__file__).resolve().parents[1] / "accelerate_configs"
+
+
+@pytest.mark.parametrize("kernels, half, expected, says", [
+    (Kernels(cuda=False), False, "sdpa", "CPU"),
+    (Kernels(cuda=False, flash_attn_2=True), True, "sdpa", "CPU"),
+    (Kernels(cuda=True, flash_attn_2=True), False, "sdpa", "fp32"),
+    (Kernels(cuda=True, hopper=True, flash_attn_2=True, flash_attn_3=True), True, "flash_attention_3", "Hopper"),
+    (Kernels(cuda=True, hopper=False, flash_attn_2=True, flash_attn_3=True), True, "flash_attention_2", "flash_attn package"),
+    (Kernels(cuda=True, kernels_hub=True), True, "flash_attention_2", "kernels-community/flash-attn2"),
+    (Kernels(cuda=True), True, "sdpa", "pip install flash-attn"),
+])
+def test_auto_attention_takes_the_varlen_flash_path_where_it_can(kernels, half, expected, says):
+    for requested in ("auto", None):
+        chosen, why = choose_attention(requested, kernels, half)
+        assert chosen == expected and says in why and why.startswith(f"attention: {expected}")
+
+
+def test_configured_attention_is_taken_as_given():
+    assert choose_attention("eager", Kernels(cuda=False), False)[0] == "eager"
+    assert choose_attention("sdpa", Kernels(cuda=True, flash_attn_2=True), True)[0] == "sdpa"
+    with pytest.raises(PipelineError, match="flash_attention_2 needs a CUDA GPU"):
+        choose_attention("flash_attention_2", Kernels(cuda=False), True)
+
+
+def test_loss_switch():
+    assert choose_loss("auto", cuda=True)[0] == "chunked" and choose_loss("auto", cuda=False)[0] == "model"
+    assert choose_loss("chunked", cuda=False)[0] == "chunked" and choose_loss("model", cuda=True)[0] == "model"
+    with pytest.raises(PipelineError, match="not one of auto, model, chunked"):
+        choose_loss("liger", cuda=True)
+
+
+def launch_env(config: str) -> dict:
+    """The variables `accelerate launch` gives the processes for one of our accelerate configs."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_multi_gpu_env
+    args = launch_command_parser().parse_args(["--config_file", str(REPO_CONFIGS / f"{config}.yaml"),
+                                               "--num_processes", "2", "x.py"])
+    args, *_ = _validate_launch_command(args)
+    return prepare_multi_gpu_env(args)
+
+
+def test_fsdp_config_uses_fsdp_checkpointing_and_sharded_checkpoints():
+    env = launch_env("fsdp")
+    plan = fsdp_plan(True, env)
+    assert env["FSDP_ACTIVATION_CHECKPOINTING"] == "true" and env["FSDP_VERSION"] == "2"
+    assert plan.transformers_checkpointing is False and plan.checkpointing is True
+    assert plan.state_dict_type == "SHARDED_STATE_DICT" and plan.final_gather
+    with pytest.raises(PipelineError, match="fsdp_activation_checkpointing: true"):
+        fsdp_plan(True, {**env, "FSDP_ACTIVATION_CHECKPOINTING": "false"})
+    plain = fsdp_plan(True, launch_env("multi_gpu"))  # not FSDP: transformers' checkpointing
+    assert plain.transformers_checkpointing and plain.state_dict_type is None and not plain.final_gather
+
+
+class Llama8B:  # meta-llama/Llama-3.1-8B config.json
+    hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads = 4096, 32, 32, 8
+    intermediate_size, vocab_size, head_dim = 14336, 128256, 128
+
+
+def test_matmul_params_of_llama_3_1_8b():
+    # 8,030,261,248 parameters, less the input embedding (128256 x 4096: a lookup) and the norms
+    assert matmul_params(Llama8B) == 8_030_261_248 - 128256 * 4096 - (2 * 32 + 1) * 4096
+
+
+def test_matmul_params_count_a_real_model_linear_layers():
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    config = LlamaConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=96, tie_word_embeddings=False)
+    model = LlamaForCausalLM(config)
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    assert matmul_params(config) == linear
+
+
+def test_training_flops_per_token():
+    n = matmul_params(Llama8B)
+    attn = 4 * 32 * 4096 * 600  # forward attention of a token in a 600-token example
+    full = flops_per_token(Llama8B, full_finetuning=True, checkpointing=False, attention_length=600)
+    assert full.model == full.hardware == 6 * n + 3 * attn
+    ckpt = flops_per_token(Llama8B, full_finetuning=True, checkpointing=True, attention_length=600)
+    assert ckpt.model == 6 * n + 3 * attn and ckpt.hardware == 8 * n + 4 * attn
+    lora = flops_per_token(Llama8B, full_finetuning=False, checkpointing=True, attention_length=600)
+    assert lora.model == 4 * n + 3 * attn and lora.hardware == 6 * n + 4 * attn
+    assert 6 * n + 3 * attn == pytest.approx(4.60e10, rel=0.005)  # 6 x 7.50e9 = 4.50e10, + 2 % attention at 600 tokens
+    assert attention_length([100, 300]) == (100 * 100 + 300 * 300) / 400
+
+
+def test_mfu_arithmetic():
+    per_token = flops_per_token(Llama8B, full_finetuning=True, checkpointing=True, attention_length=600)
+    meter = ThroughputMeter(per_token, processes=8, peak=989.0)
+    meter._tokens_at_last_log, meter._seconds = 1000, 2.0  # 10 s between logs, 2 of them training
+    out = meter.metrics(1000 + 8 * 4000)  # 8 GPUs x 4,000 tokens in 2 s: 2,000 tokens/s per GPU
+    assert out["tokens_per_s_per_device"] == 2000
+    assert out["tflops_per_device"] == pytest.approx(2000 * per_token.model / 1e12, abs=1e-3)
+    assert out["mfu"] == pytest.approx(2000 * per_token.model / 989e12, abs=1e-4)
+    assert out["hfu"] == pytest.approx(2000 * per_token.hardware / 989e12, abs=1e-4)
+    assert meter.metrics(1000 + 8 * 4000) == {}  # nothing trained since: nothing to say
+    no_peak = ThroughputMeter(per_token, processes=1, peak=None)
+    no_peak._tokens_at_last_log, no_peak._seconds = 0, 1.0
+    assert set(no_peak.metrics(100)) == {"tokens_per_s_per_device", "tflops_per_device"}
+
+
+def test_peak_table():
+    assert peak_tflops("NVIDIA H100 80GB HBM3") == 989.0 and peak_tflops("NVIDIA H100 PCIe") == 756.0
+    assert peak_tflops("NVIDIA A100-SXM4-80GB") == 312.0 and peak_tflops("NVIDIA L40S") == 362.0
+    assert peak_tflops("NVIDIA L4") == 121.0 and peak_tflops("NVIDIA H200") == 989.0
+    assert peak_tflops("Some CPU") is None and peak_tflops(None) is None
