@@ -45,8 +45,9 @@ def test_cpu_flags_decide_native_bf16(tmp_path):
     assert precision.cpu_flags(tmp_path / "absent") == set()
 
 
-def test_this_machine_is_reported_consistently():
+def test_this_machine_is_reported_consistently(monkeypatch):
     """Whatever this CPU is, the flags and torch's report agree with the choice auto makes."""
+    monkeypatch.delenv(precision.ENV, raising=False)
     native, why = precision.cpu_bf16()
     flags = precision.cpu_flags()
     if any(f in flags for f in precision.NATIVE_BF16_FLAGS):
