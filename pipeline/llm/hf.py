@@ -370,8 +370,9 @@ def _resolve_device(device: str) -> str:
 
 def _resolve_dtype(dtype: str, device):
     """auto: bf16 on a bf16 GPU or a CPU with native bf16, else fp32 (fp16 on older GPUs); see
-    pipeline/precision.py. Under greedy decoding bf16 flips an occasional token against fp32
-    (bench/bench_generate.py reports how many trajectories stay identical)."""
+    pipeline/precision.py. fp32 keeps batched greedy output identical to batch-1 output; bf16
+    can flip an occasional token, against fp32 and across batch sizes (bench/bench_generate.py
+    --parts precision reports how many trajectories stay identical)."""
     from pipeline import precision
 
     choice = precision.inference(dtype, device.type)
