@@ -1,33 +1,62 @@
-"""Training throughput: our trainer setup vs TRL's SFTTrainer with default settings, same data,
-same model, same steps, one process, one run.
+"""Training throughput on the same work, one process, one run: our trainer against TRL's
+SFTTrainer on equal settings and as shipped, and bf16 against fp32.
 
-    .venv/bin/python bench/bench_train.py                      # tiny model, then SmolLM2-135M
-    .venv/bin/python bench/bench_train.py --models tiny --steps 8
+    .venv/bin/python bench/bench_train.py                               # tiny model, all setups
+    .venv/bin/python bench/bench_train.py --models tiny smollm2 --steps 6 --repeats 3
+    .venv/bin/python bench/bench_train.py --setups ours ours-bf16       # just the precision ratio
 
 Data: FireAct's 500 real GPT-4 ReAct trajectories (../shared/data), rendered by
-pipeline.trajectory. Setups (per-device batch 8, fp32, CPU):
-  trl-default  SFTTrainer as shipped: prompt/completion records tokenised by TRL, padded batches,
-               no packing, TRL's default (fused, chunked) loss.
-  trl+loss     the same but with the model's own loss: separates the two gains.
-  ours         pipeline.finetune: our tokenisation (pipeline.sft), padding-free batches, the
-               model's own loss (ModelLossSFTTrainer).
-Throughput = real (non-pad) tokens / time of steps 2..N (step 1 warms up). Padding waste = pad
-positions / all positions computed. Both see the same examples in the same order (same seed).
+pipeline.trajectory; every setup sees the same examples in the same order (same seed). Setups:
+  trl-default  what a user gets out of the box: SFTTrainer as shipped (prompt/completion records
+               tokenised by TRL, padded batches, TRL's fused chunked loss, gradient checkpointing
+               ON), fp32 (TRL's own default, bf16=True, refuses to start on a CPU without use_cpu).
+  trl-nogc     the same with gradient checkpointing off: equal settings to `ours`.
+  ours-gc      pipeline.finetune (our tokenisation, padding-free batches, the model's own loss)
+               with gradient checkpointing on: equal settings to `trl-default`.
+  ours         pipeline.finetune as configured by default (checkpointing off), fp32.
+  ours-bf16    `ours` with precision=bf16 (bf16 autocast over fp32 weights, the Trainer's own
+               CPU bf16 path): the bf16 / fp32 ratio on the same work.
+  trl+loss     (optional) trl-default with the model's own loss: separates the loss path's gain.
+Throughput = real (non-pad) tokens / time of steps 2..N (step 1 warms up). Each setup runs
+--repeats times, the setups' order rotated every repeat so load changes hit all of them; ratios
+are taken within a repeat and reported as median [min-max]. Model FLOP/s = 6 x parameters x
+tokens/s (attention's share and checkpointing's recompute not counted), as a fraction of the
+bf16 and fp32 matmul limits measured at the start (bench/machine.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from machine import compute_limits, load_average, spread  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "fireact" / "alpaca_format" / "hotpotqa.json"
+SETUPS = {  # trainer, gradient checkpointing, precision
+    "trl-default": ("trl", True, "fp32"),
+    "trl-nogc": ("trl", False, "fp32"),
+    "ours-gc": ("ours", True, "fp32"),
+    "ours": ("ours", False, "fp32"),
+    "ours-bf16": ("ours", False, "bf16"),
+    "trl+loss": ("trl+loss", True, "fp32"),
+}
+# (numerator, denominator, what the ratio says)
+RATIOS = [
+    ("ours-gc", "trl-default", "ours / TRL, both WITH gradient checkpointing (equal settings)"),
+    ("ours", "trl-nogc", "ours / TRL, both WITHOUT gradient checkpointing (equal settings)"),
+    ("ours", "trl-default", "ours as configured / TRL as shipped (what a user gets out of the box)"),
+    ("ours-bf16", "ours", "bf16 / fp32, same work (ours, no checkpointing)"),
+]
 
 
 def records() -> list[dict]:
@@ -69,13 +98,14 @@ def step_timer():
     return StepTimer()
 
 
-def finetune_cfg(model: str, out: Path, steps: int, batch: int):
+def finetune_cfg(model: str, out: Path, steps: int, batch: int, checkpointing: bool, precision: str):
     from pipeline.config import load_config
     from pipeline.finetune import FinetuneConfig, resolve
     base = ["init=random", "tokenizer=smollm2", "student=tiny", "learning_rate=1.0e-3"] if model == "tiny" else [
         "student=smollm2", "learning_rate=2.0e-5"]
     return resolve(load_config(FinetuneConfig, None, base + [
-        f"max_steps={steps}", f"global_batch_size={batch}", f"per_device_batch_size={batch}", "precision=fp32",
+        f"max_steps={steps}", f"global_batch_size={batch}", f"per_device_batch_size={batch}", f"precision={precision}",
+        f"gradient_checkpointing={str(checkpointing).lower()}",
         "report_to=none", "save_steps=100000", f"output_root={out}", "logging_steps=1000", "lr_scheduler=constant",
         "warmup_ratio=0.0"]))
 
@@ -90,68 +120,99 @@ def run_setup(name: str, model_name: str, recs: list[dict], steps: int, batch: i
         load_tokenizer,
         model_loss_trainer_class,
         sft_arguments,
+        use_bf16,
     )
     from pipeline.sft import tokenize_records
 
-    cfg = finetune_cfg(model_name, out / name, steps, batch)
+    trainer_kind, checkpointing, precision = SETUPS[name]
+    cfg = finetune_cfg(model_name, out / name, steps, batch, checkpointing, precision)
     tokenizer = load_tokenizer(cfg)
     model = load_student(cfg, tokenizer)
     timer = step_timer()
-    if name == "ours":
+    if trainer_kind == "ours":
         examples, report = tokenize_records(recs, tokenizer)
-        args = sft_arguments(cfg, batch, 1, report.max_length, bf16=False, distributed_cpu=False)
+        args = sft_arguments(cfg, batch, 1, report.max_length, bf16=use_bf16(cfg), distributed_cpu=False)
         collator = CountingCollator(DataCollatorForLanguageModeling(pad_token_id=tokenizer.pad_token_id,
                                                                     padding_free=True), tokenizer.pad_token_id)
         trainer = model_loss_trainer_class()(model=model, args=args, train_dataset=Dataset.from_list(examples),
                                              processing_class=tokenizer, data_collator=None, callbacks=[timer])
         trainer.data_collator = collator  # same collator TRL built, wrapped to count
     else:
-        # TRL's defaults: only the run length, batch and output are set (plus fp32 on CPU)
+        # TRL's defaults: only the run length, batch, output and fp32 are set (and, for trl-nogc,
+        # checkpointing off; TRL 1.16 / transformers 5.24 call it activation_checkpointing).
+        names = {f.name for f in dataclasses.fields(SFTConfig)}
+        gc_key = "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
+        extra = {} if checkpointing else {gc_key: False}
         args = SFTConfig(output_dir=str(out / name), max_steps=steps, per_device_train_batch_size=batch,
                          learning_rate=cfg.learning_rate, lr_scheduler_type="constant", report_to=[],
                          save_strategy="no", bf16=False, logging_steps=1000, seed=cfg.seed, data_seed=cfg.seed,
-                         dataloader_pin_memory=False)
+                         dataloader_pin_memory=False, **extra)
+        assert getattr(args, gc_key) is checkpointing
         data = Dataset.from_list([{"prompt": r["prompt"], "completion": r["completion"]} for r in recs])
-        trainer_class = SFTTrainer if name == "trl-default" else model_loss_trainer_class()
+        trainer_class = model_loss_trainer_class() if trainer_kind == "trl+loss" else SFTTrainer
         trainer = trainer_class(model=model, args=args, train_dataset=data, processing_class=tokenizer,
                                 callbacks=[timer])
         collator = CountingCollator(trainer.data_collator, tokenizer.pad_token_id)
         trainer.data_collator = collator
+    assert trainer.accelerator.mixed_precision == ("bf16" if precision == "bf16" else "no")
     trainer.train()
     timed = collator.batches[1:steps]  # step 1 warms up
     seconds = sum(timer.durations[1:])
     real = sum(r for r, _ in timed)
     positions = sum(p for _, p in timed)
+    params = sum(p.numel() for p in model.parameters())
     return {"setup": name, "tokens_per_s": real / seconds, "s_per_step": seconds / max(1, len(timed)),
-            "padding_waste": 1 - real / positions, "real_tokens": real}
+            "padding_waste": 1 - real / positions, "real_tokens": real, "params": params,
+            "precision": precision}
+
+
+def report_model(model_name: str, runs: dict[str, list[dict]], limits: dict[str, float]) -> None:
+    print(f"\n{model_name}: median [min-max] over repeats; {load_average()}")
+    for name, results in runs.items():
+        tps = [r["tokens_per_s"] for r in results]
+        gflops = 6 * results[0]["params"] * statistics.median(tps) / 1e9
+        precision = results[0]["precision"]
+        print(f"  {name:12s} {spread(tps)} tokens/s  {statistics.median(r['s_per_step'] for r in results):6.2f} s/step  "
+              f"padding waste {100 * results[0]['padding_waste']:4.1f}%  model {gflops:.2f} GFLOP/s = "
+              f"{100 * gflops / limits[precision]:.1f}% of the {precision} matmul limit, "
+              f"{100 * gflops / max(limits.values()):.1f}% of the machine's best", flush=True)
+    for num, den, what in RATIOS:
+        if num in runs and den in runs:
+            ratios = [a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(runs[num], runs[den], strict=True)]
+            print(f"  {num} / {den} = {statistics.median(ratios):.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]: {what}")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--models", nargs="+", default=["tiny", "smollm2"])
-    parser.add_argument("--steps", type=int, default=0, help="steps per setup (default: tiny 6, smollm2 3)")
+    parser.add_argument("--models", nargs="+", default=["tiny"], choices=["tiny", "smollm2"])
+    parser.add_argument("--steps", type=int, default=6, help="steps per setup and repeat; the first is not timed")
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--setups", nargs="+", default=["trl-default", "trl+loss", "ours"])
+    parser.add_argument("--setups", nargs="+", default=["trl-default", "trl-nogc", "ours-gc", "ours", "ours-bf16"],
+                        choices=list(SETUPS))
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
+
+    from pipeline import precision
     recs = records()
-    print(f"data: {len(recs)} FireAct ReAct trajectories; torch threads {torch.get_num_threads()}; "
-          f"load average {os.getloadavg()[0]:.2f} at start")
+    print(f"data: {len(recs)} FireAct ReAct trajectories; batch {args.batch}; {args.steps} steps x "
+          f"{args.repeats} repeats per setup; torch threads {torch.get_num_threads()}; "
+          f"{precision.training('auto').line('auto would choose')}")
+    limits = compute_limits()
     with tempfile.TemporaryDirectory() as tmp:
         for model_name in args.models:
-            steps = args.steps or (6 if model_name == "tiny" else 3)
-            results = {}
-            for setup in args.setups:
-                res = run_setup(setup, model_name, recs, steps, args.batch, Path(tmp) / model_name)
-                results[setup] = res
-                print(f"{model_name:8s} {setup:12s} {res['tokens_per_s']:9.1f} tokens/s  "
-                      f"{res['s_per_step']:7.2f} s/step  padding waste {100 * res['padding_waste']:5.1f}%  "
-                      f"({res['real_tokens']} tokens timed)", flush=True)
-            if "ours" in results and "trl-default" in results:
-                ratio = results["ours"]["tokens_per_s"] / results["trl-default"]["tokens_per_s"]
-                print(f"{model_name:8s} ours / trl-default = {ratio:.2f}x (target >= 1.5x); "
-                      f"load average {os.getloadavg()[0]:.2f}", flush=True)
+            runs: dict[str, list[dict]] = {name: [] for name in args.setups}
+            for repeat in range(args.repeats):
+                order = args.setups[repeat % len(args.setups):] + args.setups[:repeat % len(args.setups)]
+                for setup in order:
+                    res = run_setup(setup, model_name, recs, args.steps, args.batch, Path(tmp) / f"{model_name}-{repeat}")
+                    runs[setup].append(res)
+                    print(f"{model_name:8s} repeat {repeat + 1} {setup:12s} {res['tokens_per_s']:9.1f} tokens/s  "
+                          f"{res['s_per_step']:7.2f} s/step  ({res['real_tokens']} tokens timed; "
+                          f"load {os.getloadavg()[0]:.2f})", flush=True)
+            report_model(model_name, runs, limits)
+    compute_limits()  # again at the end: did the machine's speed change during the run?
     return 0
 
 

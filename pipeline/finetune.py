@@ -107,7 +107,7 @@ class FinetuneConfig:
     optim: str = "adamw_torch"
     finetuning: Literal["full", "lora", "qlora"] = "full"
     lora: LoraSettings = field(default_factory=LoraSettings)
-    precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"  # auto: bf16 on a bf16 GPU, else fp32
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"  # auto: bf16 on a bf16 GPU or CPU, else fp32
     attn_implementation: str | None = "auto"  # auto: varlen flash on CUDA where installed, else sdpa (pipeline/train_speed.py)
     loss: Literal["auto", "model", "chunked"] = "auto"  # auto: TRL's chunked LM-head loss on GPUs, the model's own on CPU
     peak_tflops: float | None = None  # per device, for MFU; default: the GPU's from pipeline/flops.py's table
@@ -251,12 +251,14 @@ def own_pad_token(tokenizer) -> str | None:
     return next((token for token in OWN_PAD_TOKENS if token in vocab), None)
 
 
+def precision_choice(cfg: FinetuneConfig):
+    """bf16 / fp32 / fp16 for this run and why (pipeline/precision.py has the rule)."""
+    from pipeline import precision
+    return precision.training(cfg.precision, deepspeed=under_deepspeed())
+
+
 def use_bf16(cfg: FinetuneConfig) -> bool:
-    import torch
-    cuda_bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-    if cfg.precision == "bf16" and not cuda_bf16:
-        raise PipelineError("precision: bf16 needs a GPU with bf16 support; use precision=fp32 on CPU")
-    return cfg.precision == "bf16" or (cfg.precision == "auto" and cuda_bf16)
+    return precision_choice(cfg).precision == "bf16"
 
 
 def load_student(cfg: FinetuneConfig, tokenizer):
@@ -407,7 +409,9 @@ def sft_arguments(cfg: FinetuneConfig, per_device: int, grad_accum: int, max_len
         dataloader_num_workers=cfg.dataloader_num_workers,
         # DDP on CPU: accelerate's multi-process launcher does not pass the config's use_cpu on,
         # so say it here; never under DeepSpeed, which use_cpu silently disables (RUNTIME.md).
-        use_cpu=distributed_cpu and not under_deepspeed(),
+        # bf16 without a GPU also needs use_cpu (transformers refuses bf16 otherwise; accelerate
+        # then autocasts on the CPU).
+        use_cpu=(distributed_cpu or (bf16 and not torch.cuda.is_available())) and not under_deepspeed(),
         ddp_backend="gloo" if distributed_cpu else None,
         ddp_find_unused_parameters=False if distributed_cpu else None,
         remove_unused_columns=False,
@@ -474,6 +478,8 @@ def run(cfg: FinetuneConfig) -> dict:
     cfg = resolve(cfg)
     final = cfg.output_dir / FINAL_DIR
     done = read_manifest(final / "manifest.json") if final.is_dir() else None
+    choice = precision_choice(cfg)
+    check_same_precision(done, choice.precision, final)
     if done and done.get("complete") and done.get("steps") == cfg.max_steps:
         print(f"[finetune] {final} is already complete ({cfg.max_steps} steps); nothing to do")
         return done
@@ -489,6 +495,7 @@ def run(cfg: FinetuneConfig) -> dict:
         raise PipelineError(f"{dataset_path}: every example is longer than max_length={cfg.max_length}")
     rank0 = int(os.environ.get("RANK", "0")) == 0
     if rank0:
+        print(choice.line("training"))
         print(f"[finetune] {cfg.method} on {cfg.student_name}: {report.summary()}")
         print(f"[finetune] batch {cfg.global_batch_size} = {per_device} per device x {grad_accum} accumulation "
               f"x {num_processes} processes; {cfg.max_steps} steps; output {cfg.output_dir}")
@@ -511,6 +518,15 @@ def run(cfg: FinetuneConfig) -> dict:
     manifest = save_final(trainer, cfg, tokenizer, dataset_path, report, result, started,
                           per_device, grad_accum, num_processes)
     return manifest
+
+
+def check_same_precision(done: dict | None, precision: str, final: Path) -> None:
+    """A finished model trained in another precision is not this run's result: say so, never skip."""
+    was = (done or {}).get("precision")  # manifests older than the field: unknown, not checked
+    if done and done.get("complete") and was and was != precision:
+        raise PipelineError(f"{final} was trained in {was}, this run would train in {precision}; set "
+                            f"precision={was}, or use another experiment / output_dir (or delete that "
+                            "folder) to train afresh")
 
 
 def save_final(trainer, cfg: FinetuneConfig, tokenizer, dataset_path: Path, report, result, started: float,
@@ -543,6 +559,7 @@ def save_final(trainer, cfg: FinetuneConfig, tokenizer, dataset_path: Path, repo
             gradient_accumulation_steps=grad_accum, num_processes=num_processes,
             dataset={**file_fingerprint(dataset_path), "examples": report.n_kept}, lengths=report.to_dict(),
             train_loss=getattr(result, "training_loss", None), seconds=round(time.time() - started, 1),
+            precision=precision_choice(cfg).precision,
         )
         from pipeline.cards import model_card
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -368,18 +369,15 @@ def _resolve_device(device: str) -> str:
 
 
 def _resolve_dtype(dtype: str, device):
-    import torch
+    """auto: bf16 on a bf16 GPU or a CPU with native bf16, else fp32 (fp16 on older GPUs); see
+    pipeline/precision.py. fp32 keeps batched greedy output identical to batch-1 output; bf16
+    can flip an occasional token, against fp32 and across batch sizes (bench/bench_generate.py
+    --parts precision reports how many trajectories stay identical)."""
+    from pipeline import precision
 
-    if dtype == "auto":
-        # CPU: fp32 keeps batched greedy output identical to batch-1 output; bfloat16 is ~1.5x
-        # faster to decode and 2x to pre-fill on AVX512-bf16 CPUs but flips an occasional token.
-        if device.type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.float32
-    choices = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    if dtype not in choices:
-        raise PipelineError(f"llm.dtype: unknown dtype {dtype!r}; use one of auto, {', '.join(choices)}")
-    return choices[dtype]
+    choice = precision.inference(dtype, device.type)
+    print(choice.line("inference"), file=sys.stderr)
+    return choice.torch_dtype
 
 
 def _load_tokenizer(source: str, kwargs: dict, cfg: LLMConfig):

@@ -68,6 +68,7 @@ class ModelUnderTest:
     trained_format: str | None  # the format a fine-tuned student decodes
     decode_mode: str = "zero_shot"  # how its prompts are built (pipeline.methods MODES)
     released: dict | None = None  # a checkpoint not trained here: {checkpoint, format}
+    train_precision: str | None = None  # a fine-tuned student's training precision (its manifest)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -97,19 +98,22 @@ def evaluate(cfg: EvalConfig) -> list[dict]:
     if not questions:
         raise PipelineError(f"question set '{cfg.questions}' is empty: nothing to evaluate")
     check_resumable(cfg.out_dir, "eval", to_dict(cfg), IDENTITY_KEYS)
+    record = precision_record(target)
+    check_same_precision(cfg.out_dir, record)
     backend = open_backend(cfg.wiki)
     llm = open_llm(target.llm)
     manifest = dict(stage="eval", config=to_dict(cfg), model=target.label, mode=target.mode,
-                    n_questions=len(questions))
+                    n_questions=len(questions), **record)
     with run_lock(cfg.out_dir):
         check_resumable(cfg.out_dir, "eval", to_dict(cfg), IDENTITY_KEYS)
+        check_same_precision(cfg.out_dir, record)
         write_manifest(cfg.out_dir / "manifest.json", complete=False, **manifest)
         # A summary of an earlier (smaller) run must not outlive this run's start: if this run is
         # killed, no summary.json is left to be plotted as if it were this run's result.
         (cfg.out_dir / "summary.json").unlink(missing_ok=True)
         stats = run_methods(llm, target.label, methods, questions, settings, backend, cfg.out_dir,
                             max_in_flight=cfg.max_in_flight, source="eval")
-        rows = [summary_row(target, name, cfg.questions, s) for name, s in stats.items()]
+        rows = [summary_row(target, name, cfg.questions, s, record) for name, s in stats.items()]
         atomic_write_json(cfg.out_dir / "summary.json", rows)
         write_manifest(cfg.out_dir / "manifest.json", complete=True, summary=rows, **manifest)
     for row in rows:
@@ -154,7 +158,8 @@ def model_under_test(cfg: EvalConfig) -> ModelUnderTest:
     params_b = cfg.params_b or manifest.get("params_b")
     if not size_class or not params_b:
         raise PipelineError(f"{final}: its manifest has no size; set size_class= and params_b=")
-    return ModelUnderTest(llm, label, "finetune", size_class, float(params_b), manifest["method"])
+    return ModelUnderTest(llm, label, "finetune", size_class, float(params_b), manifest["method"],
+                          train_precision=manifest.get("precision"))
 
 
 SIZE_HINTS = {"size_class": "e.g. 8b", "params_b": "billions, e.g. 8.0"}
@@ -192,10 +197,41 @@ def check_finetuned_methods(methods: list[str], target: ModelUnderTest) -> None:
         )
 
 
-def summary_row(target: ModelUnderTest, method: str, question_set: str, stats: dict) -> dict:
+def summary_row(target: ModelUnderTest, method: str, question_set: str, stats: dict, record: dict) -> dict:
     row = {"model": target.label, "size_class": target.size_class, "params_b": target.params_b,
-           "mode": target.mode, "method": method, "question_set": question_set, **stats,
+           "mode": target.mode, "method": method, "question_set": question_set, **stats, **record,
            "source": "ours"}
     if target.released:  # evaluated here, trained elsewhere: plot draws it apart from our students
         row["released"] = target.released
     return row
+
+
+def precision_record(target: ModelUnderTest) -> dict:
+    """What these records were computed in: the inference precision (the transformers backend
+    resolves `auto` by pipeline/precision.py's rule, the same call the backend makes when it
+    loads the model; vLLM its dtype; a remote server or a stand-in: None) and, for a fine-tuned
+    student, the precision it was trained in."""
+    from pipeline import precision
+
+    llm = target.llm
+    if llm.backend == "transformers":
+        import torch
+        device = ("cuda" if torch.cuda.is_available() else "cpu") if llm.device == "auto" else llm.device
+        inference = precision.inference(llm.dtype, device.split(":")[0]).precision
+    else:
+        inference = precision.DTYPE_NAMES.get(llm.dtype) if llm.backend == "vllm" else None
+    return {"precision": inference, "train_precision": target.train_precision}
+
+
+def check_same_precision(out_dir: Path, record: dict) -> None:
+    """Refuse to append records computed in one precision to a folder holding another's."""
+    from pipeline.storage import read_manifest
+
+    old = read_manifest(Path(out_dir) / "manifest.json")
+    if old is None or "precision" not in old:  # nothing yet, or a manifest older than the field
+        return
+    was = {k: old.get(k) for k in record}
+    if was != record:
+        raise PipelineError(
+            f"{out_dir} holds records computed in precision {was}, this run would use {record}; "
+            "set model.dtype to match, or use another out_dir (or delete that folder) to start afresh")

@@ -150,6 +150,24 @@ def check_question_sets(rows: list[dict], allow_mixed: bool) -> list[str]:
     return sets
 
 
+def precision_of(row: dict) -> str:
+    """"bf16", or "bf16-trained fp32" for a student trained in one precision and run in another."""
+    run, trained = row.get("precision") or "unrecorded", row.get("train_precision")
+    return run if trained in (None, run) else f"{trained}-trained {run}"
+
+
+def label_precisions(rows: list[dict]) -> None:
+    """Summaries computed in different precisions are never drawn as one: when they differ, every
+    model label carries its precision (so the figure, the tables and the orderings check keep
+    them apart), and one line says so."""
+    kinds = sorted({precision_of(r) for r in rows})
+    if len(kinds) < 2:
+        return
+    print(f"note: the summaries mix precisions ({', '.join(kinds)}); each model is labelled with its own")
+    for row in rows:
+        row["model"] = f"{row['model']} [{precision_of(row)}]"
+
+
 def check_duplicates(rows: list[dict]) -> None:
     seen: dict[tuple, str] = {}
     for row in rows:
@@ -501,6 +519,7 @@ def run_plot(cfg: PlotConfig) -> dict[str, Path]:
     check_writable_dir(cfg.out_dir)
     rows = load_summaries(cfg.summaries)
     question_sets = check_question_sets(rows, cfg.allow_mixed_question_sets)
+    label_precisions(rows)
     check_duplicates(rows)
     references = collect_references(cfg)
     # The paper's orderings are about students trained by this recipe: released agents are plotted, not judged.

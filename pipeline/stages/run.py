@@ -92,10 +92,10 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
         check_student(student)
         if student.prompt_model:
             units.append(Unit(f"eval: {student.name} prompted", eval_config(cfg, student, None),
-                              skip_or(evaluate)))
+                              skip_or(evaluate, eval_precision)))
         if student.checkpoint:
             units.append(Unit(f"eval: {student.name} (already fine-tuned: {student.checkpoint})",
-                              checkpoint_eval_config(cfg, student), skip_or(evaluate)))
+                              checkpoint_eval_config(cfg, student), skip_or(evaluate, eval_precision)))
             continue
         if not student.finetune:
             continue
@@ -104,7 +104,7 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
             final = Path(ft.output_dir) / "final"
             units.append(Unit(f"train: {student.name} on {method}", (ft, student.config, overrides), launch_train))
             units.append(Unit(f"eval: {student.name} fine-tuned on {method}",
-                              eval_config(cfg, student, final), with_model_card(final, skip_or(evaluate))))
+                              eval_config(cfg, student, final), with_model_card(final, skip_or(evaluate, eval_precision))))
     summaries = [u.config.out_dir / "summary.json" for u in units if u.title.startswith("eval")]
     units.append(Unit("plot: figure 3 and the table", plot_config(cfg, summaries), run_plot))
     return units
@@ -137,10 +137,12 @@ def stage(title: str) -> None:
     print(f"\n[run] === {title}", flush=True)
 
 
-def unit_done(manifest_path: Path, config: dict) -> bool:
-    """A unit is done when its manifest says complete and was written with this same config."""
+def unit_done(manifest_path: Path, config: dict, identity: dict | None = None) -> bool:
+    """A unit is done when its manifest says complete and was written with this same config and
+    the same resolved `identity` (e.g. the precision `auto` chose: it depends on the machine)."""
     manifest = read_manifest(manifest_path)
-    return bool(manifest and manifest.get("complete") and manifest.get("config") == config)
+    return bool(manifest and manifest.get("complete") and manifest.get("config") == config
+                and all(manifest.get(k) == v for k, v in (identity or {}).items()))
 
 
 def merged(*layers: dict) -> dict[str, Any]:
@@ -155,11 +157,12 @@ def merged(*layers: dict) -> dict[str, Any]:
     return out
 
 
-def skip_or(action):
-    """Run a generate/eval unit unless its manifest says it is complete with this config."""
+def skip_or(action, identity=None):
+    """Run a generate/eval unit unless its manifest says it is complete with this config (and
+    the same `identity(config)`: an eval run in another precision is not this one)."""
     def run_unit(config):
         manifest = Path(config.out_dir) / "manifest.json"
-        if unit_done(manifest, to_dict(config)):
+        if unit_done(manifest, to_dict(config), identity(config) if identity else None):
             print(f"[run] skip: {config.out_dir} is complete")
             return None
         return action(config)
@@ -214,7 +217,7 @@ def launch_train(unit_config) -> None:
 
     ft, config_path, overrides = unit_config
     final = Path(ft.output_dir) / "final"
-    if unit_done(final / "manifest.json", to_dict(ft)):
+    if unit_done(final / "manifest.json", to_dict(ft), {"precision": training_precision(ft)}):
         print(f"[run] skip: {final} is complete")
         return
     args = argparse.Namespace(config=config_path, overrides=overrides, accelerate_config=None,
@@ -228,6 +231,22 @@ def launch_train(unit_config) -> None:
     if code != 0:
         raise PipelineError(f"training {ft.student_name} on {ft.method} failed (exit code {code}); "
                             "fix the cause and re-run: it resumes from the latest checkpoint")
+
+
+def training_precision(ft) -> str:
+    """The precision this training unit would run in (on this machine, under its accelerate config)."""
+    from pipeline import precision
+    from pipeline.config import read_yaml
+    from pipeline.stages.train import gpu_count, pick_accelerate_config
+
+    accelerate = read_yaml(pick_accelerate_config(ft.accelerate_config, gpu_count()))
+    return precision.training(ft.precision, deepspeed=accelerate.get("distributed_type") == "DEEPSPEED").precision
+
+
+def eval_precision(config) -> dict:
+    from pipeline.stages.eval import model_under_test, precision_record
+
+    return precision_record(model_under_test(config))
 
 
 def eval_config(cfg: RunConfig, student: Student, final: Path | None):

@@ -75,7 +75,7 @@ def launch_command(config_path: Path, num_processes: int, cfg_path: Path | None,
                    gpus: int = 0) -> list[str]:
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config_path),
            "--num_processes", str(num_processes)]
-    if gpus == 0:  # the GPU configs ask for bf16; on CPU training is fp32 (RUNTIME.md)
+    if gpus == 0:  # the GPU configs ask for bf16; on CPU the script decides (pipeline/precision.py)
         cmd += ["--mixed_precision", "no"]
     if num_processes > 1 and read_yaml(config_path).get("distributed_type") == "NO":
         raise PipelineError(f"{config_path} runs one process; pick cpu_ddp / multi_gpu / deepspeed_* for {num_processes}")
