@@ -2,7 +2,7 @@
 
 Both run ReAct with SmolLM2-135M-Instruct (the embedded model, transformers backend), greedy,
 on the same questions, over the same local wiki index, sharing one loaded model. The baseline is
-`pipeline.agent.original_react_loop`: a plain for-loop over questions and steps, one model call
+`bench/original_react.py`: a plain for-loop over questions and steps, one model call
 at a time with a batch of one, re-reading the whole prompt each call as the original does; the
 same loop is also timed on our backend's prefix KV reuse, to show what batching alone adds. The project's runner is `pipeline.agent.run_episodes`: every
 waiting episode in one generate() call per round. The script asserts both wrote identical
@@ -24,7 +24,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pipeline.agent import original_react_loop, run_episodes  # noqa: E402
+from bench.original_react import original_react_loop  # noqa: E402
+from pipeline.agent import run_episodes  # noqa: E402
 from pipeline.hotpotqa import load_question_set  # noqa: E402
 from pipeline.methods import MethodSettings, build_method  # noqa: E402
 

@@ -83,15 +83,47 @@ def build(cls: type[T], data: dict[str, Any], where: str = "config", prefix: str
     for key, value in data.items():
         name = f"{prefix}{key}"
         if key not in fields:
-            close = difflib.get_close_matches(key, list(fields), n=1)
-            hint = f"; did you mean '{prefix}{close[0]}'?" if close else f"; known keys: {', '.join(sorted(fields))}"
-            raise PipelineError(f"{where}: unknown key '{name}'{hint}")
+            raise PipelineError(f"{where}: unknown key '{name}'{unknown_key_hint(cls, key, prefix, fields)}")
         kwargs[key] = coerce(value, hints[key], name, where)
     try:
         obj = cls(**kwargs)
     except (TypeError, ValueError) as exc:
         raise PipelineError(f"{where}: {exc}") from None
     return obj
+
+
+def unknown_key_hint(cls: type, key: str, prefix: str, fields) -> str:
+    """Name the new key of a renamed one, the reason of a removed one, else the closest key."""
+    renamed = getattr(cls, "RENAMED_KEYS", {})
+    removed = getattr(cls, "REMOVED_KEYS", {})
+    if key in renamed:
+        return f"; it was renamed: use '{prefix}{renamed[key]}'"
+    if key in removed:
+        return f"; it was removed ({removed[key]}): delete it"
+    close = difflib.get_close_matches(key, list(fields), n=1)
+    return f"; did you mean '{prefix}{close[0]}'?" if close else f"; known keys: {', '.join(sorted(fields))}"
+
+
+def upgrade_keys(cls: type, data: dict[str, Any]) -> dict[str, Any]:
+    """A mapping written with older key names (e.g. a manifest's config) in today's names:
+    renamed keys moved (`RENAMED_KEYS` of each dataclass), removed ones dropped."""
+    if not dataclasses.is_dataclass(cls) or not isinstance(data, dict):
+        return data
+    renamed, removed = getattr(cls, "RENAMED_KEYS", {}), getattr(cls, "REMOVED_KEYS", {})
+    out = {renamed.get(k, k): v for k, v in data.items() if k not in removed}
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name in out:
+            out[f.name] = upgrade_keys(nested_dataclass(hints[f.name]), out[f.name])
+    return out
+
+
+def nested_dataclass(annotation: Any) -> Any:
+    """The dataclass inside `X` or `X | None`, else None."""
+    for candidate in (annotation, *typing.get_args(annotation)):
+        if dataclasses.is_dataclass(candidate):
+            return candidate
+    return None
 
 
 def coerce(value: Any, annotation: Any, name: str, where: str) -> Any:

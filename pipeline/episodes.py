@@ -1,6 +1,7 @@
-"""Shared by `generate` and `eval`: resumable per-method episode files with a live progress bar.
+"""Shared by `generate` and `eval`: who answers (a prompted model or the oracle stand-in), the
+resume check of a run folder, and resumable per-method episode files with a live progress bar.
 
-One JSONL file per method holds one record per finished episode (see FORMATS in the README).
+One JSONL file per method holds one record per finished episode (`pipeline.agent.episode_record`).
 A re-run reads the ids already there and runs only the rest; a torn last line from a kill is
 dropped. The bar shows episodes done, EM so far and episodes per minute.
 """
@@ -13,11 +14,20 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from tqdm import tqdm
 
+from pipeline.agent import run_episodes
+from pipeline.config import to_dict, upgrade_keys
 from pipeline.errors import PipelineError
-from pipeline.storage import JsonlAppender, read_jsonl
+from pipeline.llm.base import LLM
+from pipeline.llm.config import LLMConfig
+from pipeline.llm.factory import load_llm
+from pipeline.methods import Method, MethodSettings, build_method, prompt_prefixes
+from pipeline.methods.oracle import oracle_method
+from pipeline.storage import JsonlAppender, read_jsonl, read_manifest
+from pipeline.trajectory import FORMATS
 
 LOCK_NAME = ".lock"
 
@@ -78,16 +88,15 @@ class EpisodeSink:
         self.close()
 
 
-def run_methods(llm, label: str, methods: list[str], questions: list, settings, backend,
-                out_dir: Path, *, max_in_flight: int, source: str) -> dict[str, dict]:
+def run_methods(answerer: PromptedModel | OracleTeacher, llm: LLM | None, methods: list[str], questions: list,
+                settings: MethodSettings, backend, out_dir: Path, *, max_in_flight: int, source: str) -> dict[str, dict]:
     """Run each method over the questions not yet in `<out_dir>/<method>.jsonl`; return
     per-method counts over the whole file (old and new records)."""
-    from pipeline.agent import run_episodes
-
+    label = answerer.label
     stats = {}
     ids = {str(q.id) for q in questions}
     for name in methods:
-        method = build_method_for(label, name, settings)
+        method = answerer.method(name, settings)
         path = out_dir / f"{name}.jsonl"
         done = finished_ids(path)
         todo = [q for q in questions if str(q.id) not in done]
@@ -100,14 +109,92 @@ def run_methods(llm, label: str, methods: list[str], questions: list, settings, 
     return stats
 
 
-def build_method_for(label: str, name: str, settings):
-    if label == "oracle":
-        from pipeline.methods.oracle import oracle_method
+# ------------------------------------------------------------------ who answers the episodes
 
+ORACLE = "oracle"  # the `backend` that names the stand-in teacher (pipeline.methods.oracle)
+
+
+class PromptedModel:
+    """A language model answering through the prompting methods (pipeline.methods)."""
+
+    def __init__(self, cfg: LLMConfig):
+        self.cfg, self.label = cfg, cfg.label
+
+    def check(self, methods: list[str], settings: MethodSettings) -> dict[str, dict]:
+        """Fail fast on an unknown method or a missing exemplar file; return exemplar sources."""
+        require_methods(methods)
+        return {m: {fmt: p.source for fmt, p in prompt_prefixes(m, settings).items()} for m in methods}
+
+    def open(self) -> LLM:
+        llm = load_llm(self.cfg)
+        check = getattr(llm, "check_available", None)
+        if check is not None:
+            check()
+        return llm
+
+    def method(self, name: str, settings: MethodSettings) -> Method:
+        return build_method(name, settings)
+
+
+class OracleTeacher:
+    """The stand-in teacher: writes correct trajectories from gold facts, asks no model."""
+
+    label = ORACLE
+
+    def check(self, methods: list[str], settings: MethodSettings) -> dict[str, dict]:
+        require_methods(methods)
+        bad = [m for m in methods if m not in FORMATS]
+        if bad:
+            raise PipelineError(f"the oracle teacher writes {', '.join(FORMATS)} trajectories, not {', '.join(bad)}")
+        return {m: {"source": "oracle (gold supporting facts)"} for m in methods}
+
+    def open(self) -> None:
+        return None
+
+    def method(self, name: str, settings: MethodSettings) -> Method:
         return oracle_method(name, settings)
-    from pipeline.methods import build_method
 
-    return build_method(name, settings)
+
+def answerer(cfg: LLMConfig) -> PromptedModel | OracleTeacher:
+    """The one place where `backend: oracle` is told apart from a language model."""
+    return OracleTeacher() if cfg.backend == ORACLE else PromptedModel(cfg)
+
+
+def require_methods(methods: list[str]) -> None:
+    if not methods:
+        raise PipelineError("methods is empty; name at least one, e.g. methods=[react]")
+
+
+# ------------------------------------------------------------------ resuming a run folder
+
+# Operational knobs of an LLM section that do not change what it writes.
+OPERATIONAL_KEYS = ("max_batch_size", "max_concurrency", "timeout_s", "max_retries", "device")
+
+
+def identity(config: dict, keys: tuple[str, ...]) -> dict:
+    """The part of a stage config (`keys`) that decides what its records hold."""
+    config = {k: config.get(k) for k in keys}
+    for k in ("teacher", "model"):  # the LLM sections: how it is served does not matter
+        if isinstance(config.get(k), dict):
+            config[k] = {key: v for key, v in config[k].items() if key not in OPERATIONAL_KEYS}
+    return config
+
+
+def check_resumable(out_dir: Path, stage: str, cfg: Any, keys: tuple[str, ...]) -> None:
+    """Refuse to append to a folder written by another stage or with a different model,
+    question set or prompting settings (`keys` of the stage config `cfg`): records would get
+    mixed. An older manifest's config is read in today's key names."""
+    old = read_manifest(out_dir / "manifest.json")
+    if old is None:
+        return
+    was = identity(upgrade_keys(type(cfg), old.get("config", {})), keys)
+    new = identity(to_dict(cfg), keys)
+    changed = [k for k in keys if was.get(k) != new.get(k)]
+    if old.get("stage") != stage or changed:
+        raise PipelineError(
+            f"{out_dir} holds a {old.get('stage')} run with a different {', '.join(changed) or 'stage'}; "
+            "use another out_dir (or delete that folder) to start afresh"
+        )
 
 
 def method_stats(path: Path, ids: set[str]) -> dict:

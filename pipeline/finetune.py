@@ -37,14 +37,17 @@ if __package__ in (None, ""):  # run as a script (`accelerate launch pipeline/fi
 
 from pipeline.config import add_config_arguments, load_config, to_dict  # noqa: E402
 from pipeline.errors import PipelineError  # noqa: E402
+from pipeline.llm import models  # noqa: E402
+from pipeline.llm.models import model_label, resolve_model_path  # noqa: E402
 from pipeline.storage import (  # noqa: E402
     file_fingerprint,
+    is_done,
     read_jsonl,
     read_manifest,
     require_complete,
     write_manifest,
 )
-from pipeline.trajectory import METHODS  # noqa: E402
+from pipeline.trajectory import FORMATS  # noqa: E402
 
 # Paper (appendix B.1): batch 64; steps by size class and method.
 PAPER_STEPS = {
@@ -119,8 +122,8 @@ class FinetuneConfig:
 
 def resolve(cfg: FinetuneConfig) -> FinetuneConfig:
     """Fill the defaults that depend on other keys (steps, names, folders) and check values."""
-    if cfg.method not in METHODS:
-        raise PipelineError(f"method: '{cfg.method}' is not one of {', '.join(METHODS)}")
+    if cfg.method not in FORMATS:
+        raise PipelineError(f"method: '{cfg.method}' is not one of {', '.join(FORMATS)}")
     if cfg.max_steps is None:
         cfg.max_steps = paper_max_steps(cfg.method, cfg.size_class)
     if cfg.max_steps < 1:
@@ -130,7 +133,7 @@ def resolve(cfg: FinetuneConfig) -> FinetuneConfig:
     if cfg.init == "random" and cfg.finetuning != "full":
         raise PipelineError(f"init: random trains from scratch, so finetuning must be full (an adapter on an unsaved random base is useless), got {cfg.finetuning}")
     if cfg.student_name is None:
-        cfg.student_name = student_label(cfg.student)
+        cfg.student_name = model_label(cfg.student)
     if cfg.output_dir is None:
         cfg.output_dir = cfg.output_root / cfg.experiment / cfg.student_name / cfg.method
     return cfg
@@ -142,19 +145,6 @@ def paper_max_steps(method: str, size_class: str) -> int:
         raise PipelineError(f"size_class: '{size_class}' has no step schedule; use one of "
                             f"{', '.join(SIZE_CLASS_SCHEDULE)} or set max_steps")
     return PAPER_STEPS[schedule][method]
-
-
-def student_label(student: str) -> str:
-    if student == "smollm2":
-        return "smollm2-135m-instruct"
-    return Path(student.rstrip("/")).name.lower() or "student"
-
-
-def resolve_model_path(name: str) -> str:
-    if name == "smollm2":
-        from pipeline.llm.smollm2 import local_smollm2_dir
-        return str(local_smollm2_dir())
-    return name
 
 
 # ----------------------------------------------------------------------------- checkpoints
@@ -236,12 +226,8 @@ def load_sft_records(cfg: FinetuneConfig) -> tuple[Path, list[dict]]:
 
 
 def load_tokenizer(cfg: FinetuneConfig):
-    from transformers import AutoTokenizer
-    name = resolve_model_path(cfg.tokenizer or cfg.student)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=cfg.trust_remote_code)
-    except OSError as exc:
-        raise PipelineError(f"tokenizer: cannot load '{name}' ({str(exc).splitlines()[0]})") from None
+    tokenizer = models.load_tokenizer(cfg.tokenizer or cfg.student, key="tokenizer" if cfg.tokenizer else "student",
+                                      trust_remote_code=cfg.trust_remote_code)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token  # labels mask padding, so sharing EOS is harmless
     return tokenizer
@@ -409,10 +395,9 @@ def run(cfg: FinetuneConfig) -> dict:
 
     cfg = resolve(cfg)
     final = cfg.output_dir / FINAL_DIR
-    done = read_manifest(final / "manifest.json") if final.is_dir() else None
-    if done and done.get("complete") and done.get("steps") == cfg.max_steps:
+    if is_done(final / "manifest.json", steps=cfg.max_steps):
         print(f"[finetune] {final} is already complete ({cfg.max_steps} steps); nothing to do")
-        return done
+        return read_manifest(final / "manifest.json")
     num_processes = count_processes()
     per_device, grad_accum = split_batch(cfg.global_batch_size, num_processes, cfg.per_device_batch_size,
                                          cfg.max_per_device_batch_size)
@@ -481,10 +466,10 @@ def save_final(trainer, cfg: FinetuneConfig, tokenizer, dataset_path: Path, repo
 def load_finetuned(final_dir: str | Path, merge: bool = True, dtype=None):
     """(model, tokenizer) from a `final` folder; a LoRA adapter is put on its base model and
     merged (merge=True) so eval gets a plain causal LM. Refuses an incomplete folder."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
     final_dir = Path(final_dir)
     manifest = require_complete(final_dir / "manifest.json", f"fine-tuned model {final_dir}")
-    tokenizer = AutoTokenizer.from_pretrained(final_dir)
+    tokenizer = models.load_tokenizer(str(final_dir), key="checkpoint")
     if not manifest.get("adapter"):
         return AutoModelForCausalLM.from_pretrained(final_dir, dtype=dtype), tokenizer
     from peft import PeftModel

@@ -24,7 +24,7 @@ import re
 
 from pipeline.errors import PipelineError
 from pipeline.methods.base import EpisodeContext, MethodSettings, Outcome, Program, backend_errors
-from pipeline.trajectory import METHODS, Step, Trajectory, one_line
+from pipeline.trajectory import FORMATS, Step, Trajectory, one_line
 from pipeline.wiki.backend import Page
 
 TEACHER = "oracle"
@@ -36,8 +36,8 @@ whose why with which also than then there these those both either same other nam
 
 
 def oracle_method(fmt: str, settings: MethodSettings | None = None) -> OracleMethod:
-    if fmt not in METHODS:
-        raise PipelineError(f"the oracle teacher writes {', '.join(METHODS)} trajectories, not '{fmt}'")
+    if fmt not in FORMATS:
+        raise PipelineError(f"the oracle teacher writes {', '.join(FORMATS)} trajectories, not '{fmt}'")
     return OracleMethod(fmt, settings or MethodSettings())
 
 

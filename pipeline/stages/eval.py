@@ -18,11 +18,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pipeline.config import add_config_arguments, load_config, to_dict
+from pipeline.episodes import answerer, check_resumable, run_lock, run_methods
 from pipeline.errors import PipelineError
+from pipeline.hotpotqa import load_question_set
 from pipeline.llm.config import LLMConfig
-from pipeline.methods import MethodSettings
+from pipeline.methods import FORMATS_USED, MethodSettings
 from pipeline.storage import atomic_write_json, require_complete, write_manifest
-from pipeline.wiki.config import WikiConfig
+from pipeline.wiki.config import WikiConfig, open_backend
 
 # Sizes (billions of parameters) of models a config may name without saying params_b.
 KNOWN_SIZES_B = {"smollm2": 0.135, "HuggingFaceTB/SmolLM2-135M-Instruct": 0.135,
@@ -73,30 +75,26 @@ def main(args: argparse.Namespace) -> int:
 
 def evaluate(cfg: EvalConfig) -> list[dict]:
     """Run every method, write records and `summary.json`; return the summary rows."""
-    from pipeline.episodes import run_lock, run_methods
-    from pipeline.hotpotqa import load_question_set
-    from pipeline.stages.generate import check_methods, check_resumable, open_llm
-    from pipeline.wiki.config import open_backend
-
     target = model_under_test(cfg)
     settings = replace(cfg.method, mode="zero_shot" if target.mode == "finetune" else "prompt")
     check_finetuned_methods(cfg.methods, target)
-    check_methods(cfg.methods, settings, target.label)
+    model = answerer(target.llm)
+    model.check(cfg.methods, settings)
     questions = load_question_set(cfg.questions, limit=cfg.limit)
     if not questions:
         raise PipelineError(f"question set '{cfg.questions}' is empty: nothing to evaluate")
-    check_resumable(cfg.out_dir, "eval", to_dict(cfg), IDENTITY_KEYS)
+    check_resumable(cfg.out_dir, "eval", cfg, IDENTITY_KEYS)
     backend = open_backend(cfg.wiki)
-    llm = open_llm(target.llm)
+    llm = model.open()
     manifest = dict(stage="eval", config=to_dict(cfg), model=target.label, mode=target.mode,
                     n_questions=len(questions))
     with run_lock(cfg.out_dir):
-        check_resumable(cfg.out_dir, "eval", to_dict(cfg), IDENTITY_KEYS)
+        check_resumable(cfg.out_dir, "eval", cfg, IDENTITY_KEYS)
         write_manifest(cfg.out_dir / "manifest.json", complete=False, **manifest)
         # A summary of an earlier (smaller) run must not outlive this run's start: if this run is
         # killed, no summary.json is left to be plotted as if it were this run's result.
         (cfg.out_dir / "summary.json").unlink(missing_ok=True)
-        stats = run_methods(llm, target.label, cfg.methods, questions, settings, backend, cfg.out_dir,
+        stats = run_methods(model, llm, cfg.methods, questions, settings, backend, cfg.out_dir,
                             max_in_flight=cfg.max_in_flight, source="eval")
         rows = [summary_row(target, name, cfg.questions, s) for name, s in stats.items()]
         atomic_write_json(cfg.out_dir / "summary.json", rows)
@@ -119,8 +117,9 @@ def model_under_test(cfg: EvalConfig) -> ModelUnderTest:
 
     final = Path(cfg.checkpoint)
     manifest = require_complete(final / "manifest.json", f"fine-tuned checkpoint {final}")
-    if not manifest.get("method"):
-        raise PipelineError(f"{final}/manifest.json names no 'method'; is it a `train` output folder?")
+    missing = [k for k in ("method", "student") if not manifest.get(k)]
+    if missing:
+        raise PipelineError(f"{final}/manifest.json names no {' or '.join(repr(k) for k in missing)}; is it a `train` output folder?")
     if manifest.get("adapter"):
         base = manifest.get("base_model")
         if not base or looks_like_path(str(base)) and not Path(base).expanduser().exists():
@@ -130,7 +129,7 @@ def model_under_test(cfg: EvalConfig) -> ModelUnderTest:
     else:
         llm = replace(cfg.model, model=str(final), adapter=None, gguf_file=None)
     # One label per student across its methods, so the figure groups them as one model.
-    label = cfg.model.name or f"{manifest.get('student') or final.parent.parent.name} (fine-tuned)"
+    label = cfg.model.name or f"{manifest['student']} (fine-tuned)"
     llm = replace(llm, name=label)
     size_class = cfg.size_class or manifest.get("size_class") or ""
     params_b = cfg.params_b or manifest.get("params_b")
@@ -146,8 +145,6 @@ def check_finetuned_methods(methods: list[str], target: ModelUnderTest) -> None:
     """A student decodes only the format it was trained on (CoT-SC needs a CoT student)."""
     if target.mode != "finetune":
         return
-    from pipeline.methods import FORMATS_USED
-
     bad = [m for m in methods if set(FORMATS_USED.get(m, (m,))) != {target.trained_format}]
     if bad:
         raise PipelineError(

@@ -29,14 +29,15 @@ from typing import Any
 
 from pipeline.config import add_config_arguments, load_config, to_dict
 from pipeline.errors import PipelineError
+from pipeline.llm.models import load_tokenizer
 from pipeline.storage import (
     file_fingerprint,
+    is_done,
     read_jsonl,
-    read_manifest,
     require_complete,
     write_manifest,
 )
-from pipeline.trajectory import METHODS, Trajectory, render
+from pipeline.trajectory import FORMATS, Trajectory, render
 
 REQUIRED_FIELDS = ("id", "method", "em", "finished", "trajectory")
 # Why an episode was not kept, in the order the checks run.
@@ -102,9 +103,9 @@ def _read_generate_folder(folder: Path) -> list[tuple[Path, list[dict]]]:
     require_complete(folder / "manifest.json", f"generate output {folder}")
     out = []
     for path in sorted(folder.glob("*.jsonl")):
-        if path.stem not in METHODS:
+        if path.stem not in FORMATS:
             # CoT-SC and hybrids are eval-time methods: no training format of their own
-            print(f"note: {path} skipped (method '{path.stem}' is not a training format: {', '.join(METHODS)})")
+            print(f"note: {path} skipped (method '{path.stem}' is not a training format: {', '.join(FORMATS)})")
             continue
         episodes = read_jsonl(path)
         for i, episode in enumerate(episodes, 1):
@@ -114,7 +115,7 @@ def _read_generate_folder(folder: Path) -> list[tuple[Path, list[dict]]]:
             episode.setdefault("source", "generate")
         out.append((path, episodes))
     if not out:
-        raise PipelineError(f"{folder}: no <method>.jsonl files ({', '.join(METHODS)}); is it a generate output folder?")
+        raise PipelineError(f"{folder}: no <method>.jsonl files ({', '.join(FORMATS)}); is it a generate output folder?")
     return out
 
 
@@ -185,21 +186,6 @@ def summarize(values: list[float]) -> dict[str, float] | None:
 
     return {"min": ordered[0], "mean": round(statistics.fmean(ordered), 2), "p50": rank(0.50),
             "p95": rank(0.95), "max": ordered[-1]}
-
-
-def load_tokenizer(name: str):
-    """The student's tokenizer: "smollm2" (the embedded model), a local folder, or a hub id."""
-    from transformers import AutoTokenizer
-
-    if name == "smollm2":
-        from pipeline.llm.smollm2 import local_smollm2_dir
-
-        name = str(local_smollm2_dir())
-    try:
-        return AutoTokenizer.from_pretrained(name)
-    except (OSError, ValueError) as exc:
-        raise PipelineError(f"tokenizer '{name}' cannot be loaded ({str(exc).splitlines()[0]}); "
-                            "give a local folder, a cached hub id, or 'smollm2'") from None
 
 
 def token_lengths(examples: list[dict], tokenizer) -> list[int]:
@@ -314,9 +300,8 @@ def content_key(cfg: FilterConfig) -> dict:
 
 
 def is_up_to_date(folder: Path, inputs: list[dict], cfg: FilterConfig) -> bool:
-    manifest = read_manifest(folder / "manifest.json") if folder.is_dir() else None
-    return bool(manifest and manifest.get("complete") and manifest.get("inputs") == inputs
-                and manifest.get("settings") == content_key(cfg) and (folder / "train.jsonl").exists())
+    return (is_done(folder / "manifest.json", inputs=inputs, settings=content_key(cfg))
+            and (folder / "train.jsonl").exists())
 
 
 # ---------------------------------------------------------------- the stage
@@ -328,11 +313,11 @@ def run_filter(cfg: FilterConfig) -> dict:
         raise PipelineError("filter: nothing to read; set inputs=[<generate output folder>] or pass --from-fireact PATH")
     if cfg.max_per_method < 1:
         raise PipelineError(f"filter: max_per_method must be >= 1, got {cfg.max_per_method}")
-    unknown = [m for m in cfg.methods if m not in METHODS]
+    unknown = [m for m in cfg.methods if m not in FORMATS]
     if unknown:
-        raise PipelineError(f"filter: methods {unknown} are not training formats; choose from {list(METHODS)}")
+        raise PipelineError(f"filter: methods {unknown} are not training formats; choose from {list(FORMATS)}")
     by_method, inputs, reports = collect_episodes(cfg)
-    methods = cfg.methods or [m for m in METHODS if m in by_method]
+    methods = cfg.methods or [m for m in FORMATS if m in by_method]
     missing = [m for m in methods if m not in by_method]
     if missing or not methods:
         raise PipelineError(f"filter: no input episodes for {missing or 'any method'} "
@@ -356,7 +341,7 @@ def run_filter(cfg: FilterConfig) -> dict:
                 print(f"removed the stale {folder}")
             continue
         if cfg.tokenizer and tokenizer is None:
-            tokenizer = load_tokenizer(cfg.tokenizer)
+            tokenizer = load_tokenizer(cfg.tokenizer, key="filter.tokenizer")
         stats = dataset_stats(selection, examples, tokenizer, cfg.tokenizer)
         files = {
             "train.jsonl": "".join(json.dumps(e, ensure_ascii=False) + "\n" for e in examples),

@@ -17,11 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.config import add_config_arguments, load_config, to_dict
+from pipeline.episodes import answerer, check_resumable, run_lock, run_methods
 from pipeline.errors import PipelineError
+from pipeline.hotpotqa import load_question_set
 from pipeline.llm.config import LLMConfig
 from pipeline.methods import MethodSettings
-from pipeline.storage import read_manifest, write_manifest
-from pipeline.wiki.config import WikiConfig
+from pipeline.storage import write_manifest
+from pipeline.wiki.config import WikiConfig, open_backend
 
 
 @dataclass
@@ -52,84 +54,24 @@ def main(args: argparse.Namespace) -> int:
 
 def generate(cfg: GenerateConfig) -> dict[str, dict]:
     """Run every method; return per-method stats. Validates everything before writing."""
-    from pipeline.episodes import run_lock, run_methods
-    from pipeline.hotpotqa import load_question_set
-    from pipeline.wiki.config import open_backend
-
-    label = teacher_label(cfg.teacher)
-    exemplar_sources = check_methods(cfg.methods, cfg.method, label)
+    teacher = answerer(cfg.teacher)
+    exemplar_sources = teacher.check(cfg.methods, cfg.method)
     questions = load_question_set(cfg.questions, limit=cfg.limit)
     if not questions:
         raise PipelineError(f"question set '{cfg.questions}' is empty")
-    check_resumable(cfg.out_dir, "generate", to_dict(cfg))
+    check_resumable(cfg.out_dir, "generate", cfg, IDENTITY_KEYS)
     backend = open_backend(cfg.wiki)
-    llm = None if label == "oracle" else open_llm(cfg.teacher)
-    manifest = dict(stage="generate", config=to_dict(cfg), teacher=label,
+    llm = teacher.open()
+    manifest = dict(stage="generate", config=to_dict(cfg), teacher=teacher.label,
                     exemplar_sources=exemplar_sources, n_questions=len(questions))
     manifest_path = cfg.out_dir / "manifest.json"
     with run_lock(cfg.out_dir):
-        check_resumable(cfg.out_dir, "generate", to_dict(cfg))  # again, now that we hold the folder
+        check_resumable(cfg.out_dir, "generate", cfg, IDENTITY_KEYS)  # again, now that we hold the folder
         write_manifest(manifest_path, complete=False, **manifest)
-        stats = run_methods(llm, label, cfg.methods, questions, cfg.method, backend, cfg.out_dir,
+        stats = run_methods(teacher, llm, cfg.methods, questions, cfg.method, backend, cfg.out_dir,
                             max_in_flight=cfg.max_in_flight, source="generate")
         write_manifest(manifest_path, complete=True, stats=stats, **manifest)
     for name, s in stats.items():
         print(f"{name:>16}: {s['n']} episodes, EM {s['em']:.3f}, F1 {s['f1']:.3f}, "
               f"finished {s['finish_rate']:.0%} -> {cfg.out_dir / (name + '.jsonl')}")
     return stats
-
-
-def teacher_label(teacher: LLMConfig) -> str:
-    return "oracle" if teacher.backend == "oracle" else teacher.label
-
-
-def check_methods(methods: list[str], settings: MethodSettings, label: str) -> dict[str, dict]:
-    """Fail fast on an unknown method or a missing exemplar file; return exemplar sources."""
-    from pipeline.methods import prompt_prefixes
-    from pipeline.trajectory import METHODS
-
-    if not methods:
-        raise PipelineError("methods is empty; name at least one, e.g. methods=[react]")
-    if label == "oracle":
-        bad = [m for m in methods if m not in METHODS]
-        if bad:
-            raise PipelineError(f"the oracle teacher writes {', '.join(METHODS)} trajectories, not {', '.join(bad)}")
-        return {m: {"source": "oracle (gold supporting facts)"} for m in methods}
-    return {m: {fmt: p.source for fmt, p in prompt_prefixes(m, settings).items()} for m in methods}
-
-
-def open_llm(cfg: LLMConfig):
-    from pipeline.llm.factory import load_llm
-
-    llm = load_llm(cfg)
-    check = getattr(llm, "check_available", None)
-    if check is not None:
-        check()
-    return llm
-
-
-# Operational knobs that do not change what a teacher writes.
-OPERATIONAL_KEYS = ("max_batch_size", "max_concurrency", "timeout_s", "max_retries", "device")
-
-
-def identity(config: dict, keys: tuple[str, ...] = IDENTITY_KEYS) -> dict:
-    config = {k: config.get(k) for k in keys}
-    for k in ("teacher", "model"):  # the LLM sections: how it is served does not matter
-        if isinstance(config.get(k), dict):
-            config[k] = {key: v for key, v in config[k].items() if key not in OPERATIONAL_KEYS}
-    return config
-
-
-def check_resumable(out_dir: Path, stage: str, config: dict, keys: tuple[str, ...] = IDENTITY_KEYS) -> None:
-    """Refuse to append to a folder written by another stage or with a different model,
-    question set or method settings (`keys` of the stage config): records would get mixed."""
-    old = read_manifest(out_dir / "manifest.json")
-    if old is None:
-        return
-    new, was = identity(config, keys), identity(old.get("config", {}), keys)
-    changed = [k for k in keys if was.get(k) != new.get(k)]
-    if old.get("stage") != stage or changed:
-        raise PipelineError(
-            f"{out_dir} holds a {old.get('stage')} run with a different {', '.join(changed) or 'stage'}; "
-            "use another out_dir (or delete that folder) to start afresh"
-        )

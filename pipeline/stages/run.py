@@ -21,7 +21,7 @@ from typing import Any
 
 from pipeline.config import add_config_arguments, build, load_config, to_dict
 from pipeline.errors import PipelineError
-from pipeline.storage import read_manifest
+from pipeline.storage import is_done
 
 
 @dataclass
@@ -92,7 +92,7 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
             final = Path(ft.output_dir) / "final"
             units.append(Unit(f"train: {student.name} on {method}", (ft, student.config, overrides), launch_train))
             units.append(Unit(f"eval: {student.name} fine-tuned on {method}",
-                              eval_config(cfg, student, final), skip_or(evaluate)))
+                              eval_config(cfg, student, final, method), skip_or(evaluate)))
     summaries = [u.config.out_dir / "summary.json" for u in units if u.title.startswith("eval")]
     units.append(Unit("plot: figure 3 and the table", plot_config(cfg, summaries), run_plot))
     return units
@@ -114,12 +114,6 @@ def stage(title: str) -> None:
     print(f"\n[run] === {title}", flush=True)
 
 
-def unit_done(manifest_path: Path, config: dict) -> bool:
-    """A unit is done when its manifest says complete and was written with this same config."""
-    manifest = read_manifest(manifest_path)
-    return bool(manifest and manifest.get("complete") and manifest.get("config") == config)
-
-
 def merged(*layers: dict) -> dict[str, Any]:
     """Deep-merge config mappings, later layers winning."""
     out: dict[str, Any] = {}
@@ -136,7 +130,7 @@ def skip_or(action):
     """Run a generate/eval unit unless its manifest says it is complete with this config."""
     def run_unit(config):
         manifest = Path(config.out_dir) / "manifest.json"
-        if unit_done(manifest, to_dict(config)):
+        if is_done(manifest, config=to_dict(config)):
             print(f"[run] skip: {config.out_dir} is complete")
             return None
         return action(config)
@@ -178,7 +172,7 @@ def launch_train(unit_config) -> None:
 
     ft, config_path, overrides = unit_config
     final = Path(ft.output_dir) / "final"
-    if unit_done(final / "manifest.json", to_dict(ft)):
+    if is_done(final / "manifest.json", config=to_dict(ft)):
         print(f"[run] skip: {final} is complete")
         return
     args = argparse.Namespace(config=config_path, overrides=overrides, accelerate_config=None,
@@ -189,7 +183,9 @@ def launch_train(unit_config) -> None:
                             "fix the cause and re-run: it resumes from the latest checkpoint")
 
 
-def eval_config(cfg: RunConfig, student: Student, final: Path | None):
+def eval_config(cfg: RunConfig, student: Student, final: Path | None, method: str | None = None):
+    """The eval unit of a prompted base model (final=None) or of the checkpoint `final`
+    trained on trajectory format `method`."""
     from pipeline.stages.eval import EvalConfig
 
     if final is None:
@@ -197,7 +193,6 @@ def eval_config(cfg: RunConfig, student: Student, final: Path | None):
             "model": student.prompt_model, "methods": cfg.methods,
             "size_class": student.size_class, "params_b": student.params_b}
     else:
-        method = final.parent.name
         name, layer = f"{student.name}-ft-{method}", {
             "checkpoint": str(final), "methods": [method],
             "size_class": student.size_class, "params_b": student.params_b}
