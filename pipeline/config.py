@@ -29,17 +29,21 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None,
                 section: str | None = None) -> T:
-    data: dict[str, Any] = {}
-    if path is not None:
-        data = read_yaml(path)
-        if section and isinstance(data.get(section), dict):
-            data = data[section]
+    data = read_section(path, section) if path is not None else {}
     for item in overrides or []:
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise PipelineError(f"override '{item}' is not key=value (e.g. limit=8)")
         set_dotted(data, key.strip(), parse_value(key.strip(), raw))
     return build(cls, data, where=str(path) if path else "config")
+
+
+def read_section(path: str | Path, section: str | None) -> dict[str, Any]:
+    """A YAML file's keys for one stage: its `section` when it has one, else the whole file."""
+    data = read_yaml(path)
+    if section and isinstance(data.get(section), dict):
+        return data[section]
+    return data
 
 
 def parse_value(key: str, raw: str):

@@ -28,18 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-if __package__ in (None, ""):  # run as a script (`accelerate launch pipeline/finetune.py`):
-    # Python put pipeline/ itself first on sys.path, where our modules (pipeline/transport.py ...)
-    # would shadow the standard library's; put the repository root there instead.
-    _here = Path(__file__).resolve().parent
-    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
-    sys.path.insert(0, str(_here.parent))
-
-from pipeline.config import add_config_arguments, load_config, to_dict  # noqa: E402
-from pipeline.errors import PipelineError  # noqa: E402
-from pipeline.llm import models  # noqa: E402
-from pipeline.llm.models import model_label, resolve_model_path  # noqa: E402
-from pipeline.storage import (  # noqa: E402
+from pipeline.config import add_config_arguments, load_config, to_dict
+from pipeline.errors import PipelineError
+from pipeline.llm import models
+from pipeline.llm.models import model_label, resolve_model_path
+from pipeline.storage import (
     file_fingerprint,
     is_done,
     read_jsonl,
@@ -47,7 +40,7 @@ from pipeline.storage import (  # noqa: E402
     require_complete,
     write_manifest,
 )
-from pipeline.trajectory import FORMATS  # noqa: E402
+from pipeline.trajectory import FORMATS
 
 # Paper (appendix B.1): batch 64; steps by size class and method.
 PAPER_STEPS = {

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from sft_testdata import DATA, fireact_records, write_dataset
 
-from pipeline.config import load_config
+from pipeline.config import load_config, to_dict
 from pipeline.errors import PipelineError
 from pipeline.finetune import (
     PAPER_STEPS,
@@ -116,7 +116,32 @@ def test_train_stage_checks_before_launching(tmp_path, capsys):
     assert main(["train", "--config", str(TINY), "--dry-run", f"dataset_dir={tmp_path}"]) == 0
     out = capsys.readouterr().out
     assert "batch 8 = 4 x 1 accumulation x 2 processes" in out
-    assert "accelerate_configs/cpu_ddp.yaml --num_processes 2" in out and "pipeline/finetune.py" in out
+    assert "accelerate_configs/cpu_ddp.yaml --num_processes 2" in out and "-m pipeline.finetune --config" in out
+
+
+def test_train_hands_over_one_resolved_config(tmp_path, capsys):
+    """`train` writes the resolved config beside the checkpoints and launches the module with
+    it alone; reading it back gives the same config (nothing resolved twice differently)."""
+    from pipeline.stages.train import RESOLVED_CONFIG, train
+    cfg = tiny_cfg(tmp_path, "max_steps=3")
+    assert train(cfg, dry_run=True) == 0
+    assert not (cfg.output_dir / RESOLVED_CONFIG).exists()  # a dry run writes nothing
+    out = capsys.readouterr().out
+    assert f"-m pipeline.finetune --config {cfg.output_dir / RESOLVED_CONFIG}" in out
+    from pipeline.stages.train import write_resolved_config
+    path = write_resolved_config(cfg)
+    again = resolve(load_config(FinetuneConfig, path))
+    assert to_dict(again) == to_dict(cfg) and again.max_steps == 3
+
+
+def test_accelerate_configs_ship_inside_the_package():
+    """A non-editable install has no repository root: the configs are package data."""
+    import pipeline
+    from pipeline.stages.train import ACCELERATE_CONFIGS, pick_accelerate_config
+    assert ACCELERATE_CONFIGS == Path(pipeline.__file__).parent / "accelerate_configs"
+    shipped = sorted(p.name for p in ACCELERATE_CONFIGS.glob("*.yaml"))
+    assert shipped == sorted(p.name for p in (REPO / "accelerate_configs").glob("*.yaml")) and len(shipped) == 8
+    assert pick_accelerate_config("cpu_ddp", 0) == ACCELERATE_CONFIGS / "cpu_ddp.yaml"
 
 
 def test_incomplete_dataset_is_refused(tmp_path):

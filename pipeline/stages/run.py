@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import add_config_arguments, build, load_config, to_dict
+from pipeline.config import add_config_arguments, build, load_config, read_section, to_dict
 from pipeline.errors import PipelineError
 from pipeline.storage import is_done
 
@@ -88,9 +88,9 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
         if not student.finetune:
             continue
         for method in cfg.methods:
-            ft, overrides = train_config(cfg, student, method, dataset_dir)
+            ft = train_config(cfg, student, method, dataset_dir)
             final = Path(ft.output_dir) / "final"
-            units.append(Unit(f"train: {student.name} on {method}", (ft, student.config, overrides), launch_train))
+            units.append(Unit(f"train: {student.name} on {method}", ft, launch_train))
             units.append(Unit(f"eval: {student.name} fine-tuned on {method}",
                               eval_config(cfg, student, final, method), skip_or(evaluate)))
     summaries = [u.config.out_dir / "summary.json" for u in units if u.title.startswith("eval")]
@@ -154,30 +154,25 @@ def filter_config(cfg: RunConfig, dataset_dir: Path):
 
 
 def train_config(cfg: RunConfig, student: Student, method: str, dataset_dir: Path):
-    import json
-
-    from pipeline.config import load_config
+    """The student's FinetuneConfig (its YAML < the experiment's `train` < the student's `train`
+    < this unit's keys), built and resolved once; `train` hands it to the launched processes."""
     from pipeline.finetune import FinetuneConfig, resolve
 
-    layers = merged(cfg.train, student.train, {
+    layers = merged(read_section(student.config, "train"), cfg.train, student.train, {
         "experiment": cfg.experiment, "student_name": student.name, "method": method,
         "dataset_dir": str(dataset_dir), "size_class": student.size_class})
-    overrides = [f"{k}={json.dumps(v)}" for k, v in layers.items()]
-    return resolve(load_config(FinetuneConfig, student.config, overrides, section="train")), overrides
+    return resolve(build(FinetuneConfig, layers, where=f"{student.config} (train, {student.name} on {method})"))
 
 
-def launch_train(unit_config) -> None:
-    """`python -m pipeline train` for one student x method, unless its final model is done."""
-    from pipeline.stages.train import main as train_main
+def launch_train(ft) -> None:
+    """`train` for one student x method, unless its final model is done with this config."""
+    from pipeline.stages.train import train
 
-    ft, config_path, overrides = unit_config
     final = Path(ft.output_dir) / "final"
     if is_done(final / "manifest.json", config=to_dict(ft)):
         print(f"[run] skip: {final} is complete")
         return
-    args = argparse.Namespace(config=config_path, overrides=overrides, accelerate_config=None,
-                              num_processes=None, dry_run=False)
-    code = train_main(args)
+    code = train(ft)
     if code != 0:
         raise PipelineError(f"training {ft.student_name} on {ft.method} failed (exit code {code}); "
                             "fix the cause and re-run: it resumes from the latest checkpoint")
