@@ -42,7 +42,7 @@ BackendFactory = Callable[[], WikiBackend]
 
 def episode_record(question: Any, method: str, outcome: Outcome, *, teacher: str, prompt_tokens: int = 0,
                    completion_tokens: int = 0, seconds: float = 0.0, source: str = "generate") -> dict:
-    """The episode record of FORMATS.md (one JSON line per finished episode)."""
+    """The episode record (one JSON line per finished episode; README, "Formats between stages")."""
     traj, prediction, gold = outcome.trajectory, outcome.prediction, question.answer
     return {
         "id": str(question.id),

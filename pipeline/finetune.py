@@ -2,17 +2,17 @@
 
     # one CPU process (the demo)
     accelerate launch --config_file accelerate_configs/cpu.yaml pipeline/finetune.py \\
-        --config configs/students/smollm2-135m.yaml method=react dataset_dir=data/sft
+        --config configs/students/smollm2-135m.yaml format=react dataset_dir=data/sft
     # 2 CPU processes (DDP over gloo)
     accelerate launch --config_file accelerate_configs/cpu_ddp.yaml pipeline/finetune.py --config ...
     # 8 GPUs, DeepSpeed ZeRO-3
     accelerate launch --config_file accelerate_configs/deepspeed_zero3.yaml pipeline/finetune.py \\
-        --config configs/students/llama-3.1-8b.yaml method=react
+        --config configs/students/llama-3.1-8b.yaml format=react
     # or let the `train` stage pick the accelerate config:  python -m pipeline train --config ...
 
 The global batch (64, the paper's) is split as per_device x grad_accum x processes at launch.
-Steps default to the paper's table by method and size class. Checkpoints go to
-checkpoints/<experiment>/<student>/<method>/checkpoint-N; a re-launch resumes the latest
+Steps default to the paper's table by format and size class. Checkpoints go to
+checkpoints/<experiment>/<student>/<format>/checkpoint-N; a re-launch resumes the latest
 COMPLETE one; the trained model (or LoRA adapter) + tokenizer + manifest.json land in .../final.
 """
 
@@ -26,7 +26,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pipeline.config import add_config_arguments, load_config, to_dict
 from pipeline.errors import PipelineError
@@ -42,7 +42,7 @@ from pipeline.storage import (
 )
 from pipeline.trajectory import FORMATS
 
-# Paper (appendix B.1): batch 64; steps by size class and method.
+# Paper (appendix B.1): batch 64; steps by size class and trajectory format.
 PAPER_STEPS = {
     "8b": {"react": 4000, "act": 4000, "standard": 2000, "cot": 2000},
     "62b": {"react": 4000, "act": 4000, "standard": 1000, "cot": 1000},
@@ -68,6 +68,8 @@ class LoraSettings:
 
 @dataclass
 class FinetuneConfig:
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {"method": "format"}  # old key -> new (pipeline.config)
+
     experiment: str = "default"
     student: str = "smollm2"  # hub id, local dir, or "smollm2" (the embedded SmolLM2-135M-Instruct)
     student_name: str | None = None  # folder label; default: derived from `student`
@@ -76,16 +78,16 @@ class FinetuneConfig:
     tokenizer: str | None = None  # default: the student's own
     trust_remote_code: bool = False
     size_class: str = "8b"  # picks the paper's step schedule: 8b | 62b (7b/135m -> 8b, 70b/72b -> 62b)
-    method: str = "react"
-    dataset_dir: Path = Path("data/sft")  # reads <dataset_dir>/<method>/train.jsonl
+    format: str = "react"  # the trajectory format to learn: standard | cot | act | react
+    dataset_dir: Path = Path("data/sft")  # reads <dataset_dir>/<format>/train.jsonl
     output_root: Path = Path("checkpoints")
-    output_dir: Path | None = None  # default: <output_root>/<experiment>/<student_name>/<method>
+    output_dir: Path | None = None  # default: <output_root>/<experiment>/<student_name>/<format>
     accelerate_config: str = "auto"  # for `python -m pipeline train`: auto | cpu | cpu_ddp | multi_gpu | ... | a path
     num_processes: int | None = None  # for `train`: override the accelerate config's process count
     global_batch_size: int = 64
     per_device_batch_size: int | None = None  # default: the largest divisor <= max_per_device_batch_size
     max_per_device_batch_size: int = 8
-    max_steps: int | None = None  # default: PAPER_STEPS[size class][method]
+    max_steps: int | None = None  # default: PAPER_STEPS[size class][format]
     learning_rate: float = 2e-5
     lr_scheduler: str = "cosine"
     warmup_ratio: float = 0.03
@@ -115,10 +117,10 @@ class FinetuneConfig:
 
 def resolve(cfg: FinetuneConfig) -> FinetuneConfig:
     """Fill the defaults that depend on other keys (steps, names, folders) and check values."""
-    if cfg.method not in FORMATS:
-        raise PipelineError(f"method: '{cfg.method}' is not one of {', '.join(FORMATS)}")
+    if cfg.format not in FORMATS:
+        raise PipelineError(f"format: '{cfg.format}' is not one of {', '.join(FORMATS)}")
     if cfg.max_steps is None:
-        cfg.max_steps = paper_max_steps(cfg.method, cfg.size_class)
+        cfg.max_steps = paper_max_steps(cfg.format, cfg.size_class)
     if cfg.max_steps < 1:
         raise PipelineError(f"max_steps must be >= 1, got {cfg.max_steps}")
     if cfg.init == "random" and not cfg.tokenizer:
@@ -128,16 +130,16 @@ def resolve(cfg: FinetuneConfig) -> FinetuneConfig:
     if cfg.student_name is None:
         cfg.student_name = model_label(cfg.student)
     if cfg.output_dir is None:
-        cfg.output_dir = cfg.output_root / cfg.experiment / cfg.student_name / cfg.method
+        cfg.output_dir = cfg.output_root / cfg.experiment / cfg.student_name / cfg.format
     return cfg
 
 
-def paper_max_steps(method: str, size_class: str) -> int:
+def paper_max_steps(fmt: str, size_class: str) -> int:
     schedule = SIZE_CLASS_SCHEDULE.get(size_class.lower())
     if schedule is None:
         raise PipelineError(f"size_class: '{size_class}' has no step schedule; use one of "
                             f"{', '.join(SIZE_CLASS_SCHEDULE)} or set max_steps")
-    return PAPER_STEPS[schedule][method]
+    return PAPER_STEPS[schedule][fmt]
 
 
 # ----------------------------------------------------------------------------- checkpoints
@@ -205,7 +207,7 @@ def choose_resume(cfg: FinetuneConfig) -> Path | None:
 # ----------------------------------------------------------------------------- data and model
 
 def load_sft_records(cfg: FinetuneConfig) -> tuple[Path, list[dict]]:
-    folder = cfg.dataset_dir / cfg.method
+    folder = cfg.dataset_dir / cfg.format
     path = folder / "train.jsonl"
     if not path.is_file():
         raise PipelineError(f"dataset_dir: {path} not found; run `python -m pipeline filter` first (or set dataset_dir)")
@@ -288,7 +290,7 @@ def model_loss_trainer_class():
     """SFTTrainer whose loss is the model's own cross-entropy (Trainer.compute_loss).
 
     TRL 1.16's default loss runs a fused, chunked log-prob LM head whose non-Triton fallback is
-    several times slower on CPU (../shared/RUNTIME.md) and gives the same loss. TRL's only
+    several times slower on CPU (bench/bench_train.py measures it) and gives the same loss. TRL's only
     switches that bypass it (compute_loss_func, label smoothing) still run the fused head for
     metrics, so the override is the supported route: it is the base Trainer's method."""
     from transformers import Trainer
@@ -348,7 +350,7 @@ def sft_arguments(cfg: FinetuneConfig, per_device: int, grad_accum: int, max_len
         data_seed=cfg.seed,
         dataloader_num_workers=cfg.dataloader_num_workers,
         # DDP on CPU: accelerate's multi-process launcher does not pass the config's use_cpu on,
-        # so say it here; never under DeepSpeed, which use_cpu silently disables (RUNTIME.md).
+        # so say it here; never under DeepSpeed: with use_cpu=True the trainer silently runs without it.
         use_cpu=distributed_cpu and not under_deepspeed(),
         ddp_backend="gloo" if distributed_cpu else None,
         ddp_find_unused_parameters=False if distributed_cpu else None,
@@ -402,7 +404,7 @@ def run(cfg: FinetuneConfig) -> dict:
         raise PipelineError(f"{dataset_path}: every example is longer than max_length={cfg.max_length}")
     rank0 = int(os.environ.get("RANK", "0")) == 0
     if rank0:
-        print(f"[finetune] {cfg.method} on {cfg.student_name}: {report.summary()}")
+        print(f"[finetune] {cfg.format} on {cfg.student_name}: {report.summary()}")
         print(f"[finetune] batch {cfg.global_batch_size} = {per_device} per device x {grad_accum} accumulation "
               f"x {num_processes} processes; {cfg.max_steps} steps; output {cfg.output_dir}")
     trainer = build_trainer(cfg, examples, tokenizer, per_device, grad_accum, report.max_length)
@@ -438,7 +440,7 @@ def save_final(trainer, cfg: FinetuneConfig, tokenizer, dataset_path: Path, repo
         manifest = write_manifest(
             partial / "manifest.json", stage="train", config=to_dict(cfg), complete=True,
             student=cfg.student_name, base_model=None if cfg.init == "random" else resolve_model_path(cfg.student),
-            init=cfg.init, adapter=adapter, finetuning=cfg.finetuning, method=cfg.method,
+            init=cfg.init, adapter=adapter, finetuning=cfg.finetuning, format=cfg.format,
             size_class=cfg.size_class, steps=trainer.state.global_step, max_steps=cfg.max_steps,
             tokenizer=".", tokenizer_source=cfg.tokenizer or cfg.student, eos_token=tokenizer.eos_token,
             prompt_format="Question: {question}\n", mask_observations=cfg.mask_observations,

@@ -98,3 +98,37 @@ def test_cli_lists_every_stage_and_rejects_unknown():
         assert stage in out.stdout
     bad = subprocess.run([sys.executable, "-m", "pipeline", "bogus"], capture_output=True, text=True)
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
+
+
+def test_renamed_and_removed_keys_name_the_new_key(tmp_path):
+    """Configs written before the renames fail with the new key's name, not a guess."""
+    from pipeline.finetune import FinetuneConfig
+    from pipeline.stages.eval import EvalConfig
+    from pipeline.stages.generate import GenerateConfig
+
+    with pytest.raises(PipelineError, match=r"unknown key 'method'; it was renamed: use 'prompting'"):
+        load_config(GenerateConfig, write(tmp_path, "generate:\n  method:\n    max_steps: 5\n"), section="generate")
+    with pytest.raises(PipelineError, match=r"unknown key 'method'; it was renamed: use 'prompting'"):
+        load_config(EvalConfig, None, ["method.max_new_tokens=8"])
+    with pytest.raises(PipelineError, match=r"unknown key 'method'; it was renamed: use 'format'"):
+        load_config(FinetuneConfig, None, ["method=act"])
+    with pytest.raises(PipelineError, match=r"unknown key 'wiki.max_steps'; it was removed \(never read; the step limit is prompting.max_steps\)"):
+        load_config(GenerateConfig, None, ["wiki.max_steps=7"])
+
+
+def test_an_old_run_folder_still_resumes(tmp_path):
+    """A manifest written with the old key names (`method:` block, wiki.max_steps) is read in
+    today's names, so the same run resumes instead of being refused."""
+    from pipeline.episodes import check_resumable
+    from pipeline.stages.generate import IDENTITY_KEYS, GenerateConfig
+    from pipeline.storage import write_manifest
+
+    cfg = load_config(GenerateConfig, None, ["prompting.max_steps=5"])
+    old = to_dict(cfg)
+    old["method"] = old.pop("prompting")
+    old["wiki"]["max_steps"] = 7
+    write_manifest(tmp_path / "manifest.json", stage="generate", config=old, complete=False)
+    check_resumable(tmp_path, "generate", cfg, IDENTITY_KEYS)
+    other = load_config(GenerateConfig, None, ["prompting.max_steps=6"])
+    with pytest.raises(PipelineError, match="different prompting"):
+        check_resumable(tmp_path, "generate", other, IDENTITY_KEYS)

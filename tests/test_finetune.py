@@ -60,13 +60,13 @@ def tiny_cfg(tmp_path: Path, *overrides: str) -> FinetuneConfig:
     ("cot", "7b", 2000),
 ])
 def test_steps_default_from_the_paper(method, size_class, steps):
-    cfg = resolve(load_config(FinetuneConfig, None, [f"method={method}", f"size_class={size_class}"]))
+    cfg = resolve(load_config(FinetuneConfig, None, [f"format={method}", f"size_class={size_class}"]))
     assert cfg.max_steps == steps
-    assert resolve(load_config(FinetuneConfig, None, [f"method={method}", "max_steps=7"])).max_steps == 7
+    assert resolve(load_config(FinetuneConfig, None, [f"format={method}", "max_steps=7"])).max_steps == 7
 
 
 def test_config_errors_and_layout():
-    cfg = resolve(load_config(FinetuneConfig, None, ["experiment=exp1", "student=meta-llama/Llama-3.1-8B", "method=act"]))
+    cfg = resolve(load_config(FinetuneConfig, None, ["experiment=exp1", "student=meta-llama/Llama-3.1-8B", "format=act"]))
     assert cfg.output_dir == Path("checkpoints/exp1/llama-3.1-8b/act")
     with pytest.raises(PipelineError, match="did you mean 'learning_rate'"):
         load_config(FinetuneConfig, None, ["learnig_rate=1e-4"])
@@ -87,7 +87,7 @@ def test_student_configs_load_and_state_their_cost():
         header = path.read_text(encoding="utf-8")
         assert "accelerate launch" in header, f"{path.name}: no launch line"
         if path.stem not in ("tiny", "smollm2-135m"):
-            assert cfg.max_steps is None or cfg.max_steps == PAPER_STEPS["8b"][cfg.method]
+            assert cfg.max_steps is None or cfg.max_steps == PAPER_STEPS["8b"][cfg.format]
             for needle in ("GPU", "FLOPs", "MFU", "hours"):
                 assert needle in header, f"{path.name}: header lacks {needle}"
 
@@ -149,7 +149,7 @@ def test_incomplete_dataset_is_refused(tmp_path):
     with pytest.raises(PipelineError, match="incomplete"):
         load_sft_records(tiny_cfg(tmp_path))
     with pytest.raises(PipelineError, match="run `python -m pipeline filter` first"):
-        load_sft_records(tiny_cfg(tmp_path, "method=act"))
+        load_sft_records(tiny_cfg(tmp_path, "format=act"))
 
 
 def fake_checkpoint(folder: Path, step: int, *, state: str | None = None, weights=True, optimizer=True) -> Path:
@@ -280,7 +280,7 @@ def test_ddp_run_learns_checkpoints_and_saves_final(dataset, reference_run):
     assert losses[LONG] < losses[1] - 1.0, losses  # 10.8 (= ln 49152) -> well below
     manifest = json.loads((out_dir / "final" / "manifest.json").read_text())
     assert manifest["complete"] and manifest["steps"] == LONG and manifest["adapter"] is False
-    assert manifest["method"] == "react" and manifest["num_processes"] == 2 and manifest["tokenizer"] == "."
+    assert manifest["format"] == "react" and manifest["num_processes"] == 2 and manifest["tokenizer"] == "."
     assert manifest["lengths"]["n_too_long"] == 0 and manifest["eos_token"] == "<|im_end|>"
     # every trainable parameter moved away from its (seeded) initial value
     cfg = tiny_cfg(dataset)

@@ -28,7 +28,7 @@ Program = Generator[list[GenerationRequest], list[list[Completion]], "Outcome"]
 
 @dataclass
 class MethodSettings:
-    """How a method prompts. Nest it in a stage config (dotted keys: `method.max_steps=7`)."""
+    """How a method prompts: the `prompting:` block of a stage config (`prompting.max_steps=7`)."""
 
     mode: str = "prompt"  # prompt (instruction + exemplars + question) | zero_shot (question alone)
     exemplars: str = "ours"  # ours | paper | a prompts_naive.json path | a folder of ours

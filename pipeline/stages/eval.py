@@ -6,7 +6,7 @@
 
 A base model is prompted with the method's instruction and exemplars (mode `prompt`); a
 fine-tuned checkpoint of ours runs zero-shot in the format it was trained on (mode `finetune`:
-the question line alone), its base model, adapter, method and size read from its manifest.
+the question line alone), its base model, adapter, format and size read from its manifest.
 Per-question records are appended as episodes finish (a re-run resumes), then `summary.json`
 gets one row per method: the input of `python -m pipeline plot`.
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import ClassVar
 
 from pipeline.config import add_config_arguments, load_config, to_dict
 from pipeline.episodes import answerer, check_resumable, run_lock, run_methods
@@ -35,11 +36,13 @@ KNOWN_SIZES_B = {"smollm2": 0.135, "HuggingFaceTB/SmolLM2-135M-Instruct": 0.135,
 
 
 # Keys whose change makes old records incomparable with new ones (a larger `limit` is fine).
-IDENTITY_KEYS = ("model", "checkpoint", "questions", "method", "wiki")
+IDENTITY_KEYS = ("model", "checkpoint", "questions", "prompting", "wiki")
 
 
 @dataclass
 class EvalConfig:
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {"method": "prompting"}  # old key -> new (pipeline.config)
+
     model: LLMConfig = field(default_factory=LLMConfig)  # a base model to prompt
     checkpoint: Path | None = None  # or one of our fine-tuned `final` folders (mode finetune)
     size_class: str | None = None  # e.g. 135m, 8b, 62b; from the checkpoint when not given
@@ -48,7 +51,7 @@ class EvalConfig:
     questions: str = "offline-eval"  # react-dev500 needs wiki.backend=live or a full local index
     limit: int | None = None
     out_dir: Path = Path("runs/eval/default")
-    method: MethodSettings = field(default_factory=MethodSettings)
+    prompting: MethodSettings = field(default_factory=MethodSettings)  # mode is set from the model (prompt | zero_shot)
     wiki: WikiConfig = field(default_factory=WikiConfig)
     max_in_flight: int = 16
 
@@ -76,7 +79,7 @@ def main(args: argparse.Namespace) -> int:
 def evaluate(cfg: EvalConfig) -> list[dict]:
     """Run every method, write records and `summary.json`; return the summary rows."""
     target = model_under_test(cfg)
-    settings = replace(cfg.method, mode="zero_shot" if target.mode == "finetune" else "prompt")
+    settings = replace(cfg.prompting, mode="zero_shot" if target.mode == "finetune" else "prompt")
     check_finetuned_methods(cfg.methods, target)
     model = answerer(target.llm)
     model.check(cfg.methods, settings)
@@ -117,7 +120,8 @@ def model_under_test(cfg: EvalConfig) -> ModelUnderTest:
 
     final = Path(cfg.checkpoint)
     manifest = require_complete(final / "manifest.json", f"fine-tuned checkpoint {final}")
-    missing = [k for k in ("method", "student") if not manifest.get(k)]
+    fmt = manifest.get("format") or manifest.get("method")  # "method": written before the rename
+    missing = [k for k, v in (("format", fmt), ("student", manifest.get("student"))) if not v]
     if missing:
         raise PipelineError(f"{final}/manifest.json names no {' or '.join(repr(k) for k in missing)}; is it a `train` output folder?")
     if manifest.get("adapter"):
@@ -135,7 +139,7 @@ def model_under_test(cfg: EvalConfig) -> ModelUnderTest:
     params_b = cfg.params_b or manifest.get("params_b")
     if not size_class or not params_b:
         raise PipelineError(f"{final}: its manifest has no size; set size_class= and params_b=")
-    return ModelUnderTest(llm, label, "finetune", size_class, float(params_b), manifest["method"])
+    return ModelUnderTest(llm, label, "finetune", size_class, float(params_b), fmt)
 
 
 SIZE_HINTS = {"size_class": "e.g. 8b", "params_b": "billions, e.g. 8.0"}

@@ -7,7 +7,7 @@
 Inputs are generate output folders (`<method>.jsonl` + a complete manifest.json) and/or FireAct's
 released files (pipeline.importers). Per method it keeps episodes that finished with EM = 1
 (optionally F1 >= min_f1), drops repeated question ids (the first is kept), caps the rest at
-`max_per_method` by a seeded draw, and writes `<out_dir>/<method>/` (FORMATS.md): train.jsonl,
+`max_per_method` by a seeded draw, and writes `<out_dir>/<method>/` (README, "Formats between stages"): train.jsonl,
 README.md (dataset card), stats.json, manifest.json. The folder appears by one rename, so a reader
 never sees half a dataset. A re-run whose inputs (fingerprints) and settings match the manifest
 skips the method; `force=true` rebuilds.
@@ -111,7 +111,7 @@ def _read_generate_folder(folder: Path) -> list[tuple[Path, list[dict]]]:
         for i, episode in enumerate(episodes, 1):
             missing = [k for k in REQUIRED_FIELDS if k not in episode]
             if missing:
-                raise PipelineError(f"{path}: record {i} lacks {', '.join(missing)}; not an episode record (FORMATS.md)")
+                raise PipelineError(f"{path}: record {i} lacks {', '.join(missing)}; not an episode record (README, Formats between stages)")
             episode.setdefault("source", "generate")
         out.append((path, episodes))
     if not out:
@@ -161,7 +161,7 @@ def _drop_reason(episode: dict, method: str, cfg: FilterConfig) -> str | None:
 
 
 def sft_example(episode: dict) -> dict:
-    """One training row (FORMATS.md): the renderer's prompt/completion and observation spans."""
+    """One training row (README, "Formats between stages": SFT dataset): the renderer's prompt/completion and observation spans."""
     traj = Trajectory.from_dict(episode["trajectory"])
     rendered = render(traj)
     return {

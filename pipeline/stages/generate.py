@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from pipeline.config import add_config_arguments, load_config, to_dict
 from pipeline.episodes import answerer, check_resumable, run_lock, run_methods
@@ -28,18 +29,20 @@ from pipeline.wiki.config import WikiConfig, open_backend
 
 @dataclass
 class GenerateConfig:
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {"method": "prompting"}  # old key -> new (pipeline.config)
+
     teacher: LLMConfig = field(default_factory=LLMConfig)  # backend: transformers|vllm|openai|oracle
     methods: list[str] = field(default_factory=lambda: ["standard", "cot", "act", "react"])
     questions: str = "offline-bootstrap"  # a question-set name (pipeline.hotpotqa) or a file
     limit: int | None = None  # the first N questions of the set
     out_dir: Path = Path("runs/generate/default")
-    method: MethodSettings = field(default_factory=MethodSettings)
+    prompting: MethodSettings = field(default_factory=MethodSettings)  # how the teacher is prompted
     wiki: WikiConfig = field(default_factory=WikiConfig)
     max_in_flight: int = 16  # episodes run at once (one batched LLM call per round)
 
 
 # Keys whose change makes old records incomparable with new ones (a larger `limit` is fine).
-IDENTITY_KEYS = ("teacher", "questions", "method", "wiki")
+IDENTITY_KEYS = ("teacher", "questions", "prompting", "wiki")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,7 +58,7 @@ def main(args: argparse.Namespace) -> int:
 def generate(cfg: GenerateConfig) -> dict[str, dict]:
     """Run every method; return per-method stats. Validates everything before writing."""
     teacher = answerer(cfg.teacher)
-    exemplar_sources = teacher.check(cfg.methods, cfg.method)
+    exemplar_sources = teacher.check(cfg.methods, cfg.prompting)
     questions = load_question_set(cfg.questions, limit=cfg.limit)
     if not questions:
         raise PipelineError(f"question set '{cfg.questions}' is empty")
@@ -68,7 +71,7 @@ def generate(cfg: GenerateConfig) -> dict[str, dict]:
     with run_lock(cfg.out_dir):
         check_resumable(cfg.out_dir, "generate", cfg, IDENTITY_KEYS)  # again, now that we hold the folder
         write_manifest(manifest_path, complete=False, **manifest)
-        stats = run_methods(teacher, llm, cfg.methods, questions, cfg.method, backend, cfg.out_dir,
+        stats = run_methods(teacher, llm, cfg.methods, questions, cfg.prompting, backend, cfg.out_dir,
                             max_in_flight=cfg.max_in_flight, source="generate")
         write_manifest(manifest_path, complete=True, stats=stats, **manifest)
     for name, s in stats.items():

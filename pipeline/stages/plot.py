@@ -92,7 +92,7 @@ def load_summaries(paths: list[str | Path]) -> list[dict]:
             require_complete(path.parent / "manifest.json", f"summary {path}")
         data = read_json(path)
         if not isinstance(data, list):
-            raise PipelineError(f"{path}: expected a JSON list of summary rows (FORMATS.md)")
+            raise PipelineError(f"{path}: expected a JSON list of summary rows (README, Formats between stages)")
         if not data:
             raise PipelineError(f"{path}: the summary is empty (no evaluated rows); run eval on at least one model")
         rows += [validate_row(row, f"{path} row {i}") for i, row in enumerate(data)]
@@ -104,7 +104,7 @@ def validate_row(row: dict, where: str) -> dict:
         raise PipelineError(f"{where}: expected an object")
     missing = [k for k in REQUIRED if row.get(k) in (None, "")]
     if missing:
-        raise PipelineError(f"{where}: missing {', '.join(missing)} (see FORMATS.md, eval summary)")
+        raise PipelineError(f"{where}: missing {', '.join(missing)} (README, Formats between stages: Summary)")
     if row["mode"] not in MODES:
         raise PipelineError(f"{where}: mode must be 'prompt' or 'finetune', got {row['mode']!r}")
     em = row["em"]

@@ -153,15 +153,15 @@ def filter_config(cfg: RunConfig, dataset_dir: Path):
     return build(FilterConfig, layers, where="filter")  # filter skips unchanged methods itself
 
 
-def train_config(cfg: RunConfig, student: Student, method: str, dataset_dir: Path):
+def train_config(cfg: RunConfig, student: Student, fmt: str, dataset_dir: Path):
     """The student's FinetuneConfig (its YAML < the experiment's `train` < the student's `train`
     < this unit's keys), built and resolved once; `train` hands it to the launched processes."""
     from pipeline.finetune import FinetuneConfig, resolve
 
     layers = merged(read_section(student.config, "train"), cfg.train, student.train, {
-        "experiment": cfg.experiment, "student_name": student.name, "method": method,
+        "experiment": cfg.experiment, "student_name": student.name, "format": fmt,
         "dataset_dir": str(dataset_dir), "size_class": student.size_class})
-    return resolve(build(FinetuneConfig, layers, where=f"{student.config} (train, {student.name} on {method})"))
+    return resolve(build(FinetuneConfig, layers, where=f"{student.config} (train, {student.name} on {fmt})"))
 
 
 def launch_train(ft) -> None:
@@ -174,13 +174,13 @@ def launch_train(ft) -> None:
         return
     code = train(ft)
     if code != 0:
-        raise PipelineError(f"training {ft.student_name} on {ft.method} failed (exit code {code}); "
+        raise PipelineError(f"training {ft.student_name} on {ft.format} failed (exit code {code}); "
                             "fix the cause and re-run: it resumes from the latest checkpoint")
 
 
-def eval_config(cfg: RunConfig, student: Student, final: Path | None, method: str | None = None):
+def eval_config(cfg: RunConfig, student: Student, final: Path | None, fmt: str | None = None):
     """The eval unit of a prompted base model (final=None) or of the checkpoint `final`
-    trained on trajectory format `method`."""
+    trained on trajectory format `fmt` (evaluated with the method of the same name)."""
     from pipeline.stages.eval import EvalConfig
 
     if final is None:
@@ -188,8 +188,8 @@ def eval_config(cfg: RunConfig, student: Student, final: Path | None, method: st
             "model": student.prompt_model, "methods": cfg.methods,
             "size_class": student.size_class, "params_b": student.params_b}
     else:
-        name, layer = f"{student.name}-ft-{method}", {
-            "checkpoint": str(final), "methods": [method],
+        name, layer = f"{student.name}-ft-{fmt}", {
+            "checkpoint": str(final), "methods": [fmt],
             "size_class": student.size_class, "params_b": student.params_b}
     layers = merged({"wiki": cfg.wiki}, cfg.eval, layer, {"out_dir": str(cfg.out_dir / "eval" / name)})
     return build(EvalConfig, layers, where=f"eval ({name})")

@@ -1,6 +1,6 @@
 """`python -m pipeline train`: pick an accelerate config and launch `pipeline.finetune` with it.
 
-    python -m pipeline train --config configs/students/smollm2-135m.yaml method=react dataset_dir=data/sft
+    python -m pipeline train --config configs/students/smollm2-135m.yaml format=react dataset_dir=data/sft
     python -m pipeline train --config configs/students/tiny.yaml accelerate_config=cpu_ddp
     python -m pipeline train --config configs/students/llama-3.1-8b.yaml --dry-run   # print the command
 
@@ -111,7 +111,7 @@ def train(cfg: FinetuneConfig, *, accelerate_config: str | None = None, num_proc
     per_device, accum = split_batch(cfg.global_batch_size, num_processes, cfg.per_device_batch_size,
                                     cfg.max_per_device_batch_size)
     cmd = launch_command(config_path, num_processes, write_resolved_config(cfg, dry_run), gpus)
-    print(f"[train] {cfg.method} / {cfg.student_name}: batch {cfg.global_batch_size} = {per_device} x {accum} "
+    print(f"[train] {cfg.format} / {cfg.student_name}: batch {cfg.global_batch_size} = {per_device} x {accum} "
           f"accumulation x {num_processes} processes, {cfg.max_steps} steps -> {cfg.output_dir}")
     print("[train] " + shlex.join(cmd), flush=True)
     if dry_run:

@@ -4,7 +4,7 @@
     env.reset(question, gold_answer)
     observation, reward, done, info = env.step("Search[Milhouse]")
 
-Observation text follows the original ReAct `wikienv.py` exactly (see ../shared/REFERENCE.md):
+Observation text follows the original ReAct `wikienv.py` exactly (ReAct repository, `wikienv.py`):
 a hit shows the page's first 5 sentences; a miss `Could not find X. Similar: [...]`; a
 disambiguation page counts as a miss on `[X]`; Lookup walks the page's sentences containing the
 keyword as `(Result k / n) ...`; Finish ends the episode with `Episode finished, reward = r`.
