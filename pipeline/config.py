@@ -8,10 +8,16 @@ per stage (`generate:`, `filter:`, ...): a stage reads its own section.
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
 import difflib
+import inspect
+import io
+import textwrap
+import tokenize
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -22,9 +28,91 @@ from pipeline.errors import PipelineError
 T = TypeVar("T")
 
 
-def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+def add_config_arguments(parser: argparse.ArgumentParser, cls: type | None = None) -> None:
+    """--config, key=value overrides and --print-config; `--help` then lists every key of `cls`."""
     parser.add_argument("--config", type=Path, help="YAML file (a stage's keys, or an experiment with a section per stage)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="override a config key, e.g. limit=8 llm.temperature=0.7")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the effective config (defaults < YAML < overrides) as YAML and exit")
+    if cls is not None:
+        parser.formatter_class = argparse.RawDescriptionHelpFormatter
+        parser.epilog = config_help(cls)
+
+
+def stage_config(cls: type[T], args: argparse.Namespace, section: str | None = None,
+                 finish: Callable[[T], T] | None = None) -> T:
+    """The stage's config from `--config` and overrides (then `finish`, e.g. resolving defaults
+    that depend on other keys); with `--print-config`, print it and exit without running."""
+    cfg = load_config(cls, args.config, args.overrides, section=section)
+    if finish is not None:
+        cfg = finish(cfg)
+    if getattr(args, "print_config", False):
+        print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
+        raise SystemExit(0)
+    return cfg
+
+
+def config_help(cls: type) -> str:
+    """Every key of `cls` (nested sections dotted) with its type, default and the comment that
+    documents it in the dataclass source, for the end of `--help`."""
+    rows = config_keys(cls)
+    width = min(max(len(key) for key, *_ in rows), 32)
+    lines = ["config keys (key=value on the command line, or in the YAML file):"]
+    for key, kind, default, doc in rows:
+        lines.append(f"  {key:<{width}}  {kind} = {default}" + (f"  # {doc}" if doc else ""))
+    return "\n".join(lines)
+
+
+def config_keys(cls: type, prefix: str = "") -> list[tuple[str, str, str, str]]:
+    """(dotted key, type as written, default, comment) for each field, nested sections expanded."""
+    hints, source = typing.get_type_hints(cls), field_source(cls)
+    rows = []
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        nested = nested_dataclass(hints[f.name])
+        kind, doc = source.get(f.name, (str(hints[f.name]), ""))
+        if nested is not None and f.default is None:  # an optional section: not expanded
+            rows.append((f"{prefix}{f.name}", kind, "null", doc))
+        elif nested is not None:
+            rows += config_keys(nested, prefix=f"{prefix}{f.name}.")
+        else:
+            rows.append((f"{prefix}{f.name}", kind, default_text(f), doc))
+    return rows
+
+
+def default_text(f: dataclasses.Field) -> str:
+    if f.default_factory is not dataclasses.MISSING:
+        value = f.default_factory()
+    elif f.default is dataclasses.MISSING:
+        return "(required)"
+    else:
+        value = f.default
+    value = str(value) if isinstance(value, Path) else value
+    return yaml.safe_dump(value, default_flow_style=True, width=10_000).strip().removesuffix("\n...").strip()
+
+
+def field_source(cls: type) -> dict[str, tuple[str, str]]:
+    """{field: (annotation as written, its comment)} read from the class source: the comment at
+    the end of the field's line, else the comment lines right above it."""
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):
+        return {}
+    comments = {tok.start[0]: tok.string.lstrip("#").strip()
+                for tok in tokenize.generate_tokens(io.StringIO(source).readline) if tok.type == tokenize.COMMENT}
+    lines = source.splitlines()
+    out = {}
+    for node in ast.parse(source).body[0].body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            doc = comments.get(node.end_lineno, "")
+            above = node.lineno - 1
+            while not doc and above >= 1 and lines[above - 1].strip().startswith("#"):
+                above -= 1
+            if not doc and above < node.lineno - 1:
+                doc = " ".join(comments[n] for n in range(above + 1, node.lineno))
+            out[node.target.id] = (ast.unparse(node.annotation), doc)
+    return out
 
 
 def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None,

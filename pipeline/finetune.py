@@ -1,12 +1,12 @@
 """Fine-tune a student on one method's SFT dataset with TRL's SFTTrainer (+ PEFT), under accelerate.
 
-    # one CPU process (the demo)
-    accelerate launch --config_file accelerate_configs/cpu.yaml pipeline/finetune.py \\
+    # one CPU process (the demo); `pipeline/finetune.py` in place of `-m pipeline.finetune` works too
+    accelerate launch --config_file accelerate_configs/cpu.yaml -m pipeline.finetune \\
         --config configs/students/smollm2-135m.yaml format=react dataset_dir=data/sft
     # 2 CPU processes (DDP over gloo)
-    accelerate launch --config_file accelerate_configs/cpu_ddp.yaml pipeline/finetune.py --config ...
+    accelerate launch --config_file accelerate_configs/cpu_ddp.yaml -m pipeline.finetune --config ...
     # 8 GPUs, DeepSpeed ZeRO-3
-    accelerate launch --config_file accelerate_configs/deepspeed_zero3.yaml pipeline/finetune.py \\
+    accelerate launch --config_file accelerate_configs/deepspeed_zero3.yaml -m pipeline.finetune \\
         --config configs/students/llama-3.1-8b.yaml format=react
     # or let the `train` stage pick the accelerate config:  python -m pipeline train --config ...
 
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pipeline.config import add_config_arguments, load_config, to_dict
+from pipeline.config import add_config_arguments, stage_config, to_dict
 from pipeline.errors import PipelineError
 from pipeline.llm import models
 from pipeline.llm.models import model_label, resolve_model_path
@@ -475,12 +475,11 @@ def load_finetuned(final_dir: str | Path, merge: bool = True, dtype=None):
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
-    parser = argparse.ArgumentParser(prog="pipeline/finetune.py", description=__doc__.split("\n")[0])
-    add_config_arguments(parser)
+    parser = argparse.ArgumentParser(prog="python -m pipeline.finetune", description=__doc__.split("\n")[0])
+    add_config_arguments(parser, FinetuneConfig)
     args = parser.parse_args(argv)
     try:
-        cfg = load_config(FinetuneConfig, args.config, args.overrides, section="train")
-        run(cfg)
+        run(stage_config(FinetuneConfig, args, section="train", finish=resolve))
     except PipelineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -132,3 +132,35 @@ def test_an_old_run_folder_still_resumes(tmp_path):
     other = load_config(GenerateConfig, None, ["prompting.max_steps=6"])
     with pytest.raises(PipelineError, match="different prompting"):
         check_resumable(tmp_path, "generate", other, IDENTITY_KEYS)
+
+
+def test_stage_help_lists_every_key_with_type_default_and_comment(capsys):
+    from pipeline.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["filter", "--help"])
+    out = capsys.readouterr().out
+    assert "max_per_method" in out and "int = 3000" in out
+    assert "tokenizer" in out and '"smollm2", a local folder or a hub id' in out
+    with pytest.raises(SystemExit):
+        main(["eval", "--help"])
+    out = capsys.readouterr().out
+    for line in ("prompting.max_steps", "int = 7  # Act / ReAct step limit", "checkpoint", "model.backend", "wiki.index"):
+        assert line in out, line
+
+
+def test_print_config_shows_the_effective_config_without_running(tmp_path, capsys):
+    import yaml
+
+    from pipeline.cli import main
+
+    path = write(tmp_path, "generate:\n  limit: 5\n  prompting:\n    max_steps: 4\n")
+    with pytest.raises(SystemExit) as exit_:
+        main(["generate", "--config", str(path), "limit=3", f"out_dir={tmp_path / 'gen'}", "--print-config"])
+    assert exit_.value.code == 0 and not (tmp_path / "gen").exists()
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["limit"] == 3 and printed["prompting"]["max_steps"] == 4 and printed["questions"] == "offline-bootstrap"
+    with pytest.raises(SystemExit):  # train prints the resolved config: steps and folders filled in
+        main(["train", "format=act", "size_class=8b", "--print-config"])
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["max_steps"] == 4000 and printed["output_dir"].endswith("act")

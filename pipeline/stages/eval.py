@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import ClassVar
 
-from pipeline.config import add_config_arguments, load_config, to_dict
+from pipeline.config import add_config_arguments, stage_config, to_dict
 from pipeline.episodes import answerer, check_resumable, run_lock, run_methods
 from pipeline.errors import PipelineError
 from pipeline.hotpotqa import load_question_set
@@ -67,11 +67,11 @@ class ModelUnderTest:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_arguments(parser)
+    add_config_arguments(parser, EvalConfig)
 
 
 def main(args: argparse.Namespace) -> int:
-    cfg = load_config(EvalConfig, args.config, args.overrides, section="eval")
+    cfg = stage_config(EvalConfig, args, section="eval")
     evaluate(cfg)
     return 0
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import add_config_arguments, load_config, to_dict
+from pipeline.config import add_config_arguments, stage_config, to_dict
 from pipeline.errors import PipelineError
 from pipeline.llm.models import load_tokenizer
 from pipeline.storage import (
@@ -365,14 +365,14 @@ def run_filter(cfg: FilterConfig) -> dict:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_arguments(parser)
+    add_config_arguments(parser, FilterConfig)
     parser.add_argument("--from-fireact", action="append", default=[], metavar="PATH",
                         help="add a FireAct alpaca .json / gpt .jsonl file or folder as input (repeatable)")
     parser.add_argument("--force", action="store_true", help="rebuild datasets even when up to date")
 
 
 def main(args: argparse.Namespace) -> int:
-    cfg = load_config(FilterConfig, args.config, args.overrides, section="filter")
+    cfg = stage_config(FilterConfig, args, section="filter")
     cfg.fireact = [*cfg.fireact, *args.from_fireact]
     cfg.force = cfg.force or args.force
     run_filter(cfg)

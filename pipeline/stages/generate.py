@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from pipeline.config import add_config_arguments, load_config, to_dict
+from pipeline.config import add_config_arguments, stage_config, to_dict
 from pipeline.episodes import answerer, check_resumable, run_lock, run_methods
 from pipeline.errors import PipelineError
 from pipeline.hotpotqa import load_question_set
@@ -46,11 +46,11 @@ IDENTITY_KEYS = ("teacher", "questions", "prompting", "wiki")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_arguments(parser)
+    add_config_arguments(parser, GenerateConfig)
 
 
 def main(args: argparse.Namespace) -> int:
-    cfg = load_config(GenerateConfig, args.config, args.overrides, section="generate")
+    cfg = stage_config(GenerateConfig, args, section="generate")
     generate(cfg)
     return 0
 

@@ -28,7 +28,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.config import add_config_arguments, load_config, to_dict
+from pipeline.config import add_config_arguments, stage_config, to_dict
 from pipeline.errors import PipelineError
 from pipeline.reference import ORDERINGS, reference_rows
 from pipeline.storage import (
@@ -507,9 +507,9 @@ def run_plot(cfg: PlotConfig) -> dict[str, Path]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_arguments(parser)
+    add_config_arguments(parser, PlotConfig)
 
 
 def main(args: argparse.Namespace) -> int:
-    run_plot(load_config(PlotConfig, args.config, args.overrides, section="plot"))
+    run_plot(stage_config(PlotConfig, args, section="plot"))
     return 0

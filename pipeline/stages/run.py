@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from pipeline.config import add_config_arguments, build, load_config, read_section, to_dict
 from pipeline.errors import PipelineError
 from pipeline.storage import is_done
@@ -50,7 +52,7 @@ class RunConfig:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_arguments(parser)
+    add_config_arguments(parser, RunConfig)  # --print-config prints every unit's effective config
 
 
 def main(args: argparse.Namespace) -> int:
@@ -58,8 +60,18 @@ def main(args: argparse.Namespace) -> int:
         raise PipelineError("run needs --config configs/<experiment>.yaml (e.g. configs/demo.yaml)")
     cfg = load_config(RunConfig, args.config, args.overrides)
     students = [build(Student, s, where=f"{args.config} students[{i}]") for i, s in enumerate(cfg.students)]
+    if args.print_config:
+        print_plan(plan(cfg, students))
+        return 0
     run(cfg, students)
     return 0
+
+
+def print_plan(units: list[Unit]) -> None:
+    """Each unit's title and the config it would run with, as YAML (nothing runs)."""
+    for i, unit in enumerate(units, start=1):
+        print(f"# [{i}/{len(units)}] {unit.title}")
+        print(yaml.safe_dump(to_dict(unit.config), sort_keys=False))
 
 
 @dataclass

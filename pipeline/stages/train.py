@@ -26,7 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.config import add_config_arguments, load_config, read_yaml, to_dict
+from pipeline.config import add_config_arguments, read_yaml, stage_config, to_dict
 from pipeline.errors import PipelineError
 from pipeline.finetune import FinetuneConfig, resolve
 from pipeline.sft import split_batch
@@ -40,7 +40,7 @@ RESOLVED_CONFIG = "finetune_config.yaml"  # the resolved config, beside the chec
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_arguments(parser)
+    add_config_arguments(parser, FinetuneConfig)
     parser.add_argument("--accelerate-config", help="name under accelerate_configs/ or a YAML path (default: the config's accelerate_config)")
     parser.add_argument("--num-processes", type=int, help="override the accelerate config's process count")
     parser.add_argument("--dry-run", action="store_true", help="print the launch command and exit")
@@ -96,8 +96,8 @@ def write_resolved_config(cfg: FinetuneConfig, dry_run: bool = False) -> Path:
 
 
 def main(args: argparse.Namespace) -> int:
-    cfg = load_config(FinetuneConfig, args.config, args.overrides, section="train")
-    return train(resolve(cfg), accelerate_config=args.accelerate_config, num_processes=args.num_processes,
+    cfg = stage_config(FinetuneConfig, args, section="train", finish=resolve)
+    return train(cfg, accelerate_config=args.accelerate_config, num_processes=args.num_processes,
                  dry_run=args.dry_run)
 
 
