@@ -21,13 +21,16 @@ from tqdm import tqdm
 from pipeline.agent import run_episodes
 from pipeline.config import to_dict, upgrade_keys
 from pipeline.errors import PipelineError
+from pipeline.hotpotqa import load_question_set
 from pipeline.llm.base import LLM
 from pipeline.llm.config import LLMConfig
 from pipeline.llm.factory import load_llm
 from pipeline.methods import Method, MethodSettings, build_method, prompt_prefixes
 from pipeline.methods.oracle import oracle_method
-from pipeline.storage import JsonlAppender, read_jsonl, read_manifest
+from pipeline.storage import JsonlAppender, read_jsonl, read_manifest, write_manifest
 from pipeline.trajectory import FORMATS
+from pipeline.wiki.backend import WikiBackend
+from pipeline.wiki.config import open_backend
 
 LOCK_NAME = ".lock"
 
@@ -215,3 +218,29 @@ def method_stats(path: Path, ids: set[str]) -> dict:
         "completion_tokens": int(sum(r.get("completion_tokens") or 0 for r in records)),
         "seconds": round(sum(float(r.get("seconds") or 0) for r in records), 2),
     }
+
+
+# ------------------------------------------------------------------ a generate / eval run
+
+def start_run(cfg: Any, stage: str, who: PromptedModel | OracleTeacher, settings: MethodSettings,
+              keys: tuple[str, ...]) -> tuple[list, WikiBackend, LLM | None, dict[str, dict]]:
+    """Check what a run of `cfg` (methods, questions, limit, out_dir, wiki) needs before anything
+    is written, then open the page source and the model: (questions, backend, llm, exemplar sources)."""
+    sources = who.check(cfg.methods, settings)
+    questions = load_question_set(cfg.questions, limit=cfg.limit)
+    if not questions:
+        raise PipelineError(f"question set '{cfg.questions}' is empty: nothing to "
+                            + ("evaluate" if stage == "eval" else stage))
+    check_resumable(cfg.out_dir, stage, cfg, keys)
+    return questions, open_backend(cfg.wiki), who.open(), sources
+
+
+@contextlib.contextmanager
+def writing_run(cfg: Any, keys: tuple[str, ...], manifest: dict) -> Iterator[Path]:
+    """Hold the run folder, check again that it may be resumed (now that no one else can write
+    it), and mark it incomplete until the caller writes the complete manifest; yields its path."""
+    with run_lock(cfg.out_dir):
+        check_resumable(cfg.out_dir, manifest["stage"], cfg, keys)
+        path = cfg.out_dir / "manifest.json"
+        write_manifest(path, complete=False, **manifest)
+        yield path

@@ -19,13 +19,12 @@ from pathlib import Path
 from typing import ClassVar
 
 from pipeline.config import add_config_arguments, stage_config, to_dict
-from pipeline.episodes import answerer, check_resumable, run_lock, run_methods
+from pipeline.episodes import answerer, run_methods, start_run, writing_run
 from pipeline.errors import PipelineError
-from pipeline.hotpotqa import load_question_set
 from pipeline.llm.config import LLMConfig
 from pipeline.methods import FORMATS_USED, MethodSettings
 from pipeline.storage import atomic_write_json, require_complete, write_manifest
-from pipeline.wiki.config import WikiConfig, open_backend
+from pipeline.wiki.config import WikiConfig
 
 # Sizes (billions of parameters) of models a config may name without saying params_b.
 KNOWN_SIZES_B = {"smollm2": 0.135, "HuggingFaceTB/SmolLM2-135M-Instruct": 0.135,
@@ -71,8 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    cfg = stage_config(EvalConfig, args, section="eval")
-    evaluate(cfg)
+    evaluate(stage_config(EvalConfig, args, section="eval"))
     return 0
 
 
@@ -82,18 +80,10 @@ def evaluate(cfg: EvalConfig) -> list[dict]:
     settings = replace(cfg.prompting, mode="zero_shot" if target.mode == "finetune" else "prompt")
     check_finetuned_methods(cfg.methods, target)
     model = answerer(target.llm)
-    model.check(cfg.methods, settings)
-    questions = load_question_set(cfg.questions, limit=cfg.limit)
-    if not questions:
-        raise PipelineError(f"question set '{cfg.questions}' is empty: nothing to evaluate")
-    check_resumable(cfg.out_dir, "eval", cfg, IDENTITY_KEYS)
-    backend = open_backend(cfg.wiki)
-    llm = model.open()
+    questions, backend, llm, _ = start_run(cfg, "eval", model, settings, IDENTITY_KEYS)
     manifest = dict(stage="eval", config=to_dict(cfg), model=target.label, mode=target.mode,
                     n_questions=len(questions))
-    with run_lock(cfg.out_dir):
-        check_resumable(cfg.out_dir, "eval", cfg, IDENTITY_KEYS)
-        write_manifest(cfg.out_dir / "manifest.json", complete=False, **manifest)
+    with writing_run(cfg, IDENTITY_KEYS, manifest):
         # A summary of an earlier (smaller) run must not outlive this run's start: if this run is
         # killed, no summary.json is left to be plotted as if it were this run's result.
         (cfg.out_dir / "summary.json").unlink(missing_ok=True)

@@ -18,13 +18,11 @@ from pathlib import Path
 from typing import ClassVar
 
 from pipeline.config import add_config_arguments, stage_config, to_dict
-from pipeline.episodes import answerer, check_resumable, run_lock, run_methods
-from pipeline.errors import PipelineError
-from pipeline.hotpotqa import load_question_set
+from pipeline.episodes import answerer, run_methods, start_run, writing_run
 from pipeline.llm.config import LLMConfig
 from pipeline.methods import MethodSettings
 from pipeline.storage import write_manifest
-from pipeline.wiki.config import WikiConfig, open_backend
+from pipeline.wiki.config import WikiConfig
 
 
 @dataclass
@@ -50,27 +48,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    cfg = stage_config(GenerateConfig, args, section="generate")
-    generate(cfg)
+    generate(stage_config(GenerateConfig, args, section="generate"))
     return 0
 
 
 def generate(cfg: GenerateConfig) -> dict[str, dict]:
     """Run every method; return per-method stats. Validates everything before writing."""
     teacher = answerer(cfg.teacher)
-    exemplar_sources = teacher.check(cfg.methods, cfg.prompting)
-    questions = load_question_set(cfg.questions, limit=cfg.limit)
-    if not questions:
-        raise PipelineError(f"question set '{cfg.questions}' is empty")
-    check_resumable(cfg.out_dir, "generate", cfg, IDENTITY_KEYS)
-    backend = open_backend(cfg.wiki)
-    llm = teacher.open()
+    questions, backend, llm, exemplar_sources = start_run(cfg, "generate", teacher, cfg.prompting, IDENTITY_KEYS)
     manifest = dict(stage="generate", config=to_dict(cfg), teacher=teacher.label,
                     exemplar_sources=exemplar_sources, n_questions=len(questions))
-    manifest_path = cfg.out_dir / "manifest.json"
-    with run_lock(cfg.out_dir):
-        check_resumable(cfg.out_dir, "generate", cfg, IDENTITY_KEYS)  # again, now that we hold the folder
-        write_manifest(manifest_path, complete=False, **manifest)
+    with writing_run(cfg, IDENTITY_KEYS, manifest) as manifest_path:
         stats = run_methods(teacher, llm, cfg.methods, questions, cfg.prompting, backend, cfg.out_dir,
                             max_in_flight=cfg.max_in_flight, source="generate")
         write_manifest(manifest_path, complete=True, stats=stats, **manifest)
