@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.errors import PipelineError
+from pipeline.llm.smollm2 import local_smollm2_dir
 
 SMOLLM2 = "smollm2"  # the alias of the embedded SmolLM2-135M-Instruct (pipeline.llm.smollm2)
 SMOLLM2_LABEL = "smollm2-135m-instruct"
@@ -21,9 +22,7 @@ SMOLLM2_LABEL = "smollm2-135m-instruct"
 def resolve_model_path(name: str) -> str:
     """What `from_pretrained` loads for `name`: the alias becomes the local converted folder."""
     if name == SMOLLM2:
-        from pipeline.llm.smollm2 import local_smollm2_dir  # converts the GGUF on first use (torch)
-
-        return str(local_smollm2_dir())
+        return str(local_smollm2_dir())  # converted from the GGUF on first use
     return name
 
 

@@ -23,6 +23,12 @@ import yaml
 
 from pipeline.config import add_config_arguments, build, load_config, read_section, to_dict
 from pipeline.errors import PipelineError
+from pipeline.finetune import FinetuneConfig, resolve
+from pipeline.stages.eval import EvalConfig, evaluate
+from pipeline.stages.filter import FilterConfig, run_filter
+from pipeline.stages.generate import GenerateConfig, generate
+from pipeline.stages.plot import PlotConfig, run_plot
+from pipeline.stages.train import train
 from pipeline.storage import is_done
 
 
@@ -86,10 +92,6 @@ class Unit:
 def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
     """Build and check every unit's config before anything runs, so a typo in the eval section
     fails in a second, not after hours of training."""
-    from pipeline.stages.eval import evaluate
-    from pipeline.stages.filter import run_filter
-    from pipeline.stages.generate import generate
-
     dataset_dir = cfg.out_dir / "sft"
     units = [Unit("generate: the teacher writes trajectories", generate_config(cfg), skip_or(generate)),
              Unit("filter: correct trajectories -> SFT datasets", filter_config(cfg, dataset_dir), run_filter)]
@@ -150,16 +152,12 @@ def skip_or(action):
 
 
 def generate_config(cfg: RunConfig):
-    from pipeline.stages.generate import GenerateConfig
-
     layers = merged({"methods": cfg.methods, "wiki": cfg.wiki}, cfg.generate,
                     {"out_dir": str(cfg.out_dir / "generate")})
     return build(GenerateConfig, layers, where="generate")
 
 
 def filter_config(cfg: RunConfig, dataset_dir: Path):
-    from pipeline.stages.filter import FilterConfig
-
     layers = merged({"methods": cfg.methods}, cfg.filter,
                     {"inputs": [str(cfg.out_dir / "generate")], "out_dir": str(dataset_dir)})
     return build(FilterConfig, layers, where="filter")  # filter skips unchanged methods itself
@@ -168,8 +166,6 @@ def filter_config(cfg: RunConfig, dataset_dir: Path):
 def train_config(cfg: RunConfig, student: Student, fmt: str, dataset_dir: Path):
     """The student's FinetuneConfig (its YAML < the experiment's `train` < the student's `train`
     < this unit's keys), built and resolved once; `train` hands it to the launched processes."""
-    from pipeline.finetune import FinetuneConfig, resolve
-
     layers = merged(read_section(student.config, "train"), cfg.train, student.train, {
         "experiment": cfg.experiment, "student_name": student.name, "format": fmt,
         "dataset_dir": str(dataset_dir), "size_class": student.size_class})
@@ -178,8 +174,6 @@ def train_config(cfg: RunConfig, student: Student, fmt: str, dataset_dir: Path):
 
 def launch_train(ft) -> None:
     """`train` for one student x method, unless its final model is done with this config."""
-    from pipeline.stages.train import train
-
     final = Path(ft.output_dir) / "final"
     if is_done(final / "manifest.json", config=to_dict(ft)):
         print(f"[run] skip: {final} is complete")
@@ -193,8 +187,6 @@ def launch_train(ft) -> None:
 def eval_config(cfg: RunConfig, student: Student, final: Path | None, fmt: str | None = None):
     """The eval unit of a prompted base model (final=None) or of the checkpoint `final`
     trained on trajectory format `fmt` (evaluated with the method of the same name)."""
-    from pipeline.stages.eval import EvalConfig
-
     if final is None:
         name, layer = f"{student.name}-prompt", {
             "model": student.prompt_model, "methods": cfg.methods,
@@ -208,13 +200,5 @@ def eval_config(cfg: RunConfig, student: Student, final: Path | None, fmt: str |
 
 
 def plot_config(cfg: RunConfig, summaries: list[Path]):
-    from pipeline.stages.plot import PlotConfig
-
     layers = merged(cfg.plot, {"summaries": [str(s) for s in summaries], "out_dir": str(cfg.out_dir / "plot")})
     return build(PlotConfig, layers, where="plot")
-
-
-def run_plot(config) -> dict:
-    from pipeline.stages.plot import run_plot as plot
-
-    return plot(config)  # prints the table and the orderings check
