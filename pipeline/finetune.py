@@ -1,4 +1,4 @@
-"""Fine-tune a student on one method's SFT dataset with TRL's SFTTrainer (+ PEFT), under accelerate.
+"""Fine-tune a student on one trajectory format's SFT dataset with TRL's SFTTrainer (+ PEFT), under accelerate.
 
     # one CPU process (the demo); `pipeline/finetune.py` in place of `-m pipeline.finetune` works too
     accelerate launch --config_file accelerate_configs/cpu.yaml -m pipeline.finetune \\
