@@ -91,15 +91,15 @@ class EpisodeSink:
         self.close()
 
 
-def run_methods(answerer: PromptedModel | OracleTeacher, llm: LLM | None, methods: list[str], questions: list,
+def run_methods(who: PromptedModel | OracleTeacher, llm: LLM | None, methods: list[str], questions: list,
                 settings: MethodSettings, backend, out_dir: Path, *, max_in_flight: int, source: str) -> dict[str, dict]:
     """Run each method over the questions not yet in `<out_dir>/<method>.jsonl`; return
     per-method counts over the whole file (old and new records)."""
-    label = answerer.label
+    label = who.label
     stats = {}
     ids = {str(q.id) for q in questions}
     for name in methods:
-        method = answerer.method(name, settings)
+        method = who.method(name, settings)
         path = out_dir / f"{name}.jsonl"
         done = finished_ids(path)
         todo = [q for q in questions if str(q.id) not in done]
