@@ -7,7 +7,7 @@ the embedded model, transformers backend, greedy, ReAct prompts with our 6 exemp
   precision  the batched runner in fp32 and in bf16 on the same questions: episodes/min, the bf16 /
              fp32 ratio, and the share of episodes whose trajectories stay identical.
   runner     the batched agent runner against a one-episode-at-a-time loop shaped like the original
-             ReAct code (`pipeline.agent.original_react_loop`: a plain loop over questions and
+             ReAct code (`bench/original_react.py`: a plain loop over questions and
              steps, one call at a time, the whole prompt re-read each call), and the same loop on
              our backend's prefix KV reuse, to show what batching alone adds; all three must write
              identical trajectories.
@@ -37,7 +37,8 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from machine import compute_limits, load_average, spread  # noqa: E402
 
-from pipeline.agent import original_react_loop, run_episodes  # noqa: E402
+from bench.original_react import original_react_loop  # noqa: E402
+from pipeline.agent import run_episodes  # noqa: E402
 from pipeline.hotpotqa import load_question_set  # noqa: E402
 from pipeline.methods import MethodSettings, build_method  # noqa: E402
 

@@ -11,7 +11,7 @@ steps its own WikiEnv. A round gathers the pending requests of all episodes in f
 backend), and retires the episodes that finished: their record goes to `on_record` at once, and
 new episodes join up to `max_in_flight`. An episode's trajectory depends only on its own
 completions, so under greedy decoding it is the same as in a one-at-a-time loop
-(`run_one_at_a_time`, or `original_react_loop`, the original notebook's loop shape).
+(`run_one_at_a_time`, or bench/original_react.py, the original notebook's loop shape).
 
 A model failure (an error completion, or generate() raising) or a page-source failure ends only
 the episodes it touched, with the reason in `end_reason`; the others go on.
@@ -30,13 +30,9 @@ from pipeline.methods.base import (
     EpisodeContext,
     Method,
     Outcome,
-    backend_errors,
-    completion_failure,
 )
-from pipeline.methods.interactive import env_action, split_thought_action
-from pipeline.methods.prompts import PromptPrefix
 from pipeline.metrics import exact_match, f1_score
-from pipeline.trajectory import Step, Trajectory, one_line, render
+from pipeline.trajectory import render
 from pipeline.wiki.backend import WikiBackend
 from pipeline.wiki.env import WikiEnv
 
@@ -46,7 +42,7 @@ BackendFactory = Callable[[], WikiBackend]
 
 def episode_record(question: Any, method: str, outcome: Outcome, *, teacher: str, prompt_tokens: int = 0,
                    completion_tokens: int = 0, seconds: float = 0.0, source: str = "generate") -> dict:
-    """The episode record of FORMATS.md (one JSON line per finished episode)."""
+    """The episode record (one JSON line per finished episode; README, "Formats between stages")."""
     traj, prediction, gold = outcome.trajectory, outcome.prediction, question.answer
     return {
         "id": str(question.id),
@@ -196,69 +192,3 @@ def generate_for(llm: LLM, episodes: list[Episode]) -> list[list[list[Completion
         split.append(out[offset:offset + len(ep.pending)])
         offset += len(ep.pending)
     return split
-
-
-def original_react_loop(llm: LLM, make_backend: BackendFactory, questions: Iterable[Any],
-                        prefix: PromptPrefix, *, max_steps: int = 7, max_new_tokens: int = 256,
-                        teacher: str | None = None, source: str = "generate") -> list[dict]:
-    """ReAct written the way the original notebook's `webthink()` is: a plain loop over questions
-    and steps, one model call at a time (batch 1). Kept as the baseline that `run_episodes` must
-    match trajectory for trajectory (tests, bench/bench_generate.py); same end reasons."""
-    records = []
-    for question in questions:
-        started, tokens = time.monotonic(), [0, 0]
-
-        def llm_call(prompt: str, stop: list[str], tokens: list[int] = tokens) -> Completion:
-            [[c]] = llm.generate([GenerationRequest(prompt, stop, max_new_tokens)])
-            tokens[0] += c.prompt_tokens
-            tokens[1] += c.completion_tokens
-            return c
-
-        env = WikiEnv(make_backend(), max_steps=max_steps)
-        text = one_line(question.question)
-        env.reset(text, question.answer)
-        traj = Trajectory(text, "react")
-        outcome = None
-        for i in range(1, max_steps + 1):
-            prompt = prefix.text + render(traj).text
-            c = llm_call(prompt + f"Thought {i}:", [f"\nObservation {i}:"])
-            if completion_failure(c):
-                outcome = Outcome(traj, None, completion_failure(c))
-                break
-            thought, action = split_thought_action(c.text, i)
-            if action is not None and c.finish_reason == "length" and c.text.rstrip().endswith(action):
-                traj.steps.append(Step(thought, action))
-                outcome = Outcome(traj, None, "runaway")
-                break
-            if action is None:
-                if c.finish_reason == "length":
-                    traj.steps.append(Step(thought, ""))
-                    outcome = Outcome(traj, None, "runaway")
-                    break
-                c = llm_call(prompt + f"Thought {i}: {thought}\nAction {i}:", ["\n"])
-                action = c.text.strip()
-                reason = completion_failure(c) or ("runaway" if c.finish_reason == "length" else None) \
-                    or (None if action else "no_action")
-                if reason:
-                    traj.steps.append(Step(thought, "" if completion_failure(c) else one_line(action)))
-                    outcome = Outcome(traj, None, reason)
-                    break
-            step = Step(thought, action)
-            traj.steps.append(step)
-            try:
-                obs, _, done, info = env.step(env_action(action))
-            except backend_errors() as exc:
-                outcome = Outcome(traj, None, f"backend_error: {type(exc).__name__}: {exc}")
-                break
-            step.observation = one_line(obs.replace("\\n", ""))
-            if info["finished"]:
-                traj.answer = info["answer"]
-                outcome = Outcome(traj, info["answer"], "finish")
-                break
-            if done:
-                break
-        outcome = outcome or Outcome(traj, None, "step_limit")
-        records.append(episode_record(question, "react", outcome, teacher=teacher or llm.name,
-                                      prompt_tokens=tokens[0], completion_tokens=tokens[1],
-                                      seconds=time.monotonic() - started, source=source))
-    return records

@@ -133,7 +133,7 @@ def _size_category(n: int) -> str:
 def model_card(manifest: dict, eval_rows: list[dict]) -> str:
     """The card of one of our fine-tuned `final/` folders, from its manifest and eval rows."""
     cfg = manifest.get("config") or {}
-    method = manifest.get("method", "?")
+    method = manifest.get("format") or manifest.get("method", "?")  # "method": before the rename
     base = manifest.get("base_model")
     adapter = bool(manifest.get("adapter"))
     meta = {"base_model": base if base and not Path(str(base)).is_absolute() else None,

@@ -8,10 +8,16 @@ per stage (`generate:`, `filter:`, ...): a stage reads its own section.
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
 import difflib
+import inspect
+import io
+import textwrap
+import tokenize
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -22,24 +28,110 @@ from pipeline.errors import PipelineError, os_error_message
 T = TypeVar("T")
 
 
-def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+def add_config_arguments(parser: argparse.ArgumentParser, cls: type | None = None) -> None:
+    """--config, key=value overrides and --print-config; `--help` then lists every key of `cls`."""
     parser.add_argument("--config", type=Path, help="YAML file (a stage's keys, or an experiment with a section per stage)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="override a config key, e.g. limit=8 llm.temperature=0.7")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the effective config (defaults < YAML < overrides) as YAML and exit")
+    if cls is not None:
+        parser.formatter_class = argparse.RawDescriptionHelpFormatter
+        parser.epilog = config_help(cls)
+
+
+def stage_config(cls: type[T], args: argparse.Namespace, section: str | None = None,
+                 finish: Callable[[T], T] | None = None) -> T:
+    """The stage's config from `--config` and overrides (then `finish`, e.g. resolving defaults
+    that depend on other keys); with `--print-config`, print it and exit without running."""
+    cfg = load_config(cls, args.config, args.overrides, section=section)
+    if finish is not None:
+        cfg = finish(cfg)
+    if getattr(args, "print_config", False):
+        print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
+        raise SystemExit(0)
+    return cfg
+
+
+def config_help(cls: type) -> str:
+    """Every key of `cls` (nested sections dotted) with its type, default and the comment that
+    documents it in the dataclass source, for the end of `--help`."""
+    rows = config_keys(cls)
+    width = min(max(len(key) for key, *_ in rows), 32)
+    lines = ["config keys (key=value on the command line, or in the YAML file):"]
+    for key, kind, default, doc in rows:
+        lines.append(f"  {key:<{width}}  {kind} = {default}" + (f"  # {doc}" if doc else ""))
+    return "\n".join(lines)
+
+
+def config_keys(cls: type, prefix: str = "") -> list[tuple[str, str, str, str]]:
+    """(dotted key, type as written, default, comment) for each field, nested sections expanded."""
+    hints, source = typing.get_type_hints(cls), field_source(cls)
+    rows = []
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        nested = nested_dataclass(hints[f.name])
+        kind, doc = source.get(f.name, (str(hints[f.name]), ""))
+        if nested is not None and f.default is None:  # an optional section: not expanded
+            rows.append((f"{prefix}{f.name}", kind, "null", doc))
+        elif nested is not None:
+            rows += config_keys(nested, prefix=f"{prefix}{f.name}.")
+        else:
+            rows.append((f"{prefix}{f.name}", kind, default_text(f), doc))
+    return rows
+
+
+def default_text(f: dataclasses.Field) -> str:
+    if f.default_factory is not dataclasses.MISSING:
+        value = f.default_factory()
+    elif f.default is dataclasses.MISSING:
+        return "(required)"
+    else:
+        value = f.default
+    value = str(value) if isinstance(value, Path) else value
+    return yaml.safe_dump(value, default_flow_style=True, width=10_000).strip().removesuffix("\n...").strip()
+
+
+def field_source(cls: type) -> dict[str, tuple[str, str]]:
+    """{field: (annotation as written, its comment)} read from the class source: the comment at
+    the end of the field's line, else the comment lines right above it."""
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):
+        return {}
+    comments = {tok.start[0]: tok.string.lstrip("#").strip()
+                for tok in tokenize.generate_tokens(io.StringIO(source).readline) if tok.type == tokenize.COMMENT}
+    lines = source.splitlines()
+    out = {}
+    for node in ast.parse(source).body[0].body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            doc = comments.get(node.end_lineno, "")
+            above = node.lineno - 1
+            while not doc and above >= 1 and lines[above - 1].strip().startswith("#"):
+                above -= 1
+            if not doc and above < node.lineno - 1:
+                doc = " ".join(comments[n] for n in range(above + 1, node.lineno))
+            out[node.target.id] = (ast.unparse(node.annotation), doc)
+    return out
 
 
 def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None,
                 section: str | None = None) -> T:
-    data: dict[str, Any] = {}
-    if path is not None:
-        data = read_yaml(path)
-        if section and isinstance(data.get(section), dict):
-            data = data[section]
+    data = read_section(path, section) if path is not None else {}
     for item in overrides or []:
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise PipelineError(f"override '{item}' is not key=value (e.g. limit=8)")
         set_dotted(data, key.strip(), parse_value(key.strip(), raw))
     return build(cls, data, where=str(path) if path else "config")
+
+
+def read_section(path: str | Path, section: str | None) -> dict[str, Any]:
+    """A YAML file's keys for one stage: its `section` when it has one, else the whole file."""
+    data = read_yaml(path)
+    if section and isinstance(data.get(section), dict):
+        return data[section]
+    return data
 
 
 def parse_value(key: str, raw: str):
@@ -89,15 +181,47 @@ def build(cls: type[T], data: dict[str, Any], where: str = "config", prefix: str
     for key, value in data.items():
         name = f"{prefix}{key}"
         if key not in fields:
-            close = difflib.get_close_matches(key, list(fields), n=1)
-            hint = f"; did you mean '{prefix}{close[0]}'?" if close else f"; known keys: {', '.join(sorted(fields))}"
-            raise PipelineError(f"{where}: unknown key '{name}'{hint}")
+            raise PipelineError(f"{where}: unknown key '{name}'{unknown_key_hint(cls, key, prefix, fields)}")
         kwargs[key] = coerce(value, hints[key], name, where)
     try:
         obj = cls(**kwargs)
     except (TypeError, ValueError) as exc:
         raise PipelineError(f"{where}: {exc}") from None
     return obj
+
+
+def unknown_key_hint(cls: type, key: str, prefix: str, fields) -> str:
+    """Name the new key of a renamed one, the reason of a removed one, else the closest key."""
+    renamed = getattr(cls, "RENAMED_KEYS", {})
+    removed = getattr(cls, "REMOVED_KEYS", {})
+    if key in renamed:
+        return f"; it was renamed: use '{prefix}{renamed[key]}'"
+    if key in removed:
+        return f"; it was removed ({removed[key]}): delete it"
+    close = difflib.get_close_matches(key, list(fields), n=1)
+    return f"; did you mean '{prefix}{close[0]}'?" if close else f"; known keys: {', '.join(sorted(fields))}"
+
+
+def upgrade_keys(cls: type, data: dict[str, Any]) -> dict[str, Any]:
+    """A mapping written with older key names (e.g. a manifest's config) in today's names:
+    renamed keys moved (`RENAMED_KEYS` of each dataclass), removed ones dropped."""
+    if not dataclasses.is_dataclass(cls) or not isinstance(data, dict):
+        return data
+    renamed, removed = getattr(cls, "RENAMED_KEYS", {}), getattr(cls, "REMOVED_KEYS", {})
+    out = {renamed.get(k, k): v for k, v in data.items() if k not in removed}
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name in out:
+            out[f.name] = upgrade_keys(nested_dataclass(hints[f.name]), out[f.name])
+    return out
+
+
+def nested_dataclass(annotation: Any) -> Any:
+    """The dataclass inside `X` or `X | None`, else None."""
+    for candidate in (annotation, *typing.get_args(annotation)):
+        if dataclasses.is_dataclass(candidate):
+            return candidate
+    return None
 
 
 def coerce(value: Any, annotation: Any, name: str, where: str) -> Any:

@@ -1,6 +1,7 @@
-"""Shared by `generate` and `eval`: resumable per-method episode files with a live progress bar.
+"""Shared by `generate` and `eval`: who answers (a prompted model or the oracle stand-in), the
+resume check of a run folder, and resumable per-method episode files with a live progress bar.
 
-One JSONL file per method holds one record per finished episode (see FORMATS in the README).
+One JSONL file per method holds one record per finished episode (`pipeline.agent.episode_record`).
 A re-run reads the ids already there and runs only the rest; a torn last line from a kill is
 dropped. The bar shows episodes done, EM so far and episodes per minute.
 """
@@ -12,13 +13,32 @@ import fcntl
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from tqdm import tqdm
 
+from pipeline.agent import run_episodes
+from pipeline.config import to_dict, upgrade_keys
 from pipeline.errors import PipelineError
-from pipeline.storage import JsonlAppender, read_jsonl, remove_stale_temps
+from pipeline.hotpotqa import load_question_set
+from pipeline.llm.base import LLM
+from pipeline.llm.config import LLMConfig
+from pipeline.llm.factory import load_llm
+from pipeline.methods import Method, MethodSettings, build_method, prompt_prefixes
+from pipeline.methods.oracle import DEFAULT_STYLE, check_style, oracle_method
+from pipeline.storage import (
+    JsonlAppender,
+    check_writable_dir,
+    read_jsonl,
+    read_manifest,
+    remove_stale_temps,
+    write_manifest,
+)
+from pipeline.trajectory import FORMATS
+from pipeline.wiki.backend import WikiBackend
+from pipeline.wiki.config import open_backend
 
 LOCK_NAME = ".lock"
 
@@ -80,16 +100,15 @@ class EpisodeSink:
         self.close()
 
 
-def run_methods(llm, label: str, methods: list[str], questions: list, settings, backend,
-                out_dir: Path, *, max_in_flight: int, source: str, oracle_style: str = "exact") -> dict[str, dict]:
+def run_methods(who: PromptedModel | OracleTeacher, llm: LLM | None, methods: list[str], questions: list,
+                settings: MethodSettings, backend, out_dir: Path, *, max_in_flight: int, source: str) -> dict[str, dict]:
     """Run each method over the questions not yet in `<out_dir>/<method>.jsonl`; return
     per-method counts over the whole file (old and new records)."""
-    from pipeline.agent import run_episodes
-
+    label = who.label
     stats = {}
     ids = {str(q.id) for q in questions}
     for name in methods:
-        method = build_method_for(label, name, settings, oracle_style)
+        method = who.method(name, settings)
         path = method_file(out_dir, name)
         done = finished_ids(path)
         todo = [q for q in questions if str(q.id) not in done]
@@ -116,14 +135,101 @@ def method_file(out_dir: Path, method: str) -> Path:
     return out_dir / f"{method}.jsonl"
 
 
-def build_method_for(label: str, name: str, settings, oracle_style: str = "exact"):
-    if label == "oracle":
-        from pipeline.methods.oracle import oracle_method
+# ------------------------------------------------------------------ who answers the episodes
 
-        return oracle_method(name, settings, oracle_style)
-    from pipeline.methods import build_method
+ORACLE = "oracle"  # the `backend` that names the stand-in teacher (pipeline.methods.oracle)
 
-    return build_method(name, settings)
+
+class PromptedModel:
+    """A language model answering through the prompting methods (pipeline.methods)."""
+
+    def __init__(self, cfg: LLMConfig):
+        self.cfg, self.label = cfg, cfg.label
+
+    def check(self, methods: list[str], settings: MethodSettings) -> dict[str, dict]:
+        """Fail fast on an unknown method or a missing exemplar file; return exemplar sources."""
+        require_methods(methods)
+        return {m: {fmt: p.source for fmt, p in prompt_prefixes(m, settings).items()} for m in methods}
+
+    def open(self) -> LLM:
+        llm = load_llm(self.cfg)
+        check = getattr(llm, "check_available", None)
+        if check is not None:
+            check()
+        return llm
+
+    def method(self, name: str, settings: MethodSettings) -> Method:
+        return build_method(name, settings)
+
+
+class OracleTeacher:
+    """The stand-in teacher: writes correct trajectories from gold facts, asks no model."""
+
+    label = ORACLE
+
+    def __init__(self, style: str = DEFAULT_STYLE):
+        check_style(style)
+        self.style = style  # exact | agent (pipeline.methods.oracle)
+
+    def check(self, methods: list[str], settings: MethodSettings) -> dict[str, dict]:
+        require_methods(methods)
+        bad = [m for m in methods if m not in FORMATS]
+        if bad:
+            raise PipelineError(f"the oracle teacher writes {', '.join(FORMATS)} trajectories, not {', '.join(bad)}")
+        return {m: {"source": "oracle (gold supporting facts)"} for m in methods}
+
+    def open(self) -> None:
+        return None
+
+    def method(self, name: str, settings: MethodSettings) -> Method:
+        return oracle_method(name, settings, self.style)
+
+
+def answerer(cfg: LLMConfig) -> PromptedModel | OracleTeacher:
+    """The one place where `backend: oracle` is told apart from a language model."""
+    if cfg.backend == ORACLE:
+        return OracleTeacher(cfg.oracle_style)
+    if cfg.oracle_style != DEFAULT_STYLE:  # it means something only to the oracle: fail, not ignore
+        raise PipelineError(f"oracle_style={cfg.oracle_style} applies only to backend=oracle "
+                            f"(this model's backend is {cfg.backend})")
+    return PromptedModel(cfg)
+
+
+def require_methods(methods: list[str]) -> None:
+    if not methods:
+        raise PipelineError("methods is empty; name at least one, e.g. methods=[react]")
+
+
+# ------------------------------------------------------------------ resuming a run folder
+
+# Operational knobs of an LLM section that do not change what it writes.
+OPERATIONAL_KEYS = ("max_batch_size", "max_concurrency", "timeout_s", "max_retries", "device")
+
+
+def identity(config: dict, keys: tuple[str, ...]) -> dict:
+    """The part of a stage config (`keys`) that decides what its records hold."""
+    config = {k: config.get(k) for k in keys}
+    for k in ("teacher", "model"):  # the LLM sections: how it is served does not matter
+        if isinstance(config.get(k), dict):
+            config[k] = {key: v for key, v in config[k].items() if key not in OPERATIONAL_KEYS}
+    return config
+
+
+def check_resumable(out_dir: Path, stage: str, cfg: Any, keys: tuple[str, ...]) -> None:
+    """Refuse to append to a folder written by another stage or with a different model,
+    question set or prompting settings (`keys` of the stage config `cfg`): records would get
+    mixed. An older manifest's config is read in today's key names."""
+    old = read_manifest(out_dir / "manifest.json")
+    if old is None:
+        return
+    was = identity(upgrade_keys(type(cfg), old.get("config", {})), keys)
+    new = identity(to_dict(cfg), keys)
+    changed = [k for k in keys if was.get(k) != new.get(k)]
+    if old.get("stage") != stage or changed:
+        raise PipelineError(
+            f"{out_dir} holds a {old.get('stage')} run with a different {', '.join(changed) or 'stage'}; "
+            "use another out_dir (or delete that folder) to start afresh"
+        )
 
 
 def method_stats(path: Path, ids: set[str]) -> dict:
@@ -144,3 +250,38 @@ def method_stats(path: Path, ids: set[str]) -> dict:
         "completion_tokens": int(sum(r.get("completion_tokens") or 0 for r in records)),
         "seconds": round(sum(float(r.get("seconds") or 0) for r in records), 2),
     }
+
+
+# ------------------------------------------------------------------ a generate / eval run
+
+def start_run(cfg: Any, stage: str, who: PromptedModel | OracleTeacher, settings: MethodSettings,
+              keys: tuple[str, ...], *, methods: list[str] | None = None,
+              check: Callable[[], None] | None = None) -> tuple[list, WikiBackend, LLM | None, dict[str, dict]]:
+    """Check what a run of `cfg` (methods, questions, limit, out_dir, wiki) needs before anything
+    is written, then open the page source and the model: (questions, backend, llm, exemplar sources).
+    `methods` replaces cfg.methods (eval's default for a checkpoint); `check` is the stage's own
+    extra refusal (e.g. eval's precision), run with the resume check."""
+    check_writable_dir(cfg.out_dir)  # before any model is loaded or episode run
+    sources = who.check(cfg.methods if methods is None else methods, settings)
+    questions = load_question_set(cfg.questions, limit=cfg.limit)
+    if not questions:
+        raise PipelineError(f"question set '{cfg.questions}' is empty: nothing to "
+                            + ("evaluate" if stage == "eval" else stage))
+    check_resumable(cfg.out_dir, stage, cfg, keys)
+    if check is not None:
+        check()
+    return questions, open_backend(cfg.wiki), who.open(), sources
+
+
+@contextlib.contextmanager
+def writing_run(cfg: Any, keys: tuple[str, ...], manifest: dict,
+                check: Callable[[], None] | None = None) -> Iterator[Path]:
+    """Hold the run folder, check again that it may be resumed (now that no one else can write
+    it), and mark it incomplete until the caller writes the complete manifest; yields its path."""
+    with run_lock(cfg.out_dir):
+        check_resumable(cfg.out_dir, manifest["stage"], cfg, keys)
+        if check is not None:
+            check()
+        path = cfg.out_dir / "manifest.json"
+        write_manifest(path, complete=False, **manifest)
+        yield path

@@ -45,3 +45,8 @@ def os_error_message(exc: OSError, path: str | os.PathLike | None = None) -> str
     hint = _OS_ERROR_HINTS.get(exc.errno)
     text = f"{reason}: {hint}" if hint else reason
     return f"{where}: {text}" if where is not None else text
+class BackendFailure(PipelineError):
+    """A model or page source that failed for good (e.g. an HTTP call out of retries).
+
+    Episode runners catch it and end only the episode it touched (`backend_error: ...`); the
+    transport's own error types subclass it, so methods need not know how a backend is reached."""

@@ -1,18 +1,18 @@
-"""Fine-tune a student on one method's SFT dataset with TRL's SFTTrainer (+ PEFT), under accelerate.
+"""Fine-tune a student on one trajectory format's SFT dataset with TRL's SFTTrainer (+ PEFT), under accelerate.
 
-    # one CPU process (the demo)
-    accelerate launch --config_file accelerate_configs/cpu.yaml pipeline/finetune.py \\
-        --config configs/students/smollm2-135m.yaml method=react dataset_dir=data/sft
+    # one CPU process (the demo); `pipeline/finetune.py` in place of `-m pipeline.finetune` works too
+    accelerate launch --config_file accelerate_configs/cpu.yaml -m pipeline.finetune \\
+        --config configs/students/smollm2-135m.yaml format=react dataset_dir=data/sft
     # 2 CPU processes (DDP over gloo)
-    accelerate launch --config_file accelerate_configs/cpu_ddp.yaml pipeline/finetune.py --config ...
+    accelerate launch --config_file accelerate_configs/cpu_ddp.yaml -m pipeline.finetune --config ...
     # 8 GPUs, DeepSpeed ZeRO-3
-    accelerate launch --config_file accelerate_configs/deepspeed_zero3.yaml pipeline/finetune.py \\
-        --config configs/students/llama-3.1-8b.yaml method=react
+    accelerate launch --config_file accelerate_configs/deepspeed_zero3.yaml -m pipeline.finetune \\
+        --config configs/students/llama-3.1-8b.yaml format=react
     # or let the `train` stage pick the accelerate config:  python -m pipeline train --config ...
 
 The global batch (64, the paper's) is split as per_device x grad_accum x processes at launch.
-Steps default to the paper's table by method and size class. Checkpoints go to
-checkpoints/<experiment>/<student>/<method>/checkpoint-N; a re-launch resumes the latest
+Steps default to the paper's table by format and size class. Checkpoints go to
+checkpoints/<experiment>/<student>/<format>/checkpoint-N; a re-launch resumes the latest
 COMPLETE one; the trained model (or LoRA adapter) + tokenizer + manifest.json land in .../final.
 """
 
@@ -25,26 +25,22 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-if __package__ in (None, ""):  # run as a script (`accelerate launch pipeline/finetune.py`):
-    # Python put pipeline/ itself first on sys.path, where our modules (pipeline/transport.py ...)
-    # would shadow the standard library's; put the repository root there instead.
-    _here = Path(__file__).resolve().parent
-    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
-    sys.path.insert(0, str(_here.parent))
-
-from pipeline.config import add_config_arguments, load_config, to_dict  # noqa: E402
-from pipeline.errors import PipelineError, os_error_message  # noqa: E402
-from pipeline.storage import (  # noqa: E402
+from pipeline.config import add_config_arguments, stage_config, to_dict
+from pipeline.errors import PipelineError, os_error_message
+from pipeline.llm import models
+from pipeline.llm.models import model_label, resolve_model_path
+from pipeline.storage import (
     atomic_write_json,
     file_fingerprint,
+    is_done,
     read_jsonl,
     read_manifest,
     require_complete,
     write_manifest,
 )
-from pipeline.train_checks import (  # noqa: E402, F401  (is_complete_checkpoint: re-exported)
+from pipeline.train_checks import (  # noqa: F401  (is_complete_checkpoint: re-exported)
     Layout,
     check_config,
     check_devices,
@@ -55,10 +51,10 @@ from pipeline.train_checks import (  # noqa: E402, F401  (is_complete_checkpoint
     layout_callback,
     saved_layout,
 )
-from pipeline.train_speed import choose_attention, choose_loss, fsdp_plan, installed_kernels  # noqa: E402
-from pipeline.trajectory import METHODS  # noqa: E402
+from pipeline.train_speed import choose_attention, choose_loss, fsdp_plan, installed_kernels
+from pipeline.trajectory import FORMATS
 
-# Paper (appendix B.1): batch 64; steps by size class and method.
+# Paper (appendix B.1): batch 64; steps by size class and trajectory format.
 PAPER_STEPS = {
     "8b": {"react": 4000, "act": 4000, "standard": 2000, "cot": 2000},
     "62b": {"react": 4000, "act": 4000, "standard": 1000, "cot": 1000},
@@ -81,6 +77,8 @@ class LoraSettings:
 
 @dataclass
 class FinetuneConfig:
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {"method": "format"}  # old key -> new (pipeline.config)
+
     experiment: str = "default"
     student: str = "smollm2"  # hub id, local dir, or "smollm2" (the embedded SmolLM2-135M-Instruct)
     student_name: str | None = None  # folder label; default: derived from `student`
@@ -89,16 +87,16 @@ class FinetuneConfig:
     tokenizer: str | None = None  # default: the student's own
     trust_remote_code: bool = False
     size_class: str = "8b"  # picks the paper's step schedule: 8b | 62b (7b/135m -> 8b, 70b/72b -> 62b)
-    method: str = "react"
-    dataset_dir: Path = Path("data/sft")  # reads <dataset_dir>/<method>/train.jsonl
+    format: str = "react"  # the trajectory format to learn: standard | cot | act | react
+    dataset_dir: Path = Path("data/sft")  # reads <dataset_dir>/<format>/train.jsonl
     output_root: Path = Path("checkpoints")
-    output_dir: Path | None = None  # default: <output_root>/<experiment>/<student_name>/<method>
+    output_dir: Path | None = None  # default: <output_root>/<experiment>/<student_name>/<format>
     accelerate_config: str = "auto"  # for `python -m pipeline train`: auto | cpu | cpu_ddp | multi_gpu | ... | a path
     num_processes: int | None = None  # for `train`: override the accelerate config's process count
     global_batch_size: int = 64
     per_device_batch_size: int | None = None  # default: the largest divisor <= max_per_device_batch_size
     max_per_device_batch_size: int = 8
-    max_steps: int | None = None  # default: PAPER_STEPS[size class][method]
+    max_steps: int | None = None  # default: PAPER_STEPS[size class][format]
     learning_rate: float = 2e-5
     lr_scheduler: str = "cosine"
     warmup_ratio: float = 0.03
@@ -130,10 +128,10 @@ class FinetuneConfig:
 
 def resolve(cfg: FinetuneConfig) -> FinetuneConfig:
     """Fill the defaults that depend on other keys (steps, names, folders) and check values."""
-    if cfg.method not in METHODS:
-        raise PipelineError(f"method: '{cfg.method}' is not one of {', '.join(METHODS)}")
+    if cfg.format not in FORMATS:
+        raise PipelineError(f"format: '{cfg.format}' is not one of {', '.join(FORMATS)}")
     if cfg.max_steps is None:
-        cfg.max_steps = paper_max_steps(cfg.method, cfg.size_class)
+        cfg.max_steps = paper_max_steps(cfg.format, cfg.size_class)
     if cfg.max_steps < 1:
         raise PipelineError(f"max_steps must be >= 1, got {cfg.max_steps}")
     if cfg.init == "random" and not cfg.tokenizer:
@@ -141,31 +139,18 @@ def resolve(cfg: FinetuneConfig) -> FinetuneConfig:
     if cfg.init == "random" and cfg.finetuning != "full":
         raise PipelineError(f"init: random trains from scratch, so finetuning must be full (an adapter on an unsaved random base is useless), got {cfg.finetuning}")
     if cfg.student_name is None:
-        cfg.student_name = student_label(cfg.student)
+        cfg.student_name = model_label(cfg.student)
     if cfg.output_dir is None:
-        cfg.output_dir = cfg.output_root / cfg.experiment / cfg.student_name / cfg.method
+        cfg.output_dir = cfg.output_root / cfg.experiment / cfg.student_name / cfg.format
     return cfg
 
 
-def paper_max_steps(method: str, size_class: str) -> int:
+def paper_max_steps(fmt: str, size_class: str) -> int:
     schedule = SIZE_CLASS_SCHEDULE.get(size_class.lower())
     if schedule is None:
         raise PipelineError(f"size_class: '{size_class}' has no step schedule; use one of "
                             f"{', '.join(SIZE_CLASS_SCHEDULE)} or set max_steps")
-    return PAPER_STEPS[schedule][method]
-
-
-def student_label(student: str) -> str:
-    if student == "smollm2":
-        return "smollm2-135m-instruct"
-    return Path(student.rstrip("/")).name.lower() or "student"
-
-
-def resolve_model_path(name: str) -> str:
-    if name == "smollm2":
-        from pipeline.llm.smollm2 import local_smollm2_dir
-        return str(local_smollm2_dir())
-    return name
+    return PAPER_STEPS[schedule][fmt]
 
 
 # ----------------------------------------------------------------------------- checkpoints
@@ -208,9 +193,9 @@ def choose_resume(cfg: FinetuneConfig) -> Path | None:
 # ----------------------------------------------------------------------------- data and model
 
 def check_dataset(cfg: FinetuneConfig) -> Path:
-    """The method's train.jsonl, refused unless present and complete by its manifest (the
+    """The format's train.jsonl, refused unless present and complete by its manifest (the
     `train` stage calls this too, before it launches anything)."""
-    folder = cfg.dataset_dir / cfg.method
+    folder = cfg.dataset_dir / cfg.format
     path = folder / "train.jsonl"
     if not path.is_file():
         raise PipelineError(f"dataset_dir: {path} not found; run `python -m pipeline filter` first (or set dataset_dir)")
@@ -229,12 +214,8 @@ def load_sft_records(cfg: FinetuneConfig) -> tuple[Path, list[dict]]:
 
 
 def load_tokenizer(cfg: FinetuneConfig):
-    from transformers import AutoTokenizer
-    name = resolve_model_path(cfg.tokenizer or cfg.student)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=cfg.trust_remote_code)
-    except OSError as exc:
-        raise PipelineError(f"tokenizer: cannot load '{name}' ({str(exc).splitlines()[0]})") from None
+    tokenizer = models.load_tokenizer(cfg.tokenizer or cfg.student, key="tokenizer" if cfg.tokenizer else "student",
+                                      trust_remote_code=cfg.trust_remote_code)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = own_pad_token(tokenizer) or tokenizer.eos_token  # labels mask padding either way
     return tokenizer
@@ -331,7 +312,7 @@ def sft_trainer_class(loss: str = "model"):
 
     loss="model": the model's own cross-entropy (Trainer.compute_loss). TRL 1.16's default loss
     runs a fused, chunked log-prob LM head whose non-Triton fallback is several times slower on
-    CPU (../shared/RUNTIME.md) and gives the same loss. TRL's only switches that bypass it
+    CPU (bench/bench_train.py measures it) and gives the same loss. TRL's only switches that bypass it
     (compute_loss_func, label smoothing) still run the fused head for metrics, so the override
     is the supported route: it is the base Trainer's method. loss="chunked": TRL's own."""
     from transformers import Trainer
@@ -408,7 +389,7 @@ def sft_arguments(cfg: FinetuneConfig, per_device: int, grad_accum: int, max_len
         data_seed=cfg.seed,
         dataloader_num_workers=cfg.dataloader_num_workers,
         # DDP on CPU: accelerate's multi-process launcher does not pass the config's use_cpu on,
-        # so say it here; never under DeepSpeed, which use_cpu silently disables (RUNTIME.md).
+        # so say it here; never under DeepSpeed: with use_cpu=True the trainer silently runs without it.
         # bf16 without a GPU also needs use_cpu (transformers refuses bf16 otherwise; accelerate
         # then autocasts on the CPU).
         use_cpu=(distributed_cpu or (bf16 and not torch.cuda.is_available())) and not under_deepspeed(),
@@ -480,7 +461,7 @@ def run(cfg: FinetuneConfig) -> dict:
     done = read_manifest(final / "manifest.json") if final.is_dir() else None
     choice = precision_choice(cfg)
     check_same_precision(done, choice.precision, final)
-    if done and done.get("complete") and done.get("steps") == cfg.max_steps:
+    if is_done(final / "manifest.json", steps=cfg.max_steps):
         print(f"[finetune] {final} is already complete ({cfg.max_steps} steps); nothing to do")
         return done
     check_launch(cfg)
@@ -496,7 +477,7 @@ def run(cfg: FinetuneConfig) -> dict:
     rank0 = int(os.environ.get("RANK", "0")) == 0
     if rank0:
         print(choice.line("training"))
-        print(f"[finetune] {cfg.method} on {cfg.student_name}: {report.summary()}")
+        print(f"[finetune] {cfg.format} on {cfg.student_name}: {report.summary()}")
         print(f"[finetune] batch {cfg.global_batch_size} = {per_device} per device x {grad_accum} accumulation "
               f"x {num_processes} processes; {cfg.max_steps} steps; output {cfg.output_dir}")
         import torch
@@ -550,7 +531,7 @@ def save_final(trainer, cfg: FinetuneConfig, tokenizer, dataset_path: Path, repo
         manifest = write_manifest(
             partial / "manifest.json", stage="train", config=to_dict(cfg), complete=True,
             student=cfg.student_name, base_model=None if cfg.init == "random" else resolve_model_path(cfg.student),
-            init=cfg.init, adapter=adapter, finetuning=cfg.finetuning, method=cfg.method,
+            init=cfg.init, adapter=adapter, finetuning=cfg.finetuning, format=cfg.format,
             size_class=cfg.size_class, steps=trainer.state.global_step, max_steps=cfg.max_steps,
             tokenizer=".", tokenizer_source=cfg.tokenizer or cfg.student, eos_token=tokenizer.eos_token,
             prompt_format="Question: {question}\n", mask_observations=cfg.mask_observations,
@@ -592,10 +573,10 @@ def save_fsdp_final(trainer, folder: Path, bf16: bool) -> None:
 def load_finetuned(final_dir: str | Path, merge: bool = True, dtype=None):
     """(model, tokenizer) from a `final` folder; a LoRA adapter is put on its base model and
     merged (merge=True) so eval gets a plain causal LM. Refuses an incomplete folder."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
     final_dir = Path(final_dir)
     manifest = require_complete(final_dir / "manifest.json", f"fine-tuned model {final_dir}")
-    tokenizer = AutoTokenizer.from_pretrained(final_dir)
+    tokenizer = models.load_tokenizer(str(final_dir), key="checkpoint")
     if not manifest.get("adapter"):
         return AutoModelForCausalLM.from_pretrained(final_dir, dtype=dtype), tokenizer
     from peft import PeftModel
@@ -606,13 +587,12 @@ def load_finetuned(final_dir: str | Path, merge: bool = True, dtype=None):
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
-    parser = argparse.ArgumentParser(prog="pipeline/finetune.py", description=__doc__.split("\n")[0])
-    add_config_arguments(parser)
+    parser = argparse.ArgumentParser(prog="python -m pipeline.finetune", description=__doc__.split("\n")[0])
+    add_config_arguments(parser, FinetuneConfig)
     args = parser.parse_args(argv)
     cfg = None
     try:
-        cfg = load_config(FinetuneConfig, args.config, args.overrides, section="train")
-        run(cfg)
+        run(stage_config(FinetuneConfig, args, section="train", finish=resolve))
     except PipelineError as exc:
         return report_error(str(exc), exc.exit_code)
     except Exception as exc:  # a full disk while checkpointing, an unwritable output_dir

@@ -10,7 +10,7 @@ HotpotQA train questions in two layouts, and eval runs of its fine-tuned models 
 
 Their text differs from ours: unnumbered `Thought:/Action:/Observation:` lines, lowercase
 `search[]`/`finish[]`, Google-search snippets as observations, `reward = True` on finish.
-`read_fireact_trajectories` turns each into our episode record (docs: FORMATS.md), numbered by the
+`read_fireact_trajectories` turns each into our episode record (pipeline.agent.episode_record), numbered by the
 one renderer, with capitalised actions and the observations kept verbatim; what does not map onto
 Standard/CoT/Act/ReAct (Reflexion-style retries, malformed chats, other tasks) is skipped and
 counted. `read_fireact_eval_run` turns an eval run into a summary row for the figure.
@@ -314,7 +314,7 @@ def fireact_run_model(stem: str) -> tuple[str, str, float | None]:
 
 
 def read_fireact_eval_run(path: str | Path, *, question_set: str = "react-dev500") -> dict:
-    """A FireAct eval run (dict keyed by dev index) -> one summary row (FORMATS.md).
+    """A FireAct eval run (dict keyed by dev index) -> one summary row (README, "Formats between stages").
 
     EM and F1 are recomputed from `pred` and `gt` with our HotpotQA metrics; `em_recorded` is
     FireAct's own field, and a disagreement between the two raises. `n` counts the records in the

@@ -1,6 +1,6 @@
 """Published numbers the figure can show beside our runs, as data with their source.
 
-Sources (figures as printed; see ../shared/REFERENCE.md):
+Sources (figures as printed in the papers below):
   - Yao et al., "ReAct: Synergizing Reasoning and Acting in Language Models", ICLR 2023
     (arXiv 2210.03629), Table 1: PaLM-540B prompting, HotpotQA EM and FEVER accuracy (%).
   - Chen et al., "FireAct: Toward Language Agent Fine-tuning", 2023 (arXiv 2310.05915):
@@ -52,7 +52,7 @@ ORDERINGS = {
 
 
 def reference_rows() -> list[dict]:
-    """The published points as summary rows (FORMATS.md), with `source` paper / fireact and a
+    """The published points as summary rows (README, "Formats between stages"), with `source` paper / fireact and a
     `reference` string naming the publication. Counts, F1 and costs were not published: None."""
     rows = [
         _row("PaLM-540B (ReAct paper)", "540b", 540.0, "prompt", method, em, "paper", REACT_PAPER,

@@ -278,3 +278,12 @@ def require_complete(manifest_path: str | os.PathLike, what: str) -> dict:
             f"{what}: {manifest_path} says the run that wrote it is incomplete; re-run that stage to finish it"
         )
     return manifest
+
+
+def is_done(manifest_path: str | os.PathLike, **expected: Any) -> bool:
+    """The one "is this unit done?" rule: its manifest exists, says complete, and holds the
+    `expected` values (e.g. `config=...` for a stage run, `steps=...` for a training run), so a
+    unit finished with other settings is redone, never silently reused."""
+    manifest = read_manifest(manifest_path)
+    return bool(manifest and manifest.get("complete")
+                and all(manifest.get(key) == value for key, value in expected.items()))

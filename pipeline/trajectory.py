@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 
-METHODS = ("standard", "cot", "act", "react")
+FORMATS = ("standard", "cot", "act", "react")  # trajectory formats: what a student is trained to decode
 COT_PREFIX = "Let's think step by step. "
 
 
@@ -32,7 +32,7 @@ class Step:
 @dataclass
 class Trajectory:
     question: str
-    method: str
+    method: str  # its format, one of FORMATS (the key "method" in records on disk)
     steps: list[Step] = field(default_factory=list)  # act / react
     answer: str | None = None  # standard / cot answer line; act / react Finish argument
     reasoning: str | None = None  # cot only, the text after "Let's think step by step."
@@ -67,8 +67,8 @@ def one_line(text: str) -> str:
 
 
 def render(traj: Trajectory) -> Rendered:
-    if traj.method not in METHODS:
-        raise ValueError(f"unknown method {traj.method!r}; expected one of {METHODS}")
+    if traj.method not in FORMATS:
+        raise ValueError(f"unknown method {traj.method!r}; expected one of {FORMATS}")
     parts: list[str] = []
     spans: list[tuple[int, int]] = []
     offset = 0

@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from pipeline import __version__
-from pipeline.errors import PipelineError
+from pipeline.errors import BackendFailure, PipelineError
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ RETRYABLE_STATUS = frozenset({408, 429}) | frozenset(range(500, 600))
 _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
-class RequestFailed(PipelineError):
+class RequestFailed(BackendFailure):
     """A request that failed for good (retries exhausted, or a permanent error such as HTTP 404).
 
     Callers that run many episodes catch it and record `reason` on the one episode; uncaught,

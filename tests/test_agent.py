@@ -14,7 +14,8 @@ from dataclasses import replace
 
 import pytest
 
-from pipeline.agent import original_react_loop, run_episodes, run_one_at_a_time
+from bench.original_react import original_react_loop
+from pipeline.agent import run_episodes, run_one_at_a_time
 from pipeline.hotpotqa import Question
 from pipeline.llm.base import Completion, GenerationRequest, cut_at_stop
 from pipeline.llm.scripted import ScriptedLLM

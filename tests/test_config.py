@@ -98,3 +98,69 @@ def test_cli_lists_every_stage_and_rejects_unknown():
         assert stage in out.stdout
     bad = subprocess.run([sys.executable, "-m", "pipeline", "bogus"], capture_output=True, text=True)
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
+
+
+def test_renamed_and_removed_keys_name_the_new_key(tmp_path):
+    """Configs written before the renames fail with the new key's name, not a guess."""
+    from pipeline.finetune import FinetuneConfig
+    from pipeline.stages.eval import EvalConfig
+    from pipeline.stages.generate import GenerateConfig
+
+    with pytest.raises(PipelineError, match=r"unknown key 'method'; it was renamed: use 'prompting'"):
+        load_config(GenerateConfig, write(tmp_path, "generate:\n  method:\n    max_steps: 5\n"), section="generate")
+    with pytest.raises(PipelineError, match=r"unknown key 'method'; it was renamed: use 'prompting'"):
+        load_config(EvalConfig, None, ["method.max_new_tokens=8"])
+    with pytest.raises(PipelineError, match=r"unknown key 'method'; it was renamed: use 'format'"):
+        load_config(FinetuneConfig, None, ["method=act"])
+    with pytest.raises(PipelineError, match=r"unknown key 'wiki.max_steps'; it was removed \(never read; the step limit is prompting.max_steps\)"):
+        load_config(GenerateConfig, None, ["wiki.max_steps=7"])
+
+
+def test_an_old_run_folder_still_resumes(tmp_path):
+    """A manifest written with the old key names (`method:` block, wiki.max_steps) is read in
+    today's names, so the same run resumes instead of being refused."""
+    from pipeline.episodes import check_resumable
+    from pipeline.stages.generate import IDENTITY_KEYS, GenerateConfig
+    from pipeline.storage import write_manifest
+
+    cfg = load_config(GenerateConfig, None, ["prompting.max_steps=5"])
+    old = to_dict(cfg)
+    old["method"] = old.pop("prompting")
+    old["wiki"]["max_steps"] = 7
+    write_manifest(tmp_path / "manifest.json", stage="generate", config=old, complete=False)
+    check_resumable(tmp_path, "generate", cfg, IDENTITY_KEYS)
+    other = load_config(GenerateConfig, None, ["prompting.max_steps=6"])
+    with pytest.raises(PipelineError, match="different prompting"):
+        check_resumable(tmp_path, "generate", other, IDENTITY_KEYS)
+
+
+def test_stage_help_lists_every_key_with_type_default_and_comment(capsys):
+    from pipeline.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["filter", "--help"])
+    out = capsys.readouterr().out
+    assert "max_per_method" in out and "int = 3000" in out
+    assert "tokenizer" in out and '"smollm2", a local folder or a hub id' in out
+    with pytest.raises(SystemExit):
+        main(["eval", "--help"])
+    out = capsys.readouterr().out
+    for line in ("prompting.max_steps", "int = 7  # Act / ReAct step limit", "checkpoint", "model.backend", "wiki.index"):
+        assert line in out, line
+
+
+def test_print_config_shows_the_effective_config_without_running(tmp_path, capsys):
+    import yaml
+
+    from pipeline.cli import main
+
+    path = write(tmp_path, "generate:\n  limit: 5\n  prompting:\n    max_steps: 4\n")
+    with pytest.raises(SystemExit) as exit_:
+        main(["generate", "--config", str(path), "limit=3", f"out_dir={tmp_path / 'gen'}", "--print-config"])
+    assert exit_.value.code == 0 and not (tmp_path / "gen").exists()
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["limit"] == 3 and printed["prompting"]["max_steps"] == 4 and printed["questions"] == "offline-bootstrap"
+    with pytest.raises(SystemExit):  # train prints the resolved config: steps and folders filled in
+        main(["train", "format=act", "size_class=8b", "--print-config"])
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["max_steps"] == 4000 and printed["output_dir"].endswith("act")

@@ -55,7 +55,7 @@ def test_a_prompt_longer_than_a_tiny_models_window_ends_that_episode_context_exc
     out = tmp_path / "out"
     proc = run_pipeline("generate", "teacher.backend=transformers", f"teacher.model={tiny_short_context_model}",
                         "teacher.device=cpu", f"questions={qfile}", f"wiki.index={index}", f"out_dir={out}",
-                        "methods=[standard]", "method.max_new_tokens=4")
+                        "methods=[standard]", "prompting.max_new_tokens=4")
     assert proc.returncode == 0, proc.stderr
     records = {r["id"]: r for r in read_records(out / "standard.jsonl")}
     assert records["too-long"]["end_reason"] == "context_exceeded"

@@ -54,7 +54,7 @@ def write_checkpoint(folder: Path, *, method: str = "react", adapter: bool = Fal
     folder.mkdir(parents=True, exist_ok=True)
     write_manifest(folder / "manifest.json", stage="train", config={}, complete=complete,
                    student="tiny-llama", base_model=base_model, init="random", adapter=adapter,
-                   finetuning="lora" if adapter else "full", method=method, size_class="tiny",
+                   finetuning="lora" if adapter else "full", format=method, size_class="tiny",
                    steps=10, max_steps=10, tokenizer=".", prompt_format="Question: {question}\n",
                    params_b=extra.pop("params_b", 0.0001), **extra)
     return folder
@@ -71,7 +71,7 @@ def prompted_run(tmp_path_factory, index, questions, question_file):
         server.replies = ScriptedTeacher(questions, answers=wrong)
         args = ("eval", "model.backend=openai", "model.model=big-model", f"model.base_url={server.url}/v1",
                 "size_class=70b", "params_b=70.6", f"questions={question_file}", f"wiki.index={index}",
-                f"out_dir={out}", "methods=[standard,cot,act,react,cot_sc]", "method.cot_sc_samples=5")
+                f"out_dir={out}", "methods=[standard,cot,act,react,cot_sc]", "prompting.cot_sc_samples=5")
         proc = run_pipeline(*args)
         assert proc.returncode == 0, proc.stderr
         before = {p.name: p.read_bytes() for p in out.glob("*.jsonl")}
@@ -164,9 +164,9 @@ def tiny_final(tmp_path_factory, smollm2_dir):
 
 def test_a_real_tiny_checkpoint_is_evaluated_through_transformers(tiny_final, tmp_path, index, question_file):
     out = tmp_path / "tiny"
-    proc = run_pipeline("eval", f"checkpoint={tiny_final}", "model.device=cpu", "method.max_new_tokens=6",
+    proc = run_pipeline("eval", f"checkpoint={tiny_final}", "model.device=cpu", "prompting.max_new_tokens=6",
                         f"questions={question_file}", f"wiki.index={index}", f"out_dir={out}",
-                        "methods=[cot,cot_sc]", "method.cot_sc_samples=3", timeout=300)
+                        "methods=[cot,cot_sc]", "prompting.cot_sc_samples=3", timeout=300)
     assert proc.returncode == 0, proc.stderr
     rows = json.loads((out / "summary.json").read_text())
     assert [(r["method"], r["mode"], r["n"], r["model"]) for r in rows] == \
@@ -190,7 +190,7 @@ def test_a_checkpoint_cannot_run_a_format_it_was_not_trained_on(tmp_path, index,
     ("adapter_without_base", "is a LoRA adapter whose base model '/nonexistent/base-model' is missing"),
     ("incomplete", "says the run that wrote it is incomplete"),
     ("no_manifest", "no manifest at"),
-    ("no_method", "names no 'method'"),
+    ("no_format", "names no 'format'"),
 ])
 def test_bad_checkpoints_are_clear_errors(tmp_path, index, question_file, case, message):
     final = tmp_path / "final"

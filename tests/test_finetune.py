@@ -27,7 +27,7 @@ import pytest
 from sft_testdata import DATA, fireact_records, write_dataset
 from test_precision import BF16_LOSS_RTOL
 
-from pipeline.config import load_config
+from pipeline.config import load_config, to_dict
 from pipeline.errors import PipelineError
 from pipeline.finetune import (
     PAPER_STEPS,
@@ -62,13 +62,13 @@ def tiny_cfg(tmp_path: Path, *overrides: str) -> FinetuneConfig:
     ("cot", "7b", 2000),
 ])
 def test_steps_default_from_the_paper(method, size_class, steps):
-    cfg = resolve(load_config(FinetuneConfig, None, [f"method={method}", f"size_class={size_class}"]))
+    cfg = resolve(load_config(FinetuneConfig, None, [f"format={method}", f"size_class={size_class}"]))
     assert cfg.max_steps == steps
-    assert resolve(load_config(FinetuneConfig, None, [f"method={method}", "max_steps=7"])).max_steps == 7
+    assert resolve(load_config(FinetuneConfig, None, [f"format={method}", "max_steps=7"])).max_steps == 7
 
 
 def test_config_errors_and_layout():
-    cfg = resolve(load_config(FinetuneConfig, None, ["experiment=exp1", "student=meta-llama/Llama-3.1-8B", "method=act"]))
+    cfg = resolve(load_config(FinetuneConfig, None, ["experiment=exp1", "student=meta-llama/Llama-3.1-8B", "format=act"]))
     assert cfg.output_dir == Path("checkpoints/exp1/llama-3.1-8b/act")
     with pytest.raises(PipelineError, match="did you mean 'learning_rate'"):
         load_config(FinetuneConfig, None, ["learnig_rate=1e-4"])
@@ -89,7 +89,7 @@ def test_student_configs_load_and_state_their_cost():
         header = path.read_text(encoding="utf-8")
         assert "accelerate launch" in header, f"{path.name}: no launch line"
         if path.stem not in ("tiny", "smollm2-135m"):
-            assert cfg.max_steps is None or cfg.max_steps == PAPER_STEPS["8b"][cfg.method]
+            assert cfg.max_steps is None or cfg.max_steps == PAPER_STEPS["8b"][cfg.format]
             for needle in ("GPU", "FLOPs", "MFU", "hours", "checkpointing", "disk per checkpoint"):
                 assert needle in header, f"{path.name}: header lacks {needle}"
             # the header's retention is the config's, and the disk figure is per kept checkpoint
@@ -121,7 +121,32 @@ def test_train_stage_checks_before_launching(tmp_path, capsys):
     assert main(["train", "--config", str(TINY), "--dry-run", f"dataset_dir={tmp_path}"]) == 0
     out = capsys.readouterr().out
     assert "batch 8 = 4 x 1 accumulation x 2 processes" in out
-    assert "accelerate_configs/cpu_ddp.yaml --num_processes 2" in out and "pipeline/finetune.py" in out
+    assert "accelerate_configs/cpu_ddp.yaml --num_processes 2" in out and "-m pipeline.finetune --config" in out
+
+
+def test_train_hands_over_one_resolved_config(tmp_path, capsys):
+    """`train` writes the resolved config beside the checkpoints and launches the module with
+    it alone; reading it back gives the same config (nothing resolved twice differently)."""
+    from pipeline.stages.train import RESOLVED_CONFIG, train
+    cfg = tiny_cfg(tmp_path, "max_steps=3")
+    assert train(cfg, dry_run=True) == 0
+    assert not (cfg.output_dir / RESOLVED_CONFIG).exists()  # a dry run writes nothing
+    out = capsys.readouterr().out
+    assert f"-m pipeline.finetune --config {cfg.output_dir / RESOLVED_CONFIG}" in out
+    from pipeline.stages.train import write_resolved_config
+    path = write_resolved_config(cfg)
+    again = resolve(load_config(FinetuneConfig, path))
+    assert to_dict(again) == to_dict(cfg) and again.max_steps == 3
+
+
+def test_accelerate_configs_ship_inside_the_package():
+    """A non-editable install has no repository root: the configs are package data."""
+    import pipeline
+    from pipeline.stages.train import ACCELERATE_CONFIGS, pick_accelerate_config
+    assert ACCELERATE_CONFIGS == Path(pipeline.__file__).parent / "accelerate_configs"
+    shipped = sorted(p.name for p in ACCELERATE_CONFIGS.glob("*.yaml"))
+    assert shipped == sorted(p.name for p in (REPO / "accelerate_configs").glob("*.yaml")) and len(shipped) == 8
+    assert pick_accelerate_config("cpu_ddp", 0) == ACCELERATE_CONFIGS / "cpu_ddp.yaml"
 
 
 def test_incomplete_dataset_is_refused(tmp_path):
@@ -129,7 +154,7 @@ def test_incomplete_dataset_is_refused(tmp_path):
     with pytest.raises(PipelineError, match="incomplete"):
         load_sft_records(tiny_cfg(tmp_path))
     with pytest.raises(PipelineError, match="run `python -m pipeline filter` first"):
-        load_sft_records(tiny_cfg(tmp_path, "method=act"))
+        load_sft_records(tiny_cfg(tmp_path, "format=act"))
 
 
 def fake_checkpoint(folder: Path, step: int, *, state: str | None = None, weights=True, optimizer=True) -> Path:
@@ -322,7 +347,7 @@ def test_ddp_run_learns_checkpoints_and_saves_final(dataset, reference_run):
     assert losses[LONG] < losses[1] - 1.0, losses  # 10.8 (= ln 49152) -> well below
     manifest = json.loads((out_dir / "final" / "manifest.json").read_text())
     assert manifest["complete"] and manifest["steps"] == LONG and manifest["adapter"] is False
-    assert manifest["method"] == "react" and manifest["num_processes"] == 2 and manifest["tokenizer"] == "."
+    assert manifest["format"] == "react" and manifest["num_processes"] == 2 and manifest["tokenizer"] == "."
     assert manifest["lengths"]["n_too_long"] == 0 and manifest["eos_token"] == "<|im_end|>"
     # every trainable parameter moved away from its (seeded) initial value
     cfg = tiny_cfg(dataset)

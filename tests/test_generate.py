@@ -135,7 +135,7 @@ def test_a_larger_limit_appends_only_the_new_questions(index, tmp_path):
 def test_a_different_teacher_into_the_same_folder_is_refused(oracle_run, index, question_file):
     out, _ = oracle_run
     before = snapshot(out)
-    for override in ("teacher.backend=openai", "method.max_steps=5", "wiki.backend=live"):
+    for override in ("teacher.backend=openai", "prompting.max_steps=5", "wiki.backend=live"):
         proc = run_pipeline(*oracle_args(index, question_file, out), override)
         assert proc.returncode == 2, (override, proc.stderr)
         lines = proc.stderr.strip().splitlines()

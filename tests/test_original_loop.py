@@ -1,4 +1,4 @@
-"""`method.loop: original`: the notebook's webthink step (hotpotqa.ipynb), the verbatim
+"""`prompting.loop: original`: the notebook's webthink step (hotpotqa.ipynb), the verbatim
 instruction with the paper's exemplars, and the empty-Finish rule of ReAct -> CoT-SC.
 
     .venv/bin/python -m pytest tests/test_original_loop.py -q

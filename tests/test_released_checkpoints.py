@@ -156,7 +156,7 @@ def test_a_checkpoint_without_our_manifest_is_evaluated_in_its_format(tiny, tmp_
                                                                        kind, fmt):
     out = tmp_path / "eval"
     proc = run_pipeline("eval", f"checkpoint={tiny[kind]}", f"format={fmt}", "model.device=cpu",
-                        "method.max_new_tokens=4", f"questions={question_file}", f"wiki.index={index}",
+                        "prompting.max_new_tokens=4", f"questions={question_file}", f"wiki.index={index}",
                         f"out_dir={out}", timeout=300)
     assert proc.returncode == 0, proc.stderr
     [row] = json.loads((out / "summary.json").read_text())

@@ -81,7 +81,7 @@ def tiny_grid(tmp_path: Path, shared_data: Path, base: Path) -> Path:
         "train": {"output_root": str(tmp_path / "ckpt"), "max_steps": TRAIN_STEPS, "global_batch_size": 4,
                   "accelerate_config": "cpu", "save_steps": SAVE_EVERY},
         "eval": {"questions": "offline-eval", "limit": 3, "max_in_flight": 3,
-                 "method": {"max_new_tokens": 8, "max_steps": 2}},
+                 "prompting": {"max_new_tokens": 8, "max_steps": 2}},
         "plot": {"reference_points": False},
         "students": [{"name": "tiny", "config": str(REPO / "configs" / "students" / "tiny.yaml"),
                       "size_class": "tiny", "params_b": 0.0032,

@@ -28,6 +28,7 @@ from typing import Any
 from pipeline.errors import PipelineError
 from pipeline.llm.base import Completion, GenerationRequest, cut_at_stop
 from pipeline.llm.config import LLMConfig
+from pipeline.llm.models import SMOLLM2, load_tokenizer, resolve_model_path
 
 # Below this many shared tokens, a separate prefix pass is not worth its overhead.
 MIN_SHARED_PREFIX = 32
@@ -54,10 +55,8 @@ def resolve_model_source(cfg: LLMConfig) -> tuple[str, dict[str, Any]]:
     """(what to pass to from_pretrained, extra kwargs) for cfg.model; PipelineError when a local
     path is named but missing."""
     model = cfg.model
-    if model == "smollm2":
-        from pipeline.llm.smollm2 import local_smollm2_dir
-
-        return str(local_smollm2_dir()), {}
+    if model == SMOLLM2:
+        return resolve_model_path(model), {}
     path = Path(model).expanduser()
     if model.endswith(".gguf"):
         if not path.is_file():
@@ -381,12 +380,8 @@ def _resolve_dtype(dtype: str, device):
 
 
 def _load_tokenizer(source: str, kwargs: dict, cfg: LLMConfig):
-    from transformers import AutoTokenizer
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=cfg.trust_remote_code, **kwargs)
-    except (OSError, ValueError) as exc:
-        raise PipelineError(f"llm.model: cannot load {cfg.model}: no such local directory, and the hub did not provide it ({_first_line(exc)})") from None
+    tokenizer = load_tokenizer(source, key="llm.model", label=cfg.model,
+                               trust_remote_code=cfg.trust_remote_code, **kwargs)
     tokenizer.padding_side = "left"
     return tokenizer
 

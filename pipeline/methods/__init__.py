@@ -21,7 +21,7 @@ from pipeline.methods.prompts import PromptPrefix, load_prompt, zero_shot
 METHOD_NAMES = ("standard", "cot", "cot_sc", "act", "react", "react_to_cot_sc", "cot_sc_to_react")
 MODES = ("prompt", "zero_shot", "fireact")
 LOOPS = ("ours", "original")
-# The trajectory formats (pipeline.trajectory.METHODS) each method prompts with.
+# The trajectory formats (pipeline.trajectory.FORMATS) each method prompts with.
 FORMATS_USED = {"standard": ("standard",), "cot": ("cot",), "cot_sc": ("cot",), "act": ("act",),
                 "react": ("react",), "react_to_cot_sc": ("react", "cot"),
                 "cot_sc_to_react": ("cot", "react")}

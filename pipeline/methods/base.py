@@ -18,6 +18,7 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from pipeline.errors import BackendFailure
 from pipeline.llm.base import Completion, GenerationRequest
 from pipeline.trajectory import Trajectory, one_line
 from pipeline.wiki.env import WikiEnv
@@ -27,7 +28,7 @@ Program = Generator[list[GenerationRequest], list[list[Completion]], "Outcome"]
 
 @dataclass
 class MethodSettings:
-    """How a method prompts. Nest it in a stage config (dotted keys: `method.max_steps=7`)."""
+    """How a method prompts: the `prompting:` block of a stage config (`prompting.max_steps=7`)."""
 
     mode: str = "prompt"  # prompt (instruction + exemplars + question) | zero_shot (question alone)
     exemplars: str = "ours"  # ours | paper | a prompts_naive.json path | a folder of ours
@@ -72,12 +73,10 @@ class Method(Protocol):
         """The episode program (see the module docstring)."""
 
 
-# Failures of the page source (local SQLite, live API via pipeline.transport) end ONE episode with
+# Failures of the page source (local SQLite, a live API) end ONE episode with
 # `backend_error: ...`; anything else (a bug in our code) still raises.
 def backend_errors() -> tuple[type[BaseException], ...]:
-    from pipeline.transport import RequestFailed
-
-    return (RequestFailed, sqlite3.Error, OSError)
+    return (BackendFailure, sqlite3.Error, OSError)
 
 
 def completion_failure(c: Completion) -> str | None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from pipeline.errors import PipelineError
 from pipeline.methods.prompts import EXEMPLAR_DIR, our_exemplar_file
 from pipeline.storage import atomic_write_json
-from pipeline.trajectory import METHODS, Step, Trajectory, one_line
+from pipeline.trajectory import FORMATS, Step, Trajectory, one_line
 from pipeline.wiki.backend import WikiBackend
 from pipeline.wiki.env import WikiEnv
 
@@ -51,7 +51,7 @@ def replay(item: dict, backend: WikiBackend) -> Trajectory:
 
 def build(backend: WikiBackend, authored: list[dict]) -> dict[str, list[dict]]:
     """{format: [{id, gold_answer, trajectory}]} for the four formats."""
-    out: dict[str, list[dict]] = {fmt: [] for fmt in METHODS}
+    out: dict[str, list[dict]] = {fmt: [] for fmt in FORMATS}
     for item in authored:
         react = replay(item, backend)
         act = Trajectory(react.question, "act", [Step(None, s.action, s.observation) for s in react.steps],

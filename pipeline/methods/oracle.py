@@ -44,7 +44,7 @@ from pipeline.methods.base import (
     backend_errors,
     episode_seed,
 )
-from pipeline.trajectory import METHODS, Step, Trajectory, one_line
+from pipeline.trajectory import FORMATS, Step, Trajectory, one_line
 from pipeline.wiki.backend import Page
 from pipeline.wiki.index import title_key
 
@@ -59,8 +59,8 @@ whose why with which also than then there these those both either same other nam
 
 
 def oracle_method(fmt: str, settings: MethodSettings | None = None, style: str = DEFAULT_STYLE) -> OracleMethod:
-    if fmt not in METHODS:
-        raise PipelineError(f"the oracle teacher writes {', '.join(METHODS)} trajectories, not '{fmt}'")
+    if fmt not in FORMATS:
+        raise PipelineError(f"the oracle teacher writes {', '.join(FORMATS)} trajectories, not '{fmt}'")
     check_style(style)
     return OracleMethod(fmt, settings or MethodSettings(), style)
 

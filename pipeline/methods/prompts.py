@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pipeline.errors import PipelineError
 from pipeline.storage import read_json
-from pipeline.trajectory import METHODS, Trajectory, render
+from pipeline.trajectory import FORMATS, Trajectory, render
 
 EXEMPLAR_DIR = Path(__file__).resolve().parent / "exemplars"
 PAPER_KEYS = {"react": "webthink_simple6", "act": "webact_simple6", "cot": "cotqa_simple6",
@@ -148,5 +148,5 @@ def load_prompt(fmt: str, exemplars: str = "ours") -> PromptPrefix:
 
 
 def _check_format(fmt: str) -> None:
-    if fmt not in METHODS:
-        raise PipelineError(f"unknown trajectory format '{fmt}'; expected one of {', '.join(METHODS)}")
+    if fmt not in FORMATS:
+        raise PipelineError(f"unknown trajectory format '{fmt}'; expected one of {', '.join(FORMATS)}")

@@ -8,7 +8,7 @@
 
 A base model is prompted with the method's instruction and exemplars (mode `prompt`); a
 fine-tuned checkpoint of ours runs zero-shot in the format it was trained on (mode `finetune`:
-the question line alone), its base model, adapter, method and size read from its manifest.
+the question line alone), its base model, adapter, format and size read from its manifest.
 Any other fine-tuned model or PEFT adapter (a folder or hub id without our manifest, e.g. a
 released agent) is resolved by pipeline.checkpoints and decodes in its `format`
 (pipeline.checkpoints.DECODE_FORMATS: ours, or FireAct's).
@@ -21,12 +21,14 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import ClassVar
 
-from pipeline.config import add_config_arguments, load_config, to_dict
+from pipeline.config import add_config_arguments, stage_config, to_dict
+from pipeline.episodes import answerer, run_methods, start_run, writing_run
 from pipeline.errors import PipelineError
 from pipeline.llm.config import LLMConfig
-from pipeline.methods import MethodSettings
-from pipeline.storage import atomic_write_json, check_writable_dir, require_complete, write_manifest
+from pipeline.methods import FORMATS_USED, MethodSettings
+from pipeline.storage import atomic_write_json, require_complete, write_manifest
 from pipeline.wiki.config import WikiConfig
 
 # Sizes (billions of parameters) of models a config may name without saying params_b.
@@ -38,11 +40,13 @@ KNOWN_SIZES_B = {"smollm2": 0.135, "HuggingFaceTB/SmolLM2-135M-Instruct": 0.135,
 
 
 # Keys whose change makes old records incomparable with new ones (a larger `limit` is fine).
-IDENTITY_KEYS = ("model", "checkpoint", "format", "base_model", "questions", "method", "wiki")
+IDENTITY_KEYS = ("model", "checkpoint", "format", "base_model", "questions", "prompting", "wiki")
 
 
 @dataclass
 class EvalConfig:
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {"method": "prompting"}  # old key -> new (pipeline.config)
+
     model: LLMConfig = field(default_factory=LLMConfig)  # a base model to prompt
     checkpoint: Path | None = None  # or a fine-tuned checkpoint: our `final` folder, any model/adapter folder, a hub id
     format: str | None = None  # how a checkpoint without our manifest decodes: standard|cot|act|react|fireact
@@ -53,7 +57,7 @@ class EvalConfig:
     questions: str = "offline-eval"  # react-dev500 needs wiki.backend=live or a full local index
     limit: int | None = None
     out_dir: Path = Path("runs/eval/default")
-    method: MethodSettings = field(default_factory=MethodSettings)
+    prompting: MethodSettings = field(default_factory=MethodSettings)  # mode is set from the model (prompt | zero_shot)
     wiki: WikiConfig = field(default_factory=WikiConfig)
     max_in_flight: int = 16
 
@@ -72,46 +76,31 @@ class ModelUnderTest:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_arguments(parser)
+    add_config_arguments(parser, EvalConfig)
 
 
 def main(args: argparse.Namespace) -> int:
-    cfg = load_config(EvalConfig, args.config, args.overrides, section="eval")
-    evaluate(cfg)
+    evaluate(stage_config(EvalConfig, args, section="eval"))
     return 0
 
 
 def evaluate(cfg: EvalConfig) -> list[dict]:
     """Run every method, write records and `summary.json`; return the summary rows."""
-    from pipeline.episodes import run_lock, run_methods
-    from pipeline.hotpotqa import load_question_set
-    from pipeline.stages.generate import check_methods, check_resumable, open_llm
-    from pipeline.wiki.config import open_backend
-
-    check_writable_dir(cfg.out_dir)  # before any model is loaded or episode run
     target = model_under_test(cfg)
-    settings = replace(cfg.method, mode=target.decode_mode if target.mode == "finetune" else "prompt")
+    settings = replace(cfg.prompting, mode=target.decode_mode if target.mode == "finetune" else "prompt")
     methods = default_methods(cfg.methods, target)
     check_finetuned_methods(methods, target)
-    check_methods(methods, settings, target.label)
-    questions = load_question_set(cfg.questions, limit=cfg.limit)
-    if not questions:
-        raise PipelineError(f"question set '{cfg.questions}' is empty: nothing to evaluate")
-    check_resumable(cfg.out_dir, "eval", to_dict(cfg), IDENTITY_KEYS)
+    model = answerer(target.llm)
     record = precision_record(target)
-    check_same_precision(cfg.out_dir, record)
-    backend = open_backend(cfg.wiki)
-    llm = open_llm(target.llm)
+    questions, backend, llm, _ = start_run(cfg, "eval", model, settings, IDENTITY_KEYS, methods=methods,
+                                           check=lambda: check_same_precision(cfg.out_dir, record))
     manifest = dict(stage="eval", config=to_dict(cfg), model=target.label, mode=target.mode,
                     n_questions=len(questions), **record)
-    with run_lock(cfg.out_dir):
-        check_resumable(cfg.out_dir, "eval", to_dict(cfg), IDENTITY_KEYS)
-        check_same_precision(cfg.out_dir, record)
-        write_manifest(cfg.out_dir / "manifest.json", complete=False, **manifest)
+    with writing_run(cfg, IDENTITY_KEYS, manifest, check=lambda: check_same_precision(cfg.out_dir, record)):
         # A summary of an earlier (smaller) run must not outlive this run's start: if this run is
         # killed, no summary.json is left to be plotted as if it were this run's result.
         (cfg.out_dir / "summary.json").unlink(missing_ok=True)
-        stats = run_methods(llm, target.label, methods, questions, settings, backend, cfg.out_dir,
+        stats = run_methods(model, llm, methods, questions, settings, backend, cfg.out_dir,
                             max_in_flight=cfg.max_in_flight, source="eval")
         rows = [summary_row(target, name, cfg.questions, s, record) for name, s in stats.items()]
         atomic_write_json(cfg.out_dir / "summary.json", rows)
@@ -138,10 +127,12 @@ def model_under_test(cfg: EvalConfig) -> ModelUnderTest:
     if not (final / "manifest.json").exists():
         return released_model_under_test(cfg)
     manifest = require_complete(final / "manifest.json", f"fine-tuned checkpoint {final}")
-    if not manifest.get("method"):
-        raise PipelineError(f"{final}/manifest.json names no 'method'; is it a `train` output folder?")
-    if cfg.format not in (None, manifest["method"]):
-        raise PipelineError(f"{final} was trained here on '{manifest['method']}' (its manifest); "
+    fmt = manifest.get("format") or manifest.get("method")  # "method": written before the rename
+    missing = [k for k, v in (("format", fmt), ("student", manifest.get("student"))) if not v]
+    if missing:
+        raise PipelineError(f"{final}/manifest.json names no {' or '.join(repr(k) for k in missing)}; is it a `train` output folder?")
+    if cfg.format not in (None, fmt):
+        raise PipelineError(f"{final} was trained here on '{fmt}' (its manifest); "
                             f"format={cfg.format} contradicts it: drop format=")
     if manifest.get("adapter"):
         base = manifest.get("base_model")
@@ -152,13 +143,13 @@ def model_under_test(cfg: EvalConfig) -> ModelUnderTest:
     else:
         llm = replace(cfg.model, model=str(final), adapter=None, gguf_file=None)
     # One label per student across its methods, so the figure groups them as one model.
-    label = cfg.model.name or f"{manifest.get('student') or final.parent.parent.name} (fine-tuned)"
+    label = cfg.model.name or f"{manifest['student']} (fine-tuned)"
     llm = replace(llm, name=label)
     size_class = cfg.size_class or manifest.get("size_class") or ""
     params_b = cfg.params_b or manifest.get("params_b")
     if not size_class or not params_b:
         raise PipelineError(f"{final}: its manifest has no size; set size_class= and params_b=")
-    return ModelUnderTest(llm, label, "finetune", size_class, float(params_b), manifest["method"],
+    return ModelUnderTest(llm, label, "finetune", size_class, float(params_b), fmt,
                           train_precision=manifest.get("precision"))
 
 
@@ -187,8 +178,6 @@ def check_finetuned_methods(methods: list[str], target: ModelUnderTest) -> None:
     """A student decodes only the format it was trained on (CoT-SC needs a CoT student)."""
     if target.mode != "finetune":
         return
-    from pipeline.methods import FORMATS_USED
-
     bad = [m for m in methods if set(FORMATS_USED.get(m, (m,))) != {target.trained_format}]
     if bad:
         raise PipelineError(

@@ -9,7 +9,7 @@ released files (pipeline.importers). Per method it keeps episodes that finished 
 (optionally F1 >= min_f1), drops repeated question ids (the first is kept), caps the rest at
 `max_per_method` by a seeded draw, shuffles them with the same seed (so training batches mix
 questions and sources rather than follow the generate order; `shuffle=false` keeps input order),
-and writes `<out_dir>/<method>/` (FORMATS.md): train.jsonl,
+and writes `<out_dir>/<method>/` (README, "Formats between stages"): train.jsonl,
 README.md (dataset card), stats.json, manifest.json. The folder appears by one rename, so a reader
 never sees half a dataset. A re-run whose inputs (fingerprints) and settings match the manifest
 skips the method; `force=true` rebuilds.
@@ -29,20 +29,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import add_config_arguments, load_config, to_dict
+from pipeline.config import add_config_arguments, stage_config, to_dict
 from pipeline.errors import PipelineError
+from pipeline.llm.models import load_tokenizer
 from pipeline.storage import (
     TMP_SUFFIX,
     check_writable_dir,
     file_fingerprint,
+    is_done,
     read_jsonl,
-    read_manifest,
     remove_stale_temps,
     require_complete,
     temp_prefix,
     write_manifest,
 )
-from pipeline.trajectory import METHODS, Trajectory, render
+from pipeline.trajectory import FORMATS, Trajectory, render
 
 REQUIRED_FIELDS = ("id", "method", "em", "finished", "trajectory")
 # Why an episode was not kept, in the order the checks run.
@@ -111,19 +112,19 @@ def _read_generate_folder(folder: Path) -> list[tuple[Path, list[dict]]]:
     require_complete(folder / "manifest.json", f"generate output {folder}")
     out = []
     for path in sorted(folder.glob("*.jsonl")):
-        if path.stem not in METHODS:
+        if path.stem not in FORMATS:
             # CoT-SC and hybrids are eval-time methods: no training format of their own
-            print(f"note: {path} skipped (method '{path.stem}' is not a training format: {', '.join(METHODS)})")
+            print(f"note: {path} skipped (method '{path.stem}' is not a training format: {', '.join(FORMATS)})")
             continue
         episodes = read_jsonl(path)
         for i, episode in enumerate(episodes, 1):
             missing = [k for k in REQUIRED_FIELDS if k not in episode]
             if missing:
-                raise PipelineError(f"{path}: record {i} lacks {', '.join(missing)}; not an episode record (FORMATS.md)")
+                raise PipelineError(f"{path}: record {i} lacks {', '.join(missing)}; not an episode record (README, Formats between stages)")
             episode.setdefault("source", "generate")
         out.append((path, episodes))
     if not out:
-        raise PipelineError(f"{folder}: no <method>.jsonl files ({', '.join(METHODS)}); is it a generate output folder?")
+        raise PipelineError(f"{folder}: no <method>.jsonl files ({', '.join(FORMATS)}); is it a generate output folder?")
     return out
 
 
@@ -182,7 +183,7 @@ def _drop_reason(episode: dict, method: str, cfg: FilterConfig) -> str | None:
 
 
 def sft_example(episode: dict) -> dict:
-    """One training row (FORMATS.md): the renderer's prompt/completion and observation spans."""
+    """One training row (README, "Formats between stages": SFT dataset): the renderer's prompt/completion and observation spans."""
     traj = Trajectory.from_dict(episode["trajectory"])
     rendered = render(traj)
     return {
@@ -207,21 +208,6 @@ def summarize(values: list[float]) -> dict[str, float] | None:
 
     return {"min": ordered[0], "mean": round(statistics.fmean(ordered), 2), "p50": rank(0.50),
             "p95": rank(0.95), "max": ordered[-1]}
-
-
-def load_tokenizer(name: str):
-    """The student's tokenizer: "smollm2" (the embedded model), a local folder, or a hub id."""
-    from transformers import AutoTokenizer
-
-    if name == "smollm2":
-        from pipeline.llm.smollm2 import local_smollm2_dir
-
-        name = str(local_smollm2_dir())
-    try:
-        return AutoTokenizer.from_pretrained(name)
-    except (OSError, ValueError) as exc:
-        raise PipelineError(f"tokenizer '{name}' cannot be loaded ({str(exc).splitlines()[0]}); "
-                            "give a local folder, a cached hub id, or 'smollm2'") from None
 
 
 def token_lengths(examples: list[dict], tokenizer) -> list[int]:
@@ -344,9 +330,8 @@ def content_key(cfg: FilterConfig) -> dict:
 
 
 def is_up_to_date(folder: Path, inputs: list[dict], cfg: FilterConfig) -> bool:
-    manifest = read_manifest(folder / "manifest.json") if folder.is_dir() else None
-    return bool(manifest and manifest.get("complete") and manifest.get("inputs") == inputs
-                and manifest.get("settings") == content_key(cfg) and (folder / "train.jsonl").exists())
+    return (is_done(folder / "manifest.json", inputs=inputs, settings=content_key(cfg))
+            and (folder / "train.jsonl").exists())
 
 
 # ---------------------------------------------------------------- the stage
@@ -358,13 +343,13 @@ def run_filter(cfg: FilterConfig) -> dict:
         raise PipelineError("filter: nothing to read; set inputs=[<generate output folder>] or pass --from-fireact PATH")
     if cfg.max_per_method < 1:
         raise PipelineError(f"filter: max_per_method must be >= 1, got {cfg.max_per_method}")
-    unknown = [m for m in cfg.methods if m not in METHODS]
+    unknown = [m for m in cfg.methods if m not in FORMATS]
     if unknown:
-        raise PipelineError(f"filter: methods {unknown} are not training formats; choose from {list(METHODS)}")
+        raise PipelineError(f"filter: methods {unknown} are not training formats; choose from {list(FORMATS)}")
     check_writable_dir(cfg.out_dir)
     remove_stale_temps(cfg.out_dir)  # a killed run's half-written dataset folders and manifest
     by_method, inputs, reports = collect_episodes(cfg)
-    methods = cfg.methods or [m for m in METHODS if m in by_method]
+    methods = cfg.methods or [m for m in FORMATS if m in by_method]
     missing = [m for m in methods if m not in by_method]
     if missing or not methods:
         raise PipelineError(f"filter: no input episodes for {missing or 'any method'} "
@@ -388,7 +373,7 @@ def run_filter(cfg: FilterConfig) -> dict:
                 print(f"removed the stale {folder}")
             continue
         if cfg.tokenizer and tokenizer is None:
-            tokenizer = load_tokenizer(cfg.tokenizer)
+            tokenizer = load_tokenizer(cfg.tokenizer, key="filter.tokenizer")
         stats = dataset_stats(selection, examples, tokenizer, cfg.tokenizer)
         files = {
             "train.jsonl": "".join(json.dumps(e, ensure_ascii=False) + "\n" for e in examples),
@@ -412,14 +397,14 @@ def run_filter(cfg: FilterConfig) -> dict:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_arguments(parser)
+    add_config_arguments(parser, FilterConfig)
     parser.add_argument("--from-fireact", action="append", default=[], metavar="PATH",
                         help="add a FireAct alpaca .json / gpt .jsonl file or folder as input (repeatable)")
     parser.add_argument("--force", action="store_true", help="rebuild datasets even when up to date")
 
 
 def main(args: argparse.Namespace) -> int:
-    cfg = load_config(FilterConfig, args.config, args.overrides, section="filter")
+    cfg = stage_config(FilterConfig, args, section="filter")
     cfg.fireact = [*cfg.fireact, *args.from_fireact]
     cfg.force = cfg.force or args.force
     run_filter(cfg)

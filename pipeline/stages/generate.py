@@ -24,23 +24,27 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
-from pipeline.config import add_config_arguments, load_config, to_dict
+from pipeline.config import add_config_arguments, stage_config, to_dict
+from pipeline.episodes import answerer, method_stats, run_methods, start_run, writing_run
 from pipeline.errors import PipelineError
 from pipeline.llm.config import LLMConfig
 from pipeline.methods import MethodSettings
-from pipeline.storage import check_writable_dir, read_manifest, write_manifest
+from pipeline.storage import write_manifest
 from pipeline.wiki.config import WikiConfig
 
 
 @dataclass
 class GenerateConfig:
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {"method": "prompting"}  # old key -> new (pipeline.config)
+
     teacher: LLMConfig = field(default_factory=LLMConfig)  # backend: transformers|vllm|openai|oracle
     methods: list[str] = field(default_factory=lambda: ["standard", "cot", "act", "react"])
     questions: str = "offline-bootstrap"  # a question-set name (pipeline.hotpotqa) or a file
     limit: int | None = None  # the first N questions of the set
     out_dir: Path = Path("runs/generate/default")
-    method: MethodSettings = field(default_factory=MethodSettings)
+    prompting: MethodSettings = field(default_factory=MethodSettings)  # how the teacher is prompted
     wiki: WikiConfig = field(default_factory=WikiConfig)
     max_in_flight: int = 16  # episodes run at once (one batched LLM call per round)
     target_correct: int | None = None  # target mode: draw questions until each method has N correct
@@ -48,48 +52,31 @@ class GenerateConfig:
 
 
 # Keys whose change makes old records incomparable with new ones (a larger `limit` is fine).
-IDENTITY_KEYS = ("teacher", "questions", "method", "wiki")
+IDENTITY_KEYS = ("teacher", "questions", "prompting", "wiki")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_arguments(parser)
+    add_config_arguments(parser, GenerateConfig)
 
 
 def main(args: argparse.Namespace) -> int:
-    cfg = load_config(GenerateConfig, args.config, args.overrides, section="generate")
-    generate(cfg)
+    generate(stage_config(GenerateConfig, args, section="generate"))
     return 0
 
 
 def generate(cfg: GenerateConfig) -> dict[str, dict]:
     """Run every method; return per-method stats. Validates everything before writing."""
-    from pipeline.episodes import run_lock, run_methods
-    from pipeline.hotpotqa import load_question_set
-    from pipeline.wiki.config import open_backend
-
-    check_writable_dir(cfg.out_dir)  # before any model is loaded or episode run
-    label = teacher_label(cfg.teacher)
-    check_oracle_style(cfg.teacher, label)
-    exemplar_sources = check_methods(cfg.methods, cfg.method, label)
-    questions = load_question_set(cfg.questions, limit=cfg.limit)
-    if not questions:
-        raise PipelineError(f"question set '{cfg.questions}' is empty")
+    teacher = answerer(cfg.teacher)
     keys = IDENTITY_KEYS if cfg.target_correct is None else (*IDENTITY_KEYS, "order_seed")
-    check_resumable(cfg.out_dir, "generate", to_dict(cfg), keys)
-    backend = open_backend(cfg.wiki)
-    llm = None if label == "oracle" else open_llm(cfg.teacher)
-    manifest = dict(stage="generate", config=to_dict(cfg), teacher=label,
+    questions, backend, llm, exemplar_sources = start_run(cfg, "generate", teacher, cfg.prompting, keys)
+    manifest = dict(stage="generate", config=to_dict(cfg), teacher=teacher.label,
                     exemplar_sources=exemplar_sources, n_questions=len(questions))
-    manifest_path = cfg.out_dir / "manifest.json"
-    with run_lock(cfg.out_dir):
-        check_resumable(cfg.out_dir, "generate", to_dict(cfg), keys)  # again, now that we hold the folder
-        write_manifest(manifest_path, complete=False, **manifest)
+    with writing_run(cfg, keys, manifest) as manifest_path:
         if cfg.target_correct is None:
-            stats = run_methods(llm, label, cfg.methods, questions, cfg.method, backend, cfg.out_dir,
-                                max_in_flight=cfg.max_in_flight, source="generate",
-                                oracle_style=cfg.teacher.oracle_style)
+            stats = run_methods(teacher, llm, cfg.methods, questions, cfg.prompting, backend, cfg.out_dir,
+                                max_in_flight=cfg.max_in_flight, source="generate")
         else:
-            stats = run_to_target(llm, label, cfg, questions, backend)
+            stats = run_to_target(teacher, llm, cfg, questions, backend)
         add_search_stats(stats, cfg.out_dir, questions)
         write_manifest(manifest_path, complete=True, stats=stats, **manifest)
     for name, s in stats.items():
@@ -135,10 +122,9 @@ def target_progress(order: list, records: dict[str, dict], target: int) -> dict:
             "pool": len(order)}
 
 
-def run_to_target(llm, label: str, cfg: GenerateConfig, questions: list, backend) -> dict[str, dict]:
+def run_to_target(teacher, llm, cfg: GenerateConfig, questions: list, backend) -> dict[str, dict]:
     """Target mode (module docstring): per method, draw batches in the seeded order until the
     method has `target_correct` correct episodes or no question is left."""
-    from pipeline.episodes import method_stats, run_methods
     from pipeline.storage import read_jsonl
 
     if cfg.target_correct < 1:
@@ -157,22 +143,10 @@ def run_to_target(llm, label: str, cfg: GenerateConfig, questions: list, backend
                 break
             # enough for the missing ones at a perfect rate, and at least a full round of the runner
             batch = todo[:max(cfg.target_correct - progress["correct"], cfg.max_in_flight)]
-            run_methods(llm, label, [name], batch, cfg.method, backend, cfg.out_dir,
-                        max_in_flight=cfg.max_in_flight, source="generate",
-                        oracle_style=cfg.teacher.oracle_style)
+            run_methods(teacher, llm, [name], batch, cfg.prompting, backend, cfg.out_dir,
+                        max_in_flight=cfg.max_in_flight, source="generate")
         stats[name] = {**method_stats(path, set(records)), "target": progress}
     return stats
-
-
-def check_oracle_style(teacher: LLMConfig, label: str) -> None:
-    """teacher.oracle_style means something only to the oracle: fail rather than ignore it."""
-    from pipeline.methods.oracle import DEFAULT_STYLE, check_style
-
-    if label == "oracle":
-        check_style(teacher.oracle_style)
-    elif teacher.oracle_style != DEFAULT_STYLE:
-        raise PipelineError(f"teacher.oracle_style={teacher.oracle_style} applies only to teacher.backend=oracle "
-                            f"(the stand-in teacher); remove it for the {teacher.backend} teacher")
 
 
 def add_search_stats(stats: dict[str, dict], out_dir: Path, questions: list) -> None:
@@ -197,59 +171,3 @@ def search_line(s: dict) -> str:
     return (f"correct episodes: {s['episodes']}; missed a search {s['miss_episodes']} ({pct(s['miss_rate'])}), "
             f"recovered {s['recovered_episodes']} ({pct(s['recover_rate'])} of those), "
             f"looked up {s['lookup_episodes']} ({pct(s['lookup_rate'])}); search hit rate {pct(s['search_hit_rate'])}")
-
-
-def teacher_label(teacher: LLMConfig) -> str:
-    return "oracle" if teacher.backend == "oracle" else teacher.label
-
-
-def check_methods(methods: list[str], settings: MethodSettings, label: str) -> dict[str, dict]:
-    """Fail fast on an unknown method or a missing exemplar file; return exemplar sources."""
-    from pipeline.methods import prompt_prefixes
-    from pipeline.trajectory import METHODS
-
-    if not methods:
-        raise PipelineError("methods is empty; name at least one, e.g. methods=[react]")
-    if label == "oracle":
-        bad = [m for m in methods if m not in METHODS]
-        if bad:
-            raise PipelineError(f"the oracle teacher writes {', '.join(METHODS)} trajectories, not {', '.join(bad)}")
-        return {m: {"source": "oracle (gold supporting facts)"} for m in methods}
-    return {m: {fmt: p.source for fmt, p in prompt_prefixes(m, settings).items()} for m in methods}
-
-
-def open_llm(cfg: LLMConfig):
-    from pipeline.llm.factory import load_llm
-
-    llm = load_llm(cfg)
-    check = getattr(llm, "check_available", None)
-    if check is not None:
-        check()
-    return llm
-
-
-# Operational knobs that do not change what a teacher writes.
-OPERATIONAL_KEYS = ("max_batch_size", "max_concurrency", "timeout_s", "max_retries", "device")
-
-
-def identity(config: dict, keys: tuple[str, ...] = IDENTITY_KEYS) -> dict:
-    config = {k: config.get(k) for k in keys}
-    for k in ("teacher", "model"):  # the LLM sections: how it is served does not matter
-        if isinstance(config.get(k), dict):
-            config[k] = {key: v for key, v in config[k].items() if key not in OPERATIONAL_KEYS}
-    return config
-
-
-def check_resumable(out_dir: Path, stage: str, config: dict, keys: tuple[str, ...] = IDENTITY_KEYS) -> None:
-    """Refuse to append to a folder written by another stage or with a different model,
-    question set or method settings (`keys` of the stage config): records would get mixed."""
-    old = read_manifest(out_dir / "manifest.json")
-    if old is None:
-        return
-    new, was = identity(config, keys), identity(old.get("config", {}), keys)
-    changed = [k for k in keys if was.get(k) != new.get(k)]
-    if old.get("stage") != stage or changed:
-        raise PipelineError(
-            f"{out_dir} holds a {old.get('stage')} run with a different {', '.join(changed) or 'stage'}; "
-            "use another out_dir (or delete that folder) to start afresh"
-        )

@@ -31,7 +31,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.config import add_config_arguments, load_config, to_dict
+from pipeline.config import add_config_arguments, stage_config, to_dict
 from pipeline.errors import PipelineError
 from pipeline.reference import ORDERINGS, reference_rows
 from pipeline.storage import (
@@ -97,7 +97,7 @@ def load_summaries(paths: list[str | Path]) -> list[dict]:
             require_complete(path.parent / "manifest.json", f"summary {path}")
         data = read_json(path)
         if not isinstance(data, list):
-            raise PipelineError(f"{path}: expected a JSON list of summary rows (FORMATS.md)")
+            raise PipelineError(f"{path}: expected a JSON list of summary rows (README, Formats between stages)")
         if not data:
             raise PipelineError(f"{path}: the summary is empty (no evaluated rows); run eval on at least one model")
         rows += [validate_row(row, f"{path} row {i}") for i, row in enumerate(data)]
@@ -109,7 +109,7 @@ def validate_row(row: dict, where: str) -> dict:
         raise PipelineError(f"{where}: expected an object")
     missing = [k for k in REQUIRED if row.get(k) in (None, "")]
     if missing:
-        raise PipelineError(f"{where}: missing {', '.join(missing)} (see FORMATS.md, eval summary)")
+        raise PipelineError(f"{where}: missing {', '.join(missing)} (README, Formats between stages: Summary)")
     if row["mode"] not in MODES:
         raise PipelineError(f"{where}: mode must be 'prompt' or 'finetune', got {row['mode']!r}")
     em = row["em"]
@@ -553,9 +553,9 @@ def run_plot(cfg: PlotConfig) -> dict[str, Path]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_arguments(parser)
+    add_config_arguments(parser, PlotConfig)
 
 
 def main(args: argparse.Namespace) -> int:
-    run_plot(load_config(PlotConfig, args.config, args.overrides, section="plot"))
+    run_plot(stage_config(PlotConfig, args, section="plot"))
     return 0

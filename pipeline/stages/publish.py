@@ -107,7 +107,7 @@ def model_package(final: Path, name: str | None, summaries: list[Path]) -> tuple
     rows = eval_rows_for(final, summaries)
     if summaries and not rows:
         print(f"note: none of the {len(summaries)} summaries evaluated {final}; the card says 'not evaluated yet'")
-    name = name or f"{manifest.get('student', 'student')}-{manifest.get('method', 'model')}"
+    name = name or f"{manifest.get('student', 'student')}-{manifest.get('format') or manifest.get('method', 'model')}"
     files = {p.name: p for p in sorted(final.iterdir()) if p.is_file() and p.name != "README.md"}
     return "model", name, files, model_card(manifest, rows)
 

@@ -20,9 +20,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import add_config_arguments, build, load_config, to_dict
+import yaml
+
+from pipeline import precision
+from pipeline.config import (
+    add_config_arguments,
+    build,
+    load_config,
+    read_section,
+    read_yaml,
+    to_dict,
+)
 from pipeline.errors import PipelineError
-from pipeline.storage import check_writable_dir, read_manifest
+from pipeline.finetune import FinetuneConfig, resolve
+from pipeline.stages.eval import EvalConfig, evaluate, model_under_test, precision_record
+from pipeline.stages.filter import FilterConfig, run_filter
+from pipeline.stages.generate import GenerateConfig, generate
+from pipeline.stages.plot import PlotConfig, run_plot
+from pipeline.stages.train import gpu_count, pick_accelerate_config, train
+from pipeline.storage import check_writable_dir, is_done
 
 
 @dataclass
@@ -55,7 +71,7 @@ class RunConfig:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_arguments(parser)
+    add_config_arguments(parser, RunConfig)  # --print-config prints every unit's effective config
 
 
 def main(args: argparse.Namespace) -> int:
@@ -63,8 +79,18 @@ def main(args: argparse.Namespace) -> int:
         raise PipelineError("run needs --config configs/<experiment>.yaml (e.g. configs/demo.yaml)")
     cfg = load_config(RunConfig, args.config, args.overrides)
     students = [build(Student, s, where=f"{args.config} students[{i}]") for i, s in enumerate(cfg.students)]
+    if args.print_config:
+        print_plan(plan(cfg, students))
+        return 0
     run(cfg, students)
     return 0
+
+
+def print_plan(units: list[Unit]) -> None:
+    """Each unit's title and the config it would run with, as YAML (nothing runs)."""
+    for i, unit in enumerate(units, start=1):
+        print(f"# [{i}/{len(units)}] {unit.title}")
+        print(yaml.safe_dump(to_dict(unit.config), sort_keys=False))
 
 
 @dataclass
@@ -79,10 +105,6 @@ class Unit:
 def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
     """Build and check every unit's config before anything runs, so a typo in the eval section
     fails in a second, not after hours of training."""
-    from pipeline.stages.eval import evaluate
-    from pipeline.stages.filter import run_filter
-    from pipeline.stages.generate import generate
-
     dataset_dir = cfg.out_dir / "sft"
     units = []
     if not students or not all(s.checkpoint for s in students):  # a grid of released students needs no data
@@ -100,11 +122,11 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
         if not student.finetune:
             continue
         for method in cfg.methods:
-            ft, overrides = train_config(cfg, student, method, dataset_dir)
+            ft = train_config(cfg, student, method, dataset_dir)
             final = Path(ft.output_dir) / "final"
-            units.append(Unit(f"train: {student.name} on {method}", (ft, student.config, overrides), launch_train))
+            units.append(Unit(f"train: {student.name} on {method}", ft, launch_train))
             units.append(Unit(f"eval: {student.name} fine-tuned on {method}",
-                              eval_config(cfg, student, final), with_model_card(final, skip_or(evaluate, eval_precision))))
+                              eval_config(cfg, student, final, method), with_model_card(final, skip_or(evaluate, eval_precision))))
     summaries = [u.config.out_dir / "summary.json" for u in units if u.title.startswith("eval")]
     units.append(Unit("plot: figure 3 and the table", plot_config(cfg, summaries), run_plot))
     return units
@@ -130,19 +152,11 @@ def check_outputs(cfg: RunConfig, units: list[Unit]) -> None:
     for unit in units:
         if unit.action is launch_train:
             ft = unit.config[0]
-            check_writable_dir(ft.output_dir, f"train output_dir ({ft.student_name}, {ft.method})")
+            check_writable_dir(ft.output_dir, f"train output_dir ({ft.student_name}, {ft.format})")
 
 
 def stage(title: str) -> None:
     print(f"\n[run] === {title}", flush=True)
-
-
-def unit_done(manifest_path: Path, config: dict, identity: dict | None = None) -> bool:
-    """A unit is done when its manifest says complete and was written with this same config and
-    the same resolved `identity` (e.g. the precision `auto` chose: it depends on the machine)."""
-    manifest = read_manifest(manifest_path)
-    return bool(manifest and manifest.get("complete") and manifest.get("config") == config
-                and all(manifest.get(k) == v for k, v in (identity or {}).items()))
 
 
 def merged(*layers: dict) -> dict[str, Any]:
@@ -162,7 +176,7 @@ def skip_or(action, identity=None):
     the same `identity(config)`: an eval run in another precision is not this one)."""
     def run_unit(config):
         manifest = Path(config.out_dir) / "manifest.json"
-        if unit_done(manifest, to_dict(config), identity(config) if identity else None):
+        if is_done(manifest, config=to_dict(config), **(identity(config) if identity else {})):
             print(f"[run] skip: {config.out_dir} is complete")
             return None
         return action(config)
@@ -183,83 +197,63 @@ def with_model_card(final: Path, action):
 
 
 def generate_config(cfg: RunConfig):
-    from pipeline.stages.generate import GenerateConfig
-
     layers = merged({"methods": cfg.methods, "wiki": cfg.wiki}, cfg.generate,
                     {"out_dir": str(cfg.out_dir / "generate")})
     return build(GenerateConfig, layers, where="generate")
 
 
 def filter_config(cfg: RunConfig, dataset_dir: Path):
-    from pipeline.stages.filter import FilterConfig
-
     layers = merged({"methods": cfg.methods}, cfg.filter,
                     {"inputs": [str(cfg.out_dir / "generate")], "out_dir": str(dataset_dir)})
     return build(FilterConfig, layers, where="filter")  # filter skips unchanged methods itself
 
 
-def train_config(cfg: RunConfig, student: Student, method: str, dataset_dir: Path):
-    import json
-
-    from pipeline.config import load_config
-    from pipeline.finetune import FinetuneConfig, resolve
-
-    layers = merged(cfg.train, student.train, {
-        "experiment": cfg.experiment, "student_name": student.name, "method": method,
+def train_config(cfg: RunConfig, student: Student, fmt: str, dataset_dir: Path):
+    """The student's FinetuneConfig (its YAML < the experiment's `train` < the student's `train`
+    < this unit's keys), built and resolved once; `train` hands it to the launched processes."""
+    layers = merged(read_section(student.config, "train"), cfg.train, student.train, {
+        "experiment": cfg.experiment, "student_name": student.name, "format": fmt,
         "dataset_dir": str(dataset_dir), "size_class": student.size_class})
-    overrides = [f"{k}={json.dumps(v)}" for k, v in layers.items()]
-    return resolve(load_config(FinetuneConfig, student.config, overrides, section="train")), overrides
+    return resolve(build(FinetuneConfig, layers, where=f"{student.config} (train, {student.name} on {fmt})"))
 
 
-def launch_train(unit_config) -> None:
-    """`python -m pipeline train` for one student x method, unless its final model is done."""
-    from pipeline.stages.train import main as train_main
-
-    ft, config_path, overrides = unit_config
+def launch_train(ft) -> None:
+    """`train` for one student x method, unless its final model is done with this config."""
     final = Path(ft.output_dir) / "final"
-    if unit_done(final / "manifest.json", to_dict(ft), {"precision": training_precision(ft)}):
+    if is_done(final / "manifest.json", config=to_dict(ft), precision=training_precision(ft)):
         print(f"[run] skip: {final} is complete")
         return
-    args = argparse.Namespace(config=config_path, overrides=overrides, accelerate_config=None,
-                              num_processes=None, dry_run=False)
     try:
-        code = train_main(args)
+        code = train(ft)
     except PipelineError as exc:  # the child's own error line, relayed by the train stage
-        failure = PipelineError(f"training {ft.student_name} on {ft.method}: {exc}")
+        failure = PipelineError(f"training {ft.student_name} on {ft.format}: {exc}")
         failure.exit_code = exc.exit_code
         raise failure from None
     if code != 0:
-        raise PipelineError(f"training {ft.student_name} on {ft.method} failed (exit code {code}); "
+        raise PipelineError(f"training {ft.student_name} on {ft.format} failed (exit code {code}); "
                             "fix the cause and re-run: it resumes from the latest checkpoint")
 
 
 def training_precision(ft) -> str:
     """The precision this training unit would run in (on this machine, under its accelerate config)."""
-    from pipeline import precision
-    from pipeline.config import read_yaml
-    from pipeline.stages.train import gpu_count, pick_accelerate_config
-
     accelerate = read_yaml(pick_accelerate_config(ft.accelerate_config, gpu_count()))
     return precision.training(ft.precision, deepspeed=accelerate.get("distributed_type") == "DEEPSPEED").precision
 
 
 def eval_precision(config) -> dict:
-    from pipeline.stages.eval import model_under_test, precision_record
-
     return precision_record(model_under_test(config))
 
 
-def eval_config(cfg: RunConfig, student: Student, final: Path | None):
-    from pipeline.stages.eval import EvalConfig
-
+def eval_config(cfg: RunConfig, student: Student, final: Path | None, fmt: str | None = None):
+    """The eval unit of a prompted base model (final=None) or of the checkpoint `final`
+    trained on trajectory format `fmt` (evaluated with the method of the same name)."""
     if final is None:
         name, layer = f"{student.name}-prompt", {
             "model": student.prompt_model, "methods": cfg.methods,
             "size_class": student.size_class, "params_b": student.params_b}
     else:
-        method = final.parent.name
-        name, layer = f"{student.name}-ft-{method}", {
-            "checkpoint": str(final), "methods": [method],
+        name, layer = f"{student.name}-ft-{fmt}", {
+            "checkpoint": str(final), "methods": [fmt],
             "size_class": student.size_class, "params_b": student.params_b}
     layers = merged({"wiki": cfg.wiki}, cfg.eval, layer, {"out_dir": str(cfg.out_dir / "eval" / name)})
     return build(EvalConfig, layers, where=f"eval ({name})")
@@ -284,8 +278,6 @@ def check_student(student: Student) -> None:
 
 def checkpoint_eval_config(cfg: RunConfig, student: Student):
     """Eval of an already fine-tuned student: its own format (EvalConfig's default methods mean that)."""
-    from pipeline.stages.eval import EvalConfig
-
     name = f"{student.name}-checkpoint"
     layer = {"checkpoint": student.checkpoint, "format": student.format, "methods": EvalConfig().methods,
              "size_class": student.size_class, "params_b": student.params_b}
@@ -294,13 +286,5 @@ def checkpoint_eval_config(cfg: RunConfig, student: Student):
 
 
 def plot_config(cfg: RunConfig, summaries: list[Path]):
-    from pipeline.stages.plot import PlotConfig
-
     layers = merged(cfg.plot, {"summaries": [str(s) for s in summaries], "out_dir": str(cfg.out_dir / "plot")})
     return build(PlotConfig, layers, where="plot")
-
-
-def run_plot(config) -> dict:
-    from pipeline.stages.plot import run_plot as plot
-
-    return plot(config)  # prints the table and the orderings check

@@ -1,14 +1,16 @@
-"""`python -m pipeline train`: pick an accelerate config and launch pipeline/finetune.py with it.
+"""`python -m pipeline train`: pick an accelerate config and launch `pipeline.finetune` with it.
 
-    python -m pipeline train --config configs/students/smollm2-135m.yaml method=react dataset_dir=data/sft
+    python -m pipeline train --config configs/students/smollm2-135m.yaml format=react dataset_dir=data/sft
     python -m pipeline train --config configs/students/tiny.yaml accelerate_config=cpu_ddp
     python -m pipeline train --config configs/students/llama-3.1-8b.yaml --dry-run   # print the command
 
 `accelerate_config` (a config key, or --accelerate-config) is a name under accelerate_configs/
 (cpu, cpu_ddp, single_gpu, multi_gpu, deepspeed_zero2, deepspeed_zero3, deepspeed_zero3_offload,
 fsdp), a path to a YAML file, or `auto`: no GPU -> cpu, one GPU -> single_gpu, several ->
-multi_gpu over all of them. The batch split is checked before anything starts; the training
-output is streamed through; the exit code is the launch's.
+multi_gpu over all of them. The config is resolved once (steps, names, folders) and written to
+<output_dir>/finetune_config.yaml; the launch reads that file (`accelerate launch ... -m
+pipeline.finetune --config <output_dir>/finetune_config.yaml`). The batch split is checked before
+anything starts; the training output is streamed through; the exit code is the launch's.
 
 Before launching, what the child would refuse is checked here (dataset present and complete,
 output folder writable, accelerate config readable). When the child stops on an error, its one
@@ -24,18 +26,26 @@ import shlex
 import signal
 import subprocess
 import sys
+from importlib import resources
 from pathlib import Path
 
-from pipeline.config import add_config_arguments, load_config, read_yaml
-from pipeline.errors import PipelineError
-from pipeline.paths import REPO_ROOT
+import yaml
 
-ACCELERATE_CONFIGS = REPO_ROOT / "accelerate_configs"
-FINETUNE_SCRIPT = REPO_ROOT / "pipeline" / "finetune.py"
+from pipeline.config import add_config_arguments, read_yaml, stage_config, to_dict
+from pipeline.errors import PipelineError
+from pipeline.finetune import FinetuneConfig, resolve
+from pipeline.sft import split_batch
+from pipeline.storage import atomic_write_text
+
+# Shipped inside the package (pipeline/accelerate_configs links to the repository's
+# accelerate_configs/), so a non-editable install finds them too.
+ACCELERATE_CONFIGS = Path(str(resources.files("pipeline") / "accelerate_configs"))
+FINETUNE_MODULE = "pipeline.finetune"
+RESOLVED_CONFIG = "finetune_config.yaml"  # the resolved config, beside the checkpoints
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_arguments(parser)
+    add_config_arguments(parser, FinetuneConfig)
     parser.add_argument("--accelerate-config", help="name under accelerate_configs/ or a YAML path (default: the config's accelerate_config)")
     parser.add_argument("--num-processes", type=int, help="override the accelerate config's process count")
     parser.add_argument("--dry-run", action="store_true", help="print the launch command and exit")
@@ -71,37 +81,52 @@ def processes_for(config_path: Path, override: int | None, gpus: int) -> int:
     return int(data.get("num_processes", 1))
 
 
-def launch_command(config_path: Path, num_processes: int, cfg_path: Path | None, overrides: list[str],
-                   gpus: int = 0) -> list[str]:
+def launch_command(config_path: Path, num_processes: int, resolved_config: Path, gpus: int = 0) -> list[str]:
+    """`accelerate launch ... -m pipeline.finetune --config <resolved config>`."""
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config_path),
            "--num_processes", str(num_processes)]
     if gpus == 0:  # the GPU configs ask for bf16; on CPU the script decides (pipeline/precision.py)
         cmd += ["--mixed_precision", "no"]
     if num_processes > 1 and read_yaml(config_path).get("distributed_type") == "NO":
         raise PipelineError(f"{config_path} runs one process; pick cpu_ddp / multi_gpu / deepspeed_* for {num_processes}")
-    cmd.append(str(FINETUNE_SCRIPT))
-    if cfg_path is not None:
-        cmd += ["--config", str(cfg_path)]
-    return cmd + list(overrides)
+    return cmd + ["-m", FINETUNE_MODULE, "--config", str(resolved_config)]
+
+
+def write_resolved_config(cfg: FinetuneConfig, dry_run: bool = False) -> Path:
+    """The resolved config as YAML in <output_dir>: what the launched processes read, and a
+    record of what this run was asked to do. A dry run prints it instead of writing it."""
+    path = Path(cfg.output_dir) / RESOLVED_CONFIG
+    text = yaml.safe_dump(to_dict(cfg), sort_keys=False)
+    if dry_run:
+        print(f"[train] dry run: would write {path}:\n{text}", end="")
+    else:
+        atomic_write_text(path, text)
+    return path
 
 
 def main(args: argparse.Namespace) -> int:
-    from pipeline.finetune import FinetuneConfig, resolve
-    from pipeline.sft import split_batch
+    cfg = stage_config(FinetuneConfig, args, section="train", finish=resolve)
+    return train(cfg, accelerate_config=args.accelerate_config, num_processes=args.num_processes,
+                 dry_run=args.dry_run)
 
-    cfg = resolve(load_config(FinetuneConfig, args.config, args.overrides, section="train"))
+
+def train(cfg: FinetuneConfig, *, accelerate_config: str | None = None, num_processes: int | None = None,
+          dry_run: bool = False) -> int:
+    """Launch pipeline.finetune under accelerate with the resolved `cfg`; return the exit code.
+    `run` calls this for each student x format."""
     gpus = gpu_count()
-    config_path = pick_accelerate_config(args.accelerate_config or cfg.accelerate_config, gpus)
-    num_processes = processes_for(config_path, args.num_processes or cfg.num_processes, gpus)
+    config_path = pick_accelerate_config(accelerate_config or cfg.accelerate_config, gpus)
+    num_processes = processes_for(config_path, num_processes or cfg.num_processes, gpus)
     per_device, accum = split_batch(cfg.global_batch_size, num_processes, cfg.per_device_batch_size,
                                     cfg.max_per_device_batch_size)
-    cmd = launch_command(config_path, num_processes, args.config, args.overrides, gpus)
-    print(f"[train] {cfg.method} / {cfg.student_name}: batch {cfg.global_batch_size} = {per_device} x {accum} "
+    if not dry_run:
+        preflight(cfg, config_path)  # before the resolved config is written into output_dir
+    cmd = launch_command(config_path, num_processes, write_resolved_config(cfg, dry_run), gpus)
+    print(f"[train] {cfg.format} / {cfg.student_name}: batch {cfg.global_batch_size} = {per_device} x {accum} "
           f"accumulation x {num_processes} processes, {cfg.max_steps} steps -> {cfg.output_dir}")
     print("[train] " + shlex.join(cmd), flush=True)
-    if args.dry_run:
+    if dry_run:
         return 0
-    preflight(cfg, config_path)
     return launch(cmd)
 
 

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from pipeline.errors import PipelineError
+from pipeline.methods.base import MethodSettings
 from pipeline.wiki.config import WikiConfig, resolve_corpus
 
 DEFAULTS = WikiConfig()
@@ -43,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     step.add_argument("actions", nargs="+", metavar="ACTION", help="e.g. 'Search[Milhouse]' 'Lookup[Nixon]'")
     step.add_argument("--question", default="", help="the question (only echoed by reset)")
     step.add_argument("--answer", default=None, help="gold answer: Finish[...] then scores EM/F1")
-    step.add_argument("--max-steps", type=int, default=DEFAULTS.max_steps, help="step limit (default 7)")
+    step.add_argument("--max-steps", type=int, default=MethodSettings.max_steps, help="step limit (default 7)")
     step.add_argument("--style", choices=["clean", "original"], default=DEFAULTS.observation_style,
                       help="observation style (default clean; original = wikienv.py's text and rules)")
 

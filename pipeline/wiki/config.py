@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from pipeline.errors import PipelineError
 from pipeline.wiki.backend import WikiBackend
@@ -11,6 +12,9 @@ from pipeline.wiki.backend import WikiBackend
 
 @dataclass
 class WikiConfig:
+    # removed key -> why (pipeline.config): it was accepted and never read
+    REMOVED_KEYS: ClassVar[dict[str, str]] = {"max_steps": "never read; the step limit is prompting.max_steps"}
+
     backend: str = "local"  # local | live
     # local: a SQLite index built by `python -m pipeline wiki build`; built on first use from
     # `corpus` when missing (the default corpus is the offline 2017 HotpotQA paragraphs).
@@ -21,7 +25,6 @@ class WikiConfig:
     cache: Path = Path("data/wiki/live-cache.sqlite")
     timeout_s: float = 20.0
     max_retries: int = 5
-    max_steps: int = 7  # HotpotQA's step limit in the paper
     # clean | original: the text and rules of the environment's observations (pipeline/wiki/env.py;
     # "original" is wikienv.py's own, `..` and all; the README compares them side by side)
     observation_style: str = "clean"

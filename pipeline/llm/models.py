@@ -1,0 +1,48 @@
+"""The one model-and-tokenizer resolver: what a config's model name means, and the one tokenizer
+loader that `filter`, `finetune` and the transformers backend share.
+
+    resolve_model_path("smollm2")      # the embedded SmolLM2-135M-Instruct, converted on first use
+    load_tokenizer("smollm2", key="filter.tokenizer")
+
+A name is the alias "smollm2", a local folder, or a hub id (loaded from the local HF cache when
+offline). Only the alias is rewritten; everything else is passed to `from_pretrained` as given.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline.errors import PipelineError
+from pipeline.llm.smollm2 import local_smollm2_dir
+
+SMOLLM2 = "smollm2"  # the alias of the embedded SmolLM2-135M-Instruct (pipeline.llm.smollm2)
+SMOLLM2_LABEL = "smollm2-135m-instruct"
+
+
+def resolve_model_path(name: str) -> str:
+    """What `from_pretrained` loads for `name`: the alias becomes the local converted folder."""
+    if name == SMOLLM2:
+        return str(local_smollm2_dir())  # converted from the GGUF on first use
+    return name
+
+
+def model_label(name: str) -> str:
+    """A short folder label for a model name (the alias, a folder, or a hub id)."""
+    if name == SMOLLM2:
+        return SMOLLM2_LABEL
+    return Path(name.rstrip("/")).name.lower() or "student"
+
+
+def load_tokenizer(name: str, *, key: str = "tokenizer", label: str | None = None,
+                   trust_remote_code: bool = False, **kwargs):
+    """The tokenizer of `name` (resolved here); a failure is one PipelineError naming the config
+    `key` and the name the user wrote (`label`, default `name`)."""
+    from transformers import AutoTokenizer
+
+    source = resolve_model_path(name)
+    try:
+        return AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code, **kwargs)
+    except (OSError, ValueError) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise PipelineError(f"{key}: cannot load {label or name} ({reason}); give a local folder, "
+                            f"a hub id in the local cache, or '{SMOLLM2}'") from None
