@@ -198,7 +198,7 @@ def test_generate_reports_misses_recoveries_and_lookups(index, tmp_path):
 
 @pytest.mark.parametrize("overrides, message", [
     (["teacher.backend=oracle", "teacher.oracle_style=clever"], "teacher.oracle_style must be one of exact, agent"),
-    (["teacher.oracle_style=agent"], "applies only to teacher.backend=oracle"),
+    (["teacher.oracle_style=agent"], "applies only to backend=oracle"),
 ])
 def test_a_bad_oracle_style_exits_2_and_writes_nothing(index, tmp_path, overrides, message):
     out = tmp_path / "gen"

@@ -166,12 +166,11 @@ def test_eval_refuses_to_mix_precisions_in_one_folder(tmp_path):
 
 
 def test_run_treats_precision_as_part_of_a_units_identity(tmp_path):
-    from pipeline.stages.run import unit_done
-    from pipeline.storage import write_manifest
+    from pipeline.storage import is_done, write_manifest
 
     write_manifest(tmp_path / "manifest.json", stage="eval", config={"a": 1}, complete=True, precision="fp32")
-    assert unit_done(tmp_path / "manifest.json", {"a": 1}, {"precision": "fp32"})
-    assert not unit_done(tmp_path / "manifest.json", {"a": 1}, {"precision": "bf16"})
+    assert is_done(tmp_path / "manifest.json", config={"a": 1}, precision="fp32")
+    assert not is_done(tmp_path / "manifest.json", config={"a": 1}, precision="bf16")
 
 
 def test_eval_records_the_precision_it_ran_in(native):
@@ -179,7 +178,8 @@ def test_eval_records_the_precision_it_ran_in(native):
     from pipeline.stages.eval import ModelUnderTest, precision_record
 
     native(True)
-    target = ModelUnderTest(LLMConfig(model="smollm2"), "m", "finetune", "135m", 0.135, "react", "fp32")
+    target = ModelUnderTest(LLMConfig(model="smollm2"), "m", "finetune", "135m", 0.135, "react",
+                            train_precision="fp32")
     assert precision_record(target) == {"precision": "bf16", "train_precision": "fp32"}
     target.llm = LLMConfig(model="smollm2", dtype="float32")
     assert precision_record(target) == {"precision": "fp32", "train_precision": "fp32"}

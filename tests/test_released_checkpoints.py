@@ -174,7 +174,7 @@ def test_the_prompts_a_released_checkpoint_receives(tiny, tmp_path, index, quest
     """In process, with a scripted model standing in for the loaded checkpoint: FireAct's format
     sends the Alpaca-wrapped question then `Thought:`; ours sends the question line then `Thought 1:`;
     the model the eval opens is the adapter on the base its adapter_config.json names."""
-    import pipeline.stages.generate as generate
+    from pipeline import episodes
     from pipeline.config import build
     from pipeline.llm.scripted import ScriptedLLM
     from pipeline.methods.fireact import alpaca_prompt
@@ -186,11 +186,11 @@ def test_the_prompts_a_released_checkpoint_receives(tiny, tmp_path, index, quest
     for fmt, (reply, first_prompt) in cases.items():
         opened = []
 
-        def scripted(cfg, reply=reply, opened=opened):
-            opened.append((cfg, ScriptedLLM(lambda prompt, req: reply, name=cfg.label)))
+        def scripted(model, reply=reply, opened=opened):  # PromptedModel.open, with a scripted stand-in
+            opened.append((model.cfg, ScriptedLLM(lambda prompt, req: reply, name=model.cfg.label)))
             return opened[-1][1]
 
-        monkeypatch.setattr(generate, "open_llm", scripted)
+        monkeypatch.setattr(episodes.PromptedModel, "open", scripted)
         out = tmp_path / fmt
         cfg = build(EvalConfig, {"checkpoint": str(tiny["adapter"]), "format": fmt, "questions": str(question_file),
                                  "wiki": {"index": str(index)}, "out_dir": str(out)})
@@ -247,7 +247,7 @@ def checkpoint_grid(tmp_path: Path, index: Path, tiny: dict) -> tuple:
         "experiment": "released", "out_dir": str(tmp_path / "run"), "methods": ["react"],
         "wiki": {"index": str(index)},
         "eval": {"questions": "offline-eval", "limit": 2, "model": {"device": "cpu"},
-                 "method": {"max_new_tokens": 4}},
+                 "prompting": {"max_new_tokens": 4}},
         "plot": {"reference_points": False},
     })
     students = [build(Student, s) for s in (

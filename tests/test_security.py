@@ -344,7 +344,12 @@ def test_with_the_allow_list_bypassed_hostile_method_names_still_write_nothing(t
     from pipeline.errors import PipelineError
     from pipeline.methods import build_method
 
-    monkeypatch.setattr(episodes, "build_method_for", lambda label, name, settings: build_method("react", settings))
+    class AnyName:  # a stand-in answerer that accepts every method name (no allow-list)
+        label = "stand-in"
+
+        def method(self, name, settings):
+            return build_method("react", settings)
+
     out, cwd = tmp_path / "runs" / "gen", tmp_path / "cwd"
     out.mkdir(parents=True)
     cwd.mkdir()
@@ -352,7 +357,7 @@ def test_with_the_allow_list_bypassed_hostile_method_names_still_write_nothing(t
     before = all_files(tmp_path)
     for name in HOSTILE_NAMES:
         with pytest.raises(PipelineError, match="cannot name a file in"):
-            episodes.run_methods(None, "stand-in", [name], questions, None, None, out,
+            episodes.run_methods(AnyName(), None, [name], questions, None, None, out,
                                  max_in_flight=1, source="test")
     assert all_files(tmp_path) == before and list(cwd.iterdir()) == [] and not Path("/tmp/evil.jsonl").exists()
 

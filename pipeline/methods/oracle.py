@@ -22,7 +22,7 @@ trajectories in every format without a large model.
 A gold page that the index does not hold ends the episode unanswered with end_reason
 `oracle_missing_page: <title>`: the oracle never answers without its evidence. Both styles are
 deterministic: the agent style draws the wording of its recovery thoughts from a generator seeded
-by the question id and `method.seed`.
+by the question id and `prompting.seed`.
 
     from pipeline.agent import run_episodes
     from pipeline.methods.oracle import oracle_method

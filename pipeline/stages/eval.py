@@ -28,7 +28,7 @@ from pipeline.episodes import answerer, run_methods, start_run, writing_run
 from pipeline.errors import PipelineError
 from pipeline.llm.config import LLMConfig
 from pipeline.methods import FORMATS_USED, MethodSettings
-from pipeline.storage import atomic_write_json, require_complete, write_manifest
+from pipeline.storage import atomic_write_json, check_writable_dir, require_complete, write_manifest
 from pipeline.wiki.config import WikiConfig
 
 # Sizes (billions of parameters) of models a config may name without saying params_b.
@@ -86,6 +86,7 @@ def main(args: argparse.Namespace) -> int:
 
 def evaluate(cfg: EvalConfig) -> list[dict]:
     """Run every method, write records and `summary.json`; return the summary rows."""
+    check_writable_dir(cfg.out_dir)  # before the checkpoint is read or any model loaded
     target = model_under_test(cfg)
     settings = replace(cfg.prompting, mode=target.decode_mode if target.mode == "finetune" else "prompt")
     methods = default_methods(cfg.methods, target)
