@@ -592,7 +592,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     cfg = None
     try:
-        run(stage_config(FinetuneConfig, args, section="train", finish=resolve))
+        cfg = stage_config(FinetuneConfig, args, section="train", finish=resolve)
+        run(cfg)
     except PipelineError as exc:
         return report_error(str(exc), exc.exit_code)
     except Exception as exc:  # a full disk while checkpointing, an unwritable output_dir

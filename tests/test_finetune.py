@@ -288,7 +288,12 @@ def launch(tmp_path: Path, *overrides: str, processes: int = 2, config: str = "c
 
 
 def finish(proc: subprocess.Popen, timeout: float = 240) -> str:
-    proc.wait(timeout=timeout)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:  # leave no launch training in the background
+        kill_tree(proc)
+        proc.wait()
+        raise
     out = proc.log_path.read_text(encoding="utf-8", errors="replace")
     assert proc.returncode == 0, out[-4000:]
     return out

@@ -151,7 +151,7 @@ def check_outputs(cfg: RunConfig, units: list[Unit]) -> None:
     check_writable_dir(cfg.out_dir, "out_dir")
     for unit in units:
         if unit.action is launch_train:
-            ft = unit.config[0]
+            ft = unit.config
             check_writable_dir(ft.output_dir, f"train output_dir ({ft.student_name}, {ft.format})")
 
 
