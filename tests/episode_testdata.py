@@ -32,6 +32,16 @@ def build_full_index(path: Path) -> Path:
     return path
 
 
+def build_small_index(folder: Path, pages: list[dict]) -> Path:
+    """`pages` ({title, sentences} rows) written as a corpus file in `folder` and built into a
+    real SQLite index there; returns the index path."""
+    from pipeline.wiki.index import build_index
+
+    corpus = folder / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps(p) + "\n" for p in pages), encoding="utf-8")
+    return build_index([corpus], folder / "wiki.sqlite").out
+
+
 def write_questions(path: Path, questions: list, ids: list[str] | None = None) -> Path:
     """A JSONL file of official-format records (optionally with other ids)."""
     with open(path, "w", encoding="utf-8") as fh:

@@ -7,9 +7,9 @@ instruction with the paper's exemplars, and the empty-Finish rule of ReAct -> Co
 from __future__ import annotations
 
 import hashlib
-import json
 
 import pytest
+from episode_testdata import build_small_index
 
 from pipeline.agent import run_episodes
 from pipeline.errors import PipelineError
@@ -20,7 +20,7 @@ from pipeline.methods.base import Outcome
 from pipeline.methods.composed import no_answer
 from pipeline.methods.prompts import NOTEBOOK_INSTRUCTION, load_prompt
 from pipeline.trajectory import Trajectory
-from pipeline.wiki.index import LocalIndex, build_index
+from pipeline.wiki.index import LocalIndex
 
 PAGES = [{"title": "Milhouse Van Houten", "sentences": [
     "Milhouse Van Houten is a character.", " He was named after Richard Nixon."]}]
@@ -29,10 +29,7 @@ QUESTION = Question(id="q1", question="Who was Milhouse named after?", answer="R
 
 @pytest.fixture(scope="module")
 def index_path(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("wiki")
-    corpus = folder / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps(p) + "\n" for p in PAGES), encoding="utf-8")
-    return build_index([corpus], folder / "wiki.sqlite").out
+    return build_small_index(tmp_path_factory.mktemp("wiki"), PAGES)
 
 
 def run(index_path, outputs, loop="original", max_new_tokens=100):

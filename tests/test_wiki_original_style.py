@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from episode_testdata import build_small_index
 
 from pipeline.errors import PipelineError
 from pipeline.wiki.actions import parse_action_original
 from pipeline.wiki.config import WikiConfig, open_backend
 from pipeline.wiki.env import WikiEnv
-from pipeline.wiki.index import LocalIndex, build_index
+from pipeline.wiki.index import LocalIndex
 
 PAGES = [
     # the full dump's shape: paragraphs of sentences, the first paragraph the title
@@ -35,10 +36,7 @@ PAGES = [
 
 @pytest.fixture(scope="module")
 def index(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("wiki")
-    corpus = folder / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps(p) + "\n" for p in PAGES), encoding="utf-8")
-    with LocalIndex(build_index([corpus], folder / "wiki.sqlite").out) as built:
+    with LocalIndex(build_small_index(tmp_path_factory.mktemp("wiki"), PAGES)) as built:
         yield built
 
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from episode_testdata import run_pipeline
+from episode_testdata import build_small_index, run_pipeline
 
-from pipeline.wiki.index import LocalIndex, build_index
+from pipeline.wiki.index import LocalIndex
 from pipeline.wiki.replay import read_trajectories, replay
 
 PAGES = [{"title": "Milhouse Van Houten", "text": [
@@ -33,10 +33,7 @@ REACT_TEXT = (
 
 @pytest.fixture(scope="module")
 def index_path(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("wiki")
-    corpus = folder / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps(p) + "\n" for p in PAGES), encoding="utf-8")
-    return build_index([corpus], folder / "wiki.sqlite").out
+    return build_small_index(tmp_path_factory.mktemp("wiki"), PAGES)
 
 
 @pytest.fixture
