@@ -30,7 +30,6 @@ from pipeline.methods import Method, MethodSettings, build_method, prompt_prefix
 from pipeline.methods.oracle import DEFAULT_STYLE, check_style, oracle_method
 from pipeline.storage import (
     JsonlAppender,
-    check_writable_dir,
     read_jsonl,
     read_manifest,
     remove_stale_temps,
@@ -261,7 +260,6 @@ def start_run(cfg: Any, stage: str, who: PromptedModel | OracleTeacher, settings
     is written, then open the page source and the model: (questions, backend, llm, exemplar sources).
     `methods` replaces cfg.methods (eval's default for a checkpoint); `check` is the stage's own
     extra refusal (e.g. eval's precision), run with the resume check."""
-    check_writable_dir(cfg.out_dir)  # before any model is loaded or episode run
     sources = who.check(cfg.methods if methods is None else methods, settings)
     questions = load_question_set(cfg.questions, limit=cfg.limit)
     if not questions:

@@ -31,7 +31,7 @@ from pipeline.episodes import answerer, method_stats, run_methods, start_run, wr
 from pipeline.errors import PipelineError
 from pipeline.llm.config import LLMConfig
 from pipeline.methods import MethodSettings
-from pipeline.storage import write_manifest
+from pipeline.storage import check_writable_dir, write_manifest
 from pipeline.wiki.config import WikiConfig
 
 
@@ -66,6 +66,7 @@ def main(args: argparse.Namespace) -> int:
 
 def generate(cfg: GenerateConfig) -> dict[str, dict]:
     """Run every method; return per-method stats. Validates everything before writing."""
+    check_writable_dir(cfg.out_dir)  # before any model is loaded or episode run
     teacher = answerer(cfg.teacher)
     keys = IDENTITY_KEYS if cfg.target_correct is None else (*IDENTITY_KEYS, "order_seed")
     questions, backend, llm, exemplar_sources = start_run(cfg, "generate", teacher, cfg.prompting, keys)
