@@ -51,7 +51,7 @@ from pipeline.train_checks import (  # noqa: F401  (is_complete_checkpoint: re-e
     layout_callback,
     saved_layout,
 )
-from pipeline.train_speed import choose_attention, choose_loss, fsdp_plan, installed_kernels
+from pipeline.train_speed import choose_attention, choose_loss, fsdp_plan, installed_kernels, micro_batch_cap
 from pipeline.trajectory import FORMATS
 
 # Paper (appendix B.1): batch 64; steps by size class and trajectory format.
@@ -94,7 +94,7 @@ class FinetuneConfig:
     accelerate_config: str = "auto"  # for `python -m pipeline train`: auto | cpu | cpu_ddp | multi_gpu | ... | a path
     num_processes: int | None = None  # for `train`: override the accelerate config's process count
     global_batch_size: int = 64
-    per_device_batch_size: int | None = None  # default: the largest divisor <= max_per_device_batch_size
+    per_device_batch_size: int | None = None  # default: the largest divisor <= max_per_device_batch_size (1 for padding_free without a varlen flash kernel: pipeline/train_speed.py)
     max_per_device_batch_size: int = 8
     max_steps: int | None = None  # default: PAPER_STEPS[size class][format]
     learning_rate: float = 2e-5
@@ -273,6 +273,17 @@ def load_student(cfg: FinetuneConfig, tokenizer):
 def attention_choice(cfg: FinetuneConfig) -> tuple[str, str]:
     half = cfg.precision in ("bf16", "fp16") or (cfg.precision == "auto" and use_bf16(cfg))
     return choose_attention(cfg.attn_implementation, installed_kernels(), half)
+
+
+def batch_split(cfg: FinetuneConfig, num_processes: int) -> tuple[int, int, str | None]:
+    """(per-device batch, accumulation steps, why the micro-batch was capped or None): the one
+    rule `train` prints and the launched child uses. An explicit per_device_batch_size is kept."""
+    from pipeline.sft import split_batch
+    cap, why = cfg.max_per_device_batch_size, None
+    if cfg.per_device_batch_size is None:
+        cap, why = micro_batch_cap(cfg.batching, attention_choice(cfg)[0], cap)
+    per_device, accum = split_batch(cfg.global_batch_size, num_processes, cfg.per_device_batch_size, cap)
+    return per_device, accum, why
 
 
 def qlora_quantization(bf16: bool):
@@ -454,7 +465,7 @@ def count_processes() -> int:
 
 def run(cfg: FinetuneConfig) -> dict:
     """Train (or resume) and save the final model; returns the final manifest."""
-    from pipeline.sft import split_batch, tokenize_records
+    from pipeline.sft import tokenize_records
 
     cfg = resolve(cfg)
     final = cfg.output_dir / FINAL_DIR
@@ -466,8 +477,7 @@ def run(cfg: FinetuneConfig) -> dict:
         return done
     check_launch(cfg)
     num_processes = count_processes()
-    per_device, grad_accum = split_batch(cfg.global_batch_size, num_processes, cfg.per_device_batch_size,
-                                         cfg.max_per_device_batch_size)
+    per_device, grad_accum, capped = batch_split(cfg, num_processes)
     dataset_path, records = load_sft_records(cfg)
     tokenizer = load_tokenizer(cfg)
     examples, report = tokenize_records(records, tokenizer, mask_observations=cfg.mask_observations,
@@ -482,6 +492,8 @@ def run(cfg: FinetuneConfig) -> dict:
               f"x {num_processes} processes; {cfg.max_steps} steps; output {cfg.output_dir}")
         import torch
         print(f"[finetune] {attention_choice(cfg)[1]}; {choose_loss(cfg.loss, torch.cuda.is_available())[1]}")
+        if capped:
+            print(f"[finetune] {capped}")
     layout = Layout(num_processes, per_device, grad_accum, cfg.global_batch_size, launch_strategy(), len(examples))
     trainer = build_trainer(cfg, examples, tokenizer, per_device, grad_accum, report.max_length,
                             callbacks=[layout_callback(layout)])

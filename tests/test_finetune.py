@@ -120,7 +120,7 @@ def test_train_stage_checks_before_launching(tmp_path, capsys):
     assert "accelerate_config: 'nope' not found" in capsys.readouterr().err
     assert main(["train", "--config", str(TINY), "--dry-run", f"dataset_dir={tmp_path}"]) == 0
     out = capsys.readouterr().out
-    assert "batch 8 = 4 x 1 accumulation x 2 processes" in out
+    assert "batch 8 = 1 x 4 accumulation x 2 processes" in out
     assert "accelerate_configs/cpu_ddp.yaml --num_processes 2" in out and "-m pipeline.finetune --config" in out
 
 
@@ -339,7 +339,7 @@ def test_ddp_run_learns_checkpoints_and_saves_final(dataset, reference_run):
     from pipeline.finetune import load_finetuned, load_student, load_tokenizer
 
     out_dir, log = reference_run
-    assert "4 per device x 1 accumulation x 2 processes" in log
+    assert "1 per device x 4 accumulation x 2 processes" in log
     kept = sorted(out_dir.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
     assert [p.name for p in kept] == [f"checkpoint-{LONG - 6}", f"checkpoint-{LONG - 3}", f"checkpoint-{LONG}"]
     assert all(is_complete_checkpoint(p) for p in kept)
@@ -445,14 +445,14 @@ def test_fsdp_on_cpu_is_refused(dataset):
 
 @pytest.mark.slow
 def test_resume_on_fewer_processes_resplits_the_same_batch(dataset, reference_run):
-    """A 2-process DDP checkpoint resumed by ONE process: batch 8 = 8 x 1 x 1 instead of 4 x 1 x 2,
+    """A 2-process DDP checkpoint resumed by ONE process: batch 8 = 1 x 8 x 1 instead of 1 x 4 x 2,
     the same 8 examples per step in the same order (16 examples: every epoch cuts evenly), so the
     losses continue the 2-process reference run's."""
     ref_dir, _ = reference_run
     run_dir = dataset / "ck" / "resplit" / "tiny" / "react"
     finish(launch(dataset, "experiment=resplit", "max_steps=6", "save_steps=3"))
     log = finish(launch(dataset, "experiment=resplit", "max_steps=9", "save_steps=3", processes=1, config="cpu"))
-    assert "re-split: batch 8 = 8 per device x 1 accumulation x 1 processes (plain) (was 8 = 4 per device" in log
+    assert "re-split: batch 8 = 1 per device x 8 accumulation x 1 processes (plain) (was 8 = 1 per device" in log
     resumed = losses_by_step(run_dir / "checkpoint-9")
     reference = losses_by_step(ref_dir / f"checkpoint-{LONG}")
     for step in (7, 8, 9):
@@ -504,7 +504,7 @@ def test_deepspeed_zero2_on_cpu(dataset, reference_run):
     run_dir = dataset / "ck" / "zero2" / "tiny" / "react"
     proc = launch(dataset, "experiment=zero2", "max_steps=3", "save_steps=3", config="deepspeed_zero2")
     log = finish(proc, timeout=400)
-    assert "4 per device x 1 accumulation x 2 processes" in log
+    assert "1 per device x 4 accumulation x 2 processes" in log
     checkpoint = run_dir / "checkpoint-3"
     assert (checkpoint / "latest").is_file() and is_complete_checkpoint(checkpoint)
     losses, reference = losses_by_step(checkpoint), losses_by_step(ref_dir / f"checkpoint-{LONG}")

@@ -124,3 +124,21 @@ def test_peak_table():
     assert peak_tflops("NVIDIA A100-SXM4-80GB") == 312.0 and peak_tflops("NVIDIA L40S") == 362.0
     assert peak_tflops("NVIDIA L4") == 121.0 and peak_tflops("NVIDIA H200") == 989.0
     assert peak_tflops("Some CPU") is None and peak_tflops(None) is None
+
+
+def test_padding_free_without_a_varlen_kernel_takes_one_trajectory_per_micro_batch():
+    from pipeline.train_speed import micro_batch_cap
+    cap, why = micro_batch_cap("padding_free", "sdpa", 8)
+    assert cap == 1 and "dense block-diagonal mask" in why
+    assert micro_batch_cap("padding_free", "flash_attention_2", 8) == (8, None)
+    assert micro_batch_cap("padded", "sdpa", 8) == (8, None)
+    assert micro_batch_cap("packing", "sdpa", 8) == (8, None)
+
+
+def test_batch_split_keeps_an_explicit_micro_batch(tmp_path):
+    from pipeline.config import load_config
+    from pipeline.finetune import FinetuneConfig, batch_split, resolve
+    cfg = lambda *o: resolve(load_config(FinetuneConfig, None, ["global_batch_size=8", *o]))  # noqa: E731
+    assert batch_split(cfg(), 2)[:2] == (1, 4)  # CPU: sdpa, padding-free
+    assert batch_split(cfg("per_device_batch_size=4"), 2) == (4, 1, None)
+    assert batch_split(cfg("batching=padded"), 1) == (8, 1, None)

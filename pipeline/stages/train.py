@@ -33,8 +33,7 @@ import yaml
 
 from pipeline.config import add_config_arguments, read_yaml, stage_config, to_dict
 from pipeline.errors import PipelineError
-from pipeline.finetune import FinetuneConfig, resolve
-from pipeline.sft import split_batch
+from pipeline.finetune import FinetuneConfig, batch_split, resolve
 from pipeline.storage import atomic_write_text
 
 # Shipped inside the package (pipeline/accelerate_configs links to the repository's
@@ -117,8 +116,7 @@ def train(cfg: FinetuneConfig, *, accelerate_config: str | None = None, num_proc
     gpus = gpu_count()
     config_path = pick_accelerate_config(accelerate_config or cfg.accelerate_config, gpus)
     num_processes = processes_for(config_path, num_processes or cfg.num_processes, gpus)
-    per_device, accum = split_batch(cfg.global_batch_size, num_processes, cfg.per_device_batch_size,
-                                    cfg.max_per_device_batch_size)
+    per_device, accum, _ = batch_split(cfg, num_processes)
     if not dry_run:
         preflight(cfg, config_path)  # before the resolved config is written into output_dir
     cmd = launch_command(config_path, num_processes, write_resolved_config(cfg, dry_run), gpus)
