@@ -51,7 +51,13 @@ from pipeline.train_checks import (  # noqa: F401  (is_complete_checkpoint: re-e
     layout_callback,
     saved_layout,
 )
-from pipeline.train_speed import choose_attention, choose_loss, fsdp_plan, installed_kernels, micro_batch_cap
+from pipeline.train_speed import (
+    choose_attention,
+    choose_loss,
+    fsdp_plan,
+    installed_kernels,
+    micro_batch_cap,
+)
 from pipeline.trajectory import FORMATS
 
 # Paper (appendix B.1): batch 64; steps by size class and trajectory format.
