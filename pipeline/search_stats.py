@@ -1,7 +1,8 @@
 """How Act / ReAct episodes searched, read from their records' steps: hits and misses, recoveries
-from a miss, Lookups; plus the Wilson interval to report such rates with.
+from a miss, Lookups (report their rates with pipeline.intervals.wilson).
 
-    from pipeline.search_stats import search_stats, wilson
+    from pipeline.intervals import wilson
+    from pipeline.search_stats import search_stats
     s = search_stats(records)              # records: episode records (generate or eval)
     s["search_hit_rate"], wilson(s["search_hits"], s["searches"])
 
@@ -14,7 +15,6 @@ follows one of its misses.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 
 from pipeline.wiki.actions import parse_action
@@ -74,16 +74,3 @@ def episode_searches(steps: list[dict]) -> dict:
 
 def ratio(k: int, n: int) -> float | None:
     return k / n if n else None
-
-
-def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float] | None:
-    """The Wilson score interval for k successes out of n (95% by default); None when n = 0.
-    Unlike the normal approximation it stays inside [0, 1] and is sensible at 0 or n successes."""
-    if n <= 0:
-        return None
-    if not 0 <= k <= n:
-        raise ValueError(f"successes {k} must lie between 0 and {n}")
-    p = k / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return max(0.0, centre - half), min(1.0, centre + half)

@@ -93,9 +93,9 @@ def test_orderings_say_what_cannot_be_checked():
     results = check_orderings([validate_row(r, "r") for r in tiny])
     assert [r.verdict for r in results] == ["holds", "cannot check", "cannot check", "cannot check", "cannot check"]
     assert any("checked here only at 135m" in d for d in results[0].details)
-    # 2% vs 3% over 1000 questions each: a 1-point gap is under two standard errors (1.4 pts)
+        # 2% vs 3% over 1000 questions each: the 1-point gap's 95% interval (Newcombe) spans 0
     assert results[0].caveats == ["only at 135m, not the paper's 8B/62B",
-                                  "every deciding gap is within noise (< 2 standard errors)"]
+                                  "every deciding gap is within noise (its 95% interval contains 0)"]
     assert any("missing Standard, CoT" in d for d in results[1].details)
     assert results[2].details == ["no fine-tuned ReAct row at size class 8b", "no prompting rows at size class 62b"]
 
@@ -104,7 +104,7 @@ def test_noise_is_flagged_when_counts_are_small():
     small = [dict(r, n=20) for r in PAPER_LIKE]
     results = check_orderings([validate_row(r, "r") for r in small])
     assert all("within noise" in d for d in results[1].details)
-    assert results[1].caveats == ["every deciding gap is within noise (< 2 standard errors)"]
+    assert results[1].caveats == ["every deciding gap is within noise (its 95% interval contains 0)"]
     assert check_orderings([validate_row(r, "r") for r in PAPER_LIKE], reference_rows())[3].caveats == \
         ["against published numbers, not a run of ours"]
 
@@ -137,7 +137,11 @@ def test_run_plot_writes_valid_files(tmp_path, capsys):
     assert {(t["mode"], t["size_class"], t["method"], t["em_pct"]) for t in ours} >= {("finetune", "62b", "react", "38.0")}
     assert {t["em_pct"] for t in table if t["source"] == "paper"} == {str(v) for v in TABLE1_HOTPOTQA_EM.values()}
     md = paths["md"].read_text()
-    assert "| ReAct | 12.0 (n=1000) | 20.0 (n=1000) |" in md and "| CoT-SC | – | 30.0 (n=1000) |" in md
+    # each cell carries its 95% Wilson interval: 120/1000 -> [10.1, 14.2]
+    assert "| ReAct | 12.0 [10.1, 14.2] (n=1000) | 20.0 [17.6, 22.6] (n=1000) |" in md
+    assert "| CoT-SC | – | 30.0 [27.2, 32.9] (n=1000) |" in md
+    react_8b = next(t for t in ours if (t["mode"], t["size_class"], t["method"]) == ("prompt", "8b", "react"))
+    assert (react_8b["em_lo_pct"], react_8b["em_hi_pct"]) == ("10.13", "14.16")
     orderings = json.loads(paths["orderings_json"].read_text())
     assert [o["verdict"] for o in orderings] == ["holds", "holds", "holds", "holds", "holds"]
     printed = capsys.readouterr().out

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.search_stats import episode_searches, search_stats, wilson
+from pipeline.intervals import difference_interval, wilson
+from pipeline.search_stats import episode_searches, search_stats
 
 REPO = Path(__file__).resolve().parents[1]
 PAGE = "Adorable was an alternative rock band, formed in Coventry in 1990."
@@ -75,22 +76,26 @@ def test_wilson_rejects_impossible_counts():
         wilson(11, 10)
 
 
-def write_probe(root: Path, style: str, records: list[dict], teacher: dict | None) -> None:
-    folder = root / style / "eval" / "smollm2-135m-ft-react"
+def write_probe(root: Path, style: str, records: list[dict], teacher: dict | None) -> Path:
+    """A run folder as `run` writes it: eval records, and (when `teacher`) generate's manifest
+    naming the oracle style (the folder name is the label otherwise)."""
+    run = root / f"run-{style}"
+    folder = run / "eval" / "smollm2-135m-ft-react"
     folder.mkdir(parents=True)
     (folder / "react.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     if teacher is not None:
-        (root / style / "generate").mkdir()
-        (root / style / "generate" / "manifest.json").write_text(
-            json.dumps({"stats": {"react": {"search_correct": teacher}}}))
+        (run / "generate").mkdir()
+        (run / "generate" / "manifest.json").write_text(json.dumps(
+            {"config": {"teacher": {"oracle_style": style}}, "stats": {"react": {"search_correct": teacher}}}))
+    return run
 
 
 def test_probe_report_prints_em_and_search_hit_rate_with_intervals(tmp_path):
     teacher = search_stats(RECORDS[:1])  # missed 100%, recovered 100%, looked up 100%
-    write_probe(tmp_path, "agent", RECORDS[:4], teacher)
-    write_probe(tmp_path, "exact", RECORDS[2:4], None)
-    write_probe(tmp_path, "silent", [record(0.0, step("Think[hm]", "Invalid action: Think[hm]"), finished=False)], None)
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "oracle_probe_report.py"), str(tmp_path)],
+    runs = [write_probe(tmp_path, "agent", RECORDS[:4], teacher), write_probe(tmp_path, "exact", RECORDS[2:4], None),
+            write_probe(tmp_path, "silent", [record(0.0, step("Think[hm]", "Invalid action: Think[hm]"),
+                                                    finished=False)], None)]
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "oracle_style_report.py"), *map(str, runs)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and not line.startswith("| style")]
@@ -100,13 +105,25 @@ def test_probe_report_prints_em_and_search_hit_rate_with_intervals(tmp_path):
                        f"[{100 * lo:.1f}, {100 * hi:.1f}] | 7 | 42.9 [{100 * hit_lo:.1f}, {100 * hit_hi:.1f}] |")
     lo, hi = wilson(1, 2)
     hit_lo, hit_hi = wilson(2, 3)
-    assert rows[1] == (f"| exact | smollm2-135m-ft-react | - | 2 | 50.0 | 50.0 [{100 * lo:.1f}, {100 * hi:.1f}] "
+    assert rows[1] == (f"| run-exact | smollm2-135m-ft-react | - | 2 | 50.0 | 50.0 [{100 * lo:.1f}, {100 * hi:.1f}] "
                        f"| 3 | 66.7 [{100 * hit_lo:.1f}, {100 * hit_hi:.1f}] |")
-    assert rows[2] == "| silent | smollm2-135m-ft-react | - | 1 | 0.0 | 0.0 [0.0, 79.3] | 0 | - |"  # no search: no rate
+    assert rows[2] == "| run-silent | smollm2-135m-ft-react | - | 1 | 0.0 | 0.0 [0.0, 79.3] | 0 | - |"  # no search: no rate
+    em_gap = difference_interval(2, 4, 1, 2)
+    assert "Fine-tuned on agent minus fine-tuned on run-exact" in proc.stdout
+    assert f"- EM: 0.0 points [{100 * em_gap[0]:.1f}, {100 * em_gap[1]:.1f}]: within noise" in proc.stdout
+
+
+def test_difference_interval_is_newcombes():
+    from pipeline.intervals import rate_interval
+    # Newcombe (1998), Table II, example (a): 56/70 - 48/80 = 0.2000, method 10: 0.0524 to 0.3339
+    lo, hi = difference_interval(56, 70, 48, 80)
+    assert lo == pytest.approx(0.0524, abs=1e-4) and hi == pytest.approx(0.3339, abs=1e-4)
+    assert difference_interval(0, 0, 1, 2) is None
+    assert rate_interval(0.06, 100) == wilson(6, 100) and rate_interval(0.5, 0) is None
 
 
 def test_probe_report_without_records_exits_2(tmp_path):
-    script = str(REPO / "scripts" / "oracle_probe_report.py")
+    script = str(REPO / "scripts" / "oracle_style_report.py")
     for root in (tmp_path / "missing", tmp_path):
         proc = subprocess.run([sys.executable, script, str(root)], capture_output=True, text=True, timeout=60)
         assert proc.returncode == 2 and proc.stderr.startswith("error: "), proc.stderr

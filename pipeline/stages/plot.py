@@ -7,7 +7,9 @@ a Markdown table, and a check of the five orderings the paper states about that 
 
 Two panels (prompting, fine-tuning); x = model size in billions of parameters (log scale);
 y = HotpotQA EM (%); one line per method (Standard, CoT, Act, ReAct), CoT-SC and the hybrids as
-markers. Reference points (ReAct paper Table 1 at 540B, FireAct's Llama-2 numbers, and FireAct's
+markers; each of our points carries its 95% Wilson interval over its n questions (an error bar,
+and `EM [low, high]` in the table), and the orderings check calls a gap within noise when
+Newcombe's 95% interval for it (built from the same two intervals) contains 0. Reference points (ReAct paper Table 1 at 540B, FireAct's Llama-2 numbers, and FireAct's
 released runs when `fireact_runs` is set) are drawn hollow and labelled; they are not "our" data
 and never enter the orderings check except where it says so. Rows of released checkpoints
 evaluated here (`released` in the row: eval of a checkpoint trained elsewhere) are drawn as
@@ -25,7 +27,6 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import math
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from pathlib import Path
 
 from pipeline.config import add_config_arguments, stage_config, to_dict
 from pipeline.errors import PipelineError
+from pipeline.intervals import difference_interval, rate_interval
 from pipeline.reference import ORDERINGS, reference_rows
 from pipeline.storage import (
     atomic_path,
@@ -282,7 +284,7 @@ def _beats_larger(number: int, rows: list[dict], small: str, large: str, referen
 
 def _noise_caveat(noisy: list[bool]) -> list[str]:
     if noisy and all(noisy):
-        return ["every deciding gap is within noise (< 2 standard errors)"]
+        return ["every deciding gap is within noise (its 95% interval contains 0)"]
     return ["some deciding gaps are within noise"] if any(noisy) else []
 
 
@@ -303,12 +305,26 @@ def _label(row: dict) -> str:
 
 
 def _noise(a: dict, b: dict) -> str:
-    """Flag a difference smaller than two standard errors (binomial) when both counts are known."""
+    """Flag a gap whose 95% interval (Newcombe's, from the two Wilson intervals the table and the
+    figure show) contains 0, when both question counts are known."""
     if not a.get("n") or not b.get("n"):
         return ""
-    se = math.sqrt(a["em"] * (1 - a["em"]) / a["n"] + b["em"] * (1 - b["em"]) / b["n"])
-    gap = abs(a["em"] - b["em"])
-    return f" [within noise: gap {100 * gap:.1f} < 2 s.e. {200 * se:.1f} pts]" if gap < 2 * se else ""
+    ci = difference_interval(round(a["em"] * a["n"]), a["n"], round(b["em"] * b["n"]), b["n"])
+    if not ci[0] <= 0 <= ci[1]:
+        return ""
+    return (f" [within noise: gap {100 * (a['em'] - b['em']):+.1f} pts, 95% interval "
+            f"{100 * ci[0]:+.1f} to {100 * ci[1]:+.1f}]")
+
+
+def _interval(row: dict) -> tuple[float, float] | None:
+    """The row's EM 95% Wilson interval as fractions, or None when its question count is unknown."""
+    n = row.get("n")
+    return rate_interval(row["em"], n) if isinstance(n, int) and n > 0 else None
+
+
+def _pct_ci(row: dict) -> str:
+    ci = _interval(row)
+    return _pct(row) + (f" [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]" if ci else "")
 
 
 def orderings_text(results: list[OrderingResult]) -> str:
@@ -324,7 +340,7 @@ def orderings_text(results: list[OrderingResult]) -> str:
 
 
 CSV_COLUMNS = ("source", "mode", "model", "size_class", "params_b", "method", "question_set", "n",
-               "em_pct", "f1_pct", "finish_rate", "mean_steps", "reference")
+               "em_pct", "em_lo_pct", "em_hi_pct", "f1_pct", "finish_rate", "mean_steps", "reference")
 
 
 def results_csv(rows: list[dict], references: list[dict]) -> str:
@@ -332,8 +348,11 @@ def results_csv(rows: list[dict], references: list[dict]) -> str:
     writer = csv.DictWriter(out, fieldnames=CSV_COLUMNS, lineterminator="\n")
     writer.writeheader()
     for row in [*_sorted(rows), *_sorted(references)]:
+        ci = _interval(row) or (None, None)
         writer.writerow({
             **{k: row.get(k) for k in CSV_COLUMNS},
+            "em_lo_pct": None if ci[0] is None else round(100 * ci[0], 2),
+            "em_hi_pct": None if ci[1] is None else round(100 * ci[1], 2),
             "source": row.get("source") or "ours",
             "em_pct": round(100 * row["em"], 2),
             "f1_pct": None if row.get("f1") is None else round(100 * row["f1"], 2),
@@ -343,7 +362,8 @@ def results_csv(rows: list[dict], references: list[dict]) -> str:
 
 
 def results_markdown(rows: list[dict], references: list[dict], question_sets: list[str]) -> str:
-    lines = [f"# HotpotQA EM (%) by model size: {', '.join(question_sets)}", ""]
+    lines = [f"# HotpotQA EM (%) by model size: {', '.join(question_sets)}", "",
+             "Each cell: EM [95% Wilson interval over the n questions] (n=questions).", ""]
     for mode, title in MODES.items():
         mode_rows = [r for r in rows if r["mode"] == mode]
         if not mode_rows:
@@ -358,7 +378,7 @@ def results_markdown(rows: list[dict], references: list[dict], question_sets: li
         for method in methods:
             cells = [cell.get((*c, method)) for c in columns]
             lines.append(f"| {METHOD_LABELS.get(method, method)} | "
-                         + " | ".join(f"{_pct(r)} (n={r.get('n')})" if r else "–" for r in cells) + " |")
+                         + " | ".join(f"{_pct_ci(r)} (n={r.get('n')})" if r else "–" for r in cells) + " |")
         lines.append("")
     if references:
         lines += ["## Reference points (published, not run here)", "",
@@ -386,16 +406,18 @@ def draw_figure(rows: list[dict], references: list[dict], title: str):
     from matplotlib.lines import Line2D
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.6), sharey=True)
-    top = max([100 * r["em"] for r in [*rows, *references]] + [10.0])
+    top = max([100 * (_interval(r) or (0, r["em"]))[1] for r in [*rows, *references]] + [10.0])
     released = [r for r in rows if r.get("released")]
     for ax, (mode, panel) in zip(axes, MODES.items(), strict=True):
         mode_rows = [r for r in rows if r["mode"] == mode and not r.get("released")]
         for i, method in enumerate(FOUR):
             # a small multiplicative offset per method keeps equal EMs at one size visible
             dodge = 1.07 ** (i - 1.5)
-            points = sorted((r["params_b"] * dodge, 100 * r["em"]) for r in mode_rows if r["method"] == method)
-            if points:
-                ax.plot(*zip(*points, strict=True), marker="o", color=COLORS[method], label=METHOD_LABELS[method])
+            method_rows = sorted((r for r in mode_rows if r["method"] == method), key=lambda r: r["params_b"])
+            if method_rows:
+                xs, ys = [r["params_b"] * dodge for r in method_rows], [100 * r["em"] for r in method_rows]
+                ax.errorbar(xs, ys, yerr=_error_bars(method_rows), marker="o", color=COLORS[method],
+                            label=METHOD_LABELS[method], capsize=3, elinewidth=1)
         for method in MARKER_METHODS:
             points = [(r["params_b"], 100 * r["em"]) for r in mode_rows if r["method"] == method]
             if points:
@@ -439,6 +461,16 @@ def draw_figure(rows: list[dict], references: list[dict], title: str):
     fig.suptitle(title)
     fig.tight_layout(rect=(0, 0.12, 1, 1))
     return fig
+
+
+def _error_bars(rows: list[dict]) -> list[list[float]]:
+    """[below, above] distances (EM points) to each row's 95% Wilson interval; 0 where n is unknown."""
+    below, above = [], []
+    for row in rows:
+        ci = _interval(row) or (row["em"], row["em"])
+        below.append(100 * (row["em"] - ci[0]))
+        above.append(100 * (ci[1] - row["em"]))
+    return [below, above]
 
 
 # (kind, marker, legend text); a released run recomputed here is kind "fireact-run"
