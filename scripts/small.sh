@@ -15,6 +15,7 @@ started=$(date +%s)
 for config in small-sweep small small-exact; do
     "$PYTHON" -m pipeline run --config "configs/$config.yaml"
 done
-"$PYTHON" scripts/small_report.py runs/small-sweep checkpoints/small-sweep
+"$PYTHON" scripts/sweep_report.py runs/small-sweep checkpoints/small-sweep
+cat runs/small/plot/results.md runs/small/plot/orderings.md
 "$PYTHON" scripts/oracle_style_report.py runs/small runs/small-exact
 echo "[small] all three runs and the reports in $(( $(date +%s) - started )) s"
