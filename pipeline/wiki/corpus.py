@@ -282,7 +282,7 @@ def read_source(path: str | Path, stats: SourceStats | None = None) -> Iterator[
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)  # bytes: decoded per line, so errors name the line
+                record = _decode_json(line.decode("utf-8"))  # per line, so errors name the line
             except json.JSONDecodeError as exc:
                 raise PipelineError(f"{where}:{lineno}: not valid JSON ({exc.msg}); fix or remove that line") from None
             except UnicodeDecodeError as exc:
@@ -363,6 +363,9 @@ def _xml_redirects(path: Path, stats: SourceStats) -> Iterator[tuple[str, str]]:
                 elem.clear()  # keep memory flat over a multi-GB dump
         except (ET.ParseError, OSError, EOFError) as exc:
             raise PipelineError(f"{path}: not a readable MediaWiki XML dump ({exc})") from None
+
+
+_decode_json = json.JSONDecoder().decode  # json.loads(bytes) would sniff the encoding per line
 
 
 def _numbered(lines: Iterable[bytes], where: str) -> Iterator[tuple[int, bytes]]:

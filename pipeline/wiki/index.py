@@ -233,8 +233,8 @@ def _fill(db: sqlite3.Connection, sources: list[Path], settings: BuildSettings,
             sentences = [s for p in paragraphs for s in p]
             sizes = paragraph_sizes(paragraphs)
             key = title_key(title)
-            page_rows.append((page_id, title, key, json.dumps(sentences, ensure_ascii=False),
-                              json.dumps(sizes) if sizes else None, near_key_of(key)))
+            page_rows.append((page_id, title, key, _encode_json(sentences),
+                              _encode_json(sizes) if sizes else None, near_key_of(key)))
             fts_rows.append((page_id, _fts_text(title), _fts_text(" ".join(sentences))))
             if len(page_rows) >= settings.batch_size:
                 flush()
@@ -250,6 +250,9 @@ def _fill(db: sqlite3.Connection, sources: list[Path], settings: BuildSettings,
     stats.df_floor = max(1, min(DF_FLOOR, page_id // 2 + 1))  # unlisted terms are in <= half the pages
     _finish(db, settings, stats.df_floor)
     return stats
+
+
+_encode_json = json.JSONEncoder(ensure_ascii=False).encode  # json.dumps re-reads its options per call
 
 
 def _add_redirects(db: sqlite3.Connection, source: Path, stats: SourceStats, batch: int = 20_000) -> None:
