@@ -11,9 +11,17 @@ pipeline.trajectory; every setup sees the same examples in the same order (same 
                tokenised by TRL, padded batches, TRL's fused chunked loss, gradient checkpointing
                ON), fp32 (TRL's own default, bf16=True, refuses to start on a CPU without use_cpu).
   trl-nogc     the same with gradient checkpointing off: equal settings to `ours`.
-  ours-gc      pipeline.finetune (our tokenisation, padding-free batches, the model's own loss)
-               with gradient checkpointing on: equal settings to `trl-default`.
-  ours         pipeline.finetune as configured by default (checkpointing off), fp32.
+  ours-gc      pipeline.finetune (our tokenisation, batching and loss as configured) with
+               gradient checkpointing on: equal settings to `trl-default`.
+  ours         pipeline.finetune as configured by default (checkpointing off), fp32. On a CPU
+               that is padding-free micro-batches of ONE trajectory x accumulation (no varlen
+               flash kernel: pipeline/train_speed.micro_batch_cap).
+  ours-row     `ours` with all of a step's trajectories packed padding-free into one row (the
+               default before the cap): SDPA then needs a dense block-diagonal mask.
+  ours-padded  `ours` with batching=padded (a step's trajectories as padded rows).
+  ours-packing `ours` with batching=packing (whole trajectories best-fit into rows of the longest
+               example's length; still `batch` trajectories per step).
+  ours-chunked `ours` with loss=chunked (TRL's fused chunked LM-head loss: the GPU default).
   ours-bf16    `ours` with precision=bf16 (bf16 autocast over fp32 weights, the Trainer's own
                CPU bf16 path): the bf16 / fp32 ratio on the same work.
   trl+loss     (optional) trl-default with the model's own loss: separates the loss path's gain.
@@ -42,13 +50,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import compute_limits, load_average, spread  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "fireact" / "alpaca_format" / "hotpotqa.json"
-SETUPS = {  # trainer, gradient checkpointing, precision
-    "trl-default": ("trl", True, "fp32"),
-    "trl-nogc": ("trl", False, "fp32"),
-    "ours-gc": ("ours", True, "fp32"),
-    "ours": ("ours", False, "fp32"),
-    "ours-bf16": ("ours", False, "bf16"),
-    "trl+loss": ("trl+loss", True, "fp32"),
+SETUPS = {  # trainer, gradient checkpointing, precision, FinetuneConfig overrides
+    "trl-default": ("trl", True, "fp32", ()),
+    "trl-nogc": ("trl", False, "fp32", ()),
+    "ours-gc": ("ours", True, "fp32", ()),
+    "ours": ("ours", False, "fp32", ()),
+    "ours-row": ("ours", False, "fp32", ("per_device_batch_size={batch}",)),
+    "ours-padded": ("ours", False, "fp32", ("batching=padded", "per_device_batch_size={batch}")),
+    "ours-packing": ("ours", False, "fp32", ("batching=packing", "per_device_batch_size={batch}")),
+    "ours-chunked": ("ours", False, "fp32", ("loss=chunked",)),
+    "ours-bf16": ("ours", False, "bf16", ()),
+    "trl+loss": ("trl+loss", True, "fp32", ()),
 }
 # (numerator, denominator, what the ratio says)
 RATIOS = [
@@ -56,6 +68,10 @@ RATIOS = [
     ("ours", "trl-nogc", "ours / TRL, both WITHOUT gradient checkpointing (equal settings)"),
     ("ours", "trl-default", "ours as configured / TRL as shipped (what a user gets out of the box)"),
     ("ours-bf16", "ours", "bf16 / fp32, same work (ours, no checkpointing)"),
+    ("ours", "ours-row", "one trajectory per micro-batch / one packed row per step (padding-free under SDPA)"),
+    ("ours-padded", "ours", "padded rows / one trajectory per micro-batch"),
+    ("ours-packing", "ours", "packed fixed-length rows / one trajectory per micro-batch"),
+    ("ours-chunked", "ours", "TRL's chunked loss / the model's own loss"),
 ]
 
 
@@ -98,46 +114,47 @@ def step_timer():
     return StepTimer()
 
 
-def finetune_cfg(model: str, out: Path, steps: int, batch: int, checkpointing: bool, precision: str):
+def finetune_cfg(model: str, out: Path, steps: int, batch: int, checkpointing: bool, precision: str,
+                 overrides: tuple[str, ...] = ()):
     from pipeline.config import load_config
     from pipeline.finetune import FinetuneConfig, resolve
     base = ["init=random", "tokenizer=smollm2", "student=tiny", "learning_rate=1.0e-3"] if model == "tiny" else [
         "student=smollm2", "learning_rate=2.0e-5"]
     return resolve(load_config(FinetuneConfig, None, base + [
-        f"max_steps={steps}", f"global_batch_size={batch}", f"per_device_batch_size={batch}", f"precision={precision}",
+        f"max_steps={steps}", f"global_batch_size={batch}", f"precision={precision}",
         f"gradient_checkpointing={str(checkpointing).lower()}",
         "report_to=none", "save_steps=100000", f"output_root={out}", "logging_steps=1000", "lr_scheduler=constant",
-        "warmup_ratio=0.0"]))
+        "warmup_ratio=0.0", *(o.format(batch=batch) for o in overrides)]))
 
 
 def run_setup(name: str, model_name: str, recs: list[dict], steps: int, batch: int, out: Path) -> dict:
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
-    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
     from pipeline.finetune import (
+        batch_split,
+        build_trainer,
         load_student,
         load_tokenizer,
         model_loss_trainer_class,
-        sft_arguments,
-        use_bf16,
     )
     from pipeline.sft import tokenize_records
 
-    trainer_kind, checkpointing, precision = SETUPS[name]
-    cfg = finetune_cfg(model_name, out / name, steps, batch, checkpointing, precision)
+    trainer_kind, checkpointing, precision, overrides = SETUPS[name]
+    cfg = finetune_cfg(model_name, out / name, steps, batch, checkpointing, precision, overrides)
     tokenizer = load_tokenizer(cfg)
-    model = load_student(cfg, tokenizer)
     timer = step_timer()
     if trainer_kind == "ours":
+        # the trainer pipeline.finetune builds (batching, loss, precision as configured), its collator wrapped to count
         examples, report = tokenize_records(recs, tokenizer)
-        args = sft_arguments(cfg, batch, 1, report.max_length, bf16=use_bf16(cfg), distributed_cpu=False)
-        collator = CountingCollator(DataCollatorForLanguageModeling(pad_token_id=tokenizer.pad_token_id,
-                                                                    padding_free=True), tokenizer.pad_token_id)
-        trainer = model_loss_trainer_class()(model=model, args=args, train_dataset=Dataset.from_list(examples),
-                                             processing_class=tokenizer, data_collator=None, callbacks=[timer])
-        trainer.data_collator = collator  # same collator TRL built, wrapped to count
+        per_device, accum, _ = batch_split(cfg, 1)
+        trainer = build_trainer(cfg, examples, tokenizer, per_device, accum, report.max_length, callbacks=[timer])
+        collator = CountingCollator(trainer.data_collator, tokenizer.pad_token_id)
+        trainer.data_collator = collator
+        model = trainer.model
     else:
+        accum = 1
+        model = load_student(cfg, tokenizer)
         # TRL's defaults: only the run length, batch, output and fp32 are set (and, for trl-nogc,
         # checkpointing off; TRL 1.16 / transformers 5.24 call it activation_checkpointing).
         names = {f.name for f in dataclasses.fields(SFTConfig)}
@@ -156,14 +173,15 @@ def run_setup(name: str, model_name: str, recs: list[dict], steps: int, batch: i
         trainer.data_collator = collator
     assert trainer.accelerator.mixed_precision == ("bf16" if precision == "bf16" else "no")
     trainer.train()
-    timed = collator.batches[1:steps]  # step 1 warms up
+    timed = collator.batches[accum:steps * accum]  # step 1 (its `accum` micro-batches) warms up
     seconds = sum(timer.durations[1:])
     real = sum(r for r, _ in timed)
     positions = sum(p for _, p in timed)
     params = sum(p.numel() for p in model.parameters())
-    return {"setup": name, "tokens_per_s": real / seconds, "s_per_step": seconds / max(1, len(timed)),
+    # the Trainer calls on_step_begin / on_step_end once per optimizer step (all its micro-batches)
+    return {"setup": name, "tokens_per_s": real / seconds, "s_per_step": seconds / max(1, len(timer.durations) - 1),
             "padding_waste": 1 - real / positions, "real_tokens": real, "params": params,
-            "precision": precision}
+            "precision": precision, "micro_batches": f"{len(collator.batches) // steps} per step"}
 
 
 def report_model(model_name: str, runs: dict[str, list[dict]], limits: dict[str, float]) -> None:
