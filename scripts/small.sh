@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The evidence grid (issue 14) and the oracle-style control (issue 17), one command:
-#   1. configs/small-sweep.yaml  three learning rates on CoT, one epoch each
+#   1. configs/small-sweep.yaml  three learning rates on CoT, one epoch each; the lowest held-out
+#                                loss picks the learning rate of 2 and 3
 #   2. configs/small.yaml        the grid: prompted and fine-tuned SmolLM2-135M on 4 formats
 #   3. configs/small-exact.yaml  ReAct again, trained on exact-title oracle trajectories
 #   4. the reports: sweep losses, the grid's table with intervals, the oracle-style comparison
@@ -12,10 +13,13 @@ bash scripts/setup.sh
 PYTHON=${PYTHON:-.venv/bin/python}
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 started=$(date +%s)
-for config in small-sweep small small-exact; do
-    "$PYTHON" -m pipeline run --config "configs/$config.yaml"
-done
+"$PYTHON" -m pipeline run --config configs/small-sweep.yaml
 "$PYTHON" scripts/sweep_report.py runs/small-sweep checkpoints/small-sweep
+lr=$("$PYTHON" scripts/sweep_report.py runs/small-sweep checkpoints/small-sweep --best)
+echo "[small] the sweep's pick: peak learning rate $lr (lowest held-out loss)"
+for config in small small-exact; do
+    "$PYTHON" -m pipeline run --config "configs/$config.yaml" train.learning_rate="$lr"
+done
 cat runs/small/plot/results.md runs/small/plot/orderings.md
 "$PYTHON" scripts/oracle_style_report.py runs/small runs/small-exact
 echo "[small] all three runs and the reports in $(( $(date +%s) - started )) s"

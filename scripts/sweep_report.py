@@ -66,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run", type=Path, help="the sweep's out_dir (runs/small-sweep)")
     parser.add_argument("checkpoints", type=Path, help="its checkpoints (checkpoints/small-sweep)")
+    parser.add_argument("--best", action="store_true",
+                        help="print only the peak learning rate with the lowest held-out loss (for scripts)")
     args = parser.parse_args(argv)
     folders = sorted(p for p in args.checkpoints.glob("*/*") if p.is_dir()) if args.checkpoints.is_dir() else []
     rows = [row for row in map(lambda f: student_row(args.run, f), folders) if row]
@@ -73,6 +75,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no checkpoints under {args.checkpoints}/<student>/<format>/; run "
               "`python -m pipeline run --config configs/small-sweep.yaml` first", file=sys.stderr)
         return 2
+    if args.best:
+        scored = [r for r in rows if r["held_out_loss"] is not None]
+        if not scored:
+            print("error: no student has a second-half loss yet", file=sys.stderr)
+            return 2
+        print(f"{min(scored, key=lambda r: r['held_out_loss'])['peak_lr']:g}")
+        return 0
     print(markdown(rows))
     return 0
 

@@ -36,6 +36,9 @@ def test_sweep_report_picks_the_lowest_second_half_loss(tmp_path):
     assert "| lr-1e-4 (cot) | 0.0001 | 4 | 3.000 | 1.450 | 6.0 [2.1, 16.2] (n=50) |" in lines
     assert "| lr-3e-4 (cot) | 0.0003 | 4 | 3.000 | 1.600 | (not evaluated) |" in lines
     assert lines[-1] == "Lowest held-out loss: lr-1e-4 (peak learning rate 0.0001)."
+    best = subprocess.run([sys.executable, SCRIPT, str(tmp_path / "run"), str(tmp_path / "ck"), "--best"],
+                          capture_output=True, text=True, timeout=60)
+    assert best.returncode == 0 and best.stdout == "0.0001\n", best
 
 
 def test_sweep_report_without_checkpoints_exits_2(tmp_path):
