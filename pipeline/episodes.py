@@ -201,8 +201,9 @@ def require_methods(methods: list[str]) -> None:
 
 # ------------------------------------------------------------------ resuming a run folder
 
-# Operational knobs of an LLM section that do not change what it writes.
-OPERATIONAL_KEYS = ("max_batch_size", "max_concurrency", "timeout_s", "max_retries", "device")
+# Operational knobs of an LLM section that do not change what it writes (`base_url`: where the
+# same model is served, e.g. other replicas when a sharded job resumes on another node).
+OPERATIONAL_KEYS = ("max_batch_size", "max_concurrency", "timeout_s", "max_retries", "device", "base_url")
 
 
 def identity(config: dict, keys: tuple[str, ...]) -> dict:
