@@ -28,6 +28,7 @@ from pipeline.llm.config import LLMConfig
 from pipeline.llm.factory import load_llm
 from pipeline.methods import Method, MethodSettings, build_method, prompt_prefixes
 from pipeline.methods.oracle import DEFAULT_STYLE, check_style, oracle_method
+from pipeline.shards import parse_shard, shard_questions
 from pipeline.storage import (
     JsonlAppender,
     read_jsonl,
@@ -266,6 +267,7 @@ def start_run(cfg: Any, stage: str, who: PromptedModel | OracleTeacher, settings
     if not questions:
         raise PipelineError(f"question set '{cfg.questions}' is empty: nothing to "
                             + ("evaluate" if stage == "eval" else stage))
+    questions = shard_questions(questions, parse_shard(cfg.shard))
     check_resumable(cfg.out_dir, stage, cfg, keys)
     if check is not None:
         check()

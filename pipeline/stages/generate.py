@@ -49,10 +49,11 @@ class GenerateConfig:
     max_in_flight: int = 16  # episodes run at once (one batched LLM call per round)
     target_correct: int | None = None  # target mode: draw questions until each method has N correct
     order_seed: int = 0  # target mode: the seed of the order in which questions are drawn
+    shard: str | None = None  # i/n: this job's share of the questions, for N jobs (pipeline.shards)
 
 
 # Keys whose change makes old records incomparable with new ones (a larger `limit` is fine).
-IDENTITY_KEYS = ("teacher", "questions", "prompting", "wiki")
+IDENTITY_KEYS = ("teacher", "questions", "prompting", "wiki", "shard")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -67,6 +68,9 @@ def main(args: argparse.Namespace) -> int:
 def generate(cfg: GenerateConfig) -> dict[str, dict]:
     """Run every method; return per-method stats. Validates everything before writing."""
     check_writable_dir(cfg.out_dir)  # before any model is loaded or episode run
+    if cfg.shard is not None and cfg.target_correct is not None:
+        raise PipelineError("shard= and target_correct= do not go together (each shard would stop at its own "
+                            "count); shard a fixed pool instead: limit=<questions> shard=i/n")
     teacher = answerer(cfg.teacher)
     keys = IDENTITY_KEYS if cfg.target_correct is None else (*IDENTITY_KEYS, "order_seed")
     questions, backend, llm, exemplar_sources = start_run(cfg, "generate", teacher, cfg.prompting, keys)
