@@ -122,7 +122,6 @@ def test_a_shard_resumes_like_one_job_and_refuses_another_shard(generated, index
 @pytest.mark.parametrize("extra,message", [
     (["shard=3/3"], "shard '3/3' is out of range"),
     (["shard=first"], "shard 'first' is not i/n"),
-    (["shard=0/2", "target_correct=2"], "shard= and target_correct= do not go together"),
 ])
 def test_a_bad_shard_exits_2_and_writes_nothing(index, tmp_path, extra, message):
     proc = run_pipeline("generate", "teacher.backend=oracle", "questions=offline-eval", "limit=3",
@@ -130,6 +129,18 @@ def test_a_bad_shard_exits_2_and_writes_nothing(index, tmp_path, extra, message)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith("error: ") and message in proc.stderr and proc.stderr.count("\n") == 1
     assert not (tmp_path / "never").exists()
+
+
+@needs_corpus
+def test_in_target_mode_each_shard_aims_at_its_share(index, tmp_path):
+    """target_correct=3 over 2 shards: each draws from its own half of the pool until it has 2."""
+    for i in range(2):
+        generate(index, tmp_path / f"t{i}", f"shard={i}/2", "target_correct=3", "max_in_flight=1", "methods=[react]")
+    targets = [json.loads((tmp_path / f"t{i}" / "manifest.json").read_text())["stats"]["react"]["target"]
+               for i in range(2)]
+    assert [(t["target"], t["reached"], t["pool"]) for t in targets] == [(2, True, 4), (2, True, 3)]
+    ids = [{r["id"] for r in read_records(tmp_path / f"t{i}" / "react.jsonl")} for i in range(2)]
+    assert not ids[0] & ids[1]
 
 
 @needs_corpus

@@ -68,9 +68,6 @@ def main(args: argparse.Namespace) -> int:
 def generate(cfg: GenerateConfig) -> dict[str, dict]:
     """Run every method; return per-method stats. Validates everything before writing."""
     check_writable_dir(cfg.out_dir)  # before any model is loaded or episode run
-    if cfg.shard is not None and cfg.target_correct is not None:
-        raise PipelineError("shard= and target_correct= do not go together (each shard would stop at its own "
-                            "count); shard a fixed pool instead: limit=<questions> shard=i/n")
     teacher = answerer(cfg.teacher)
     keys = IDENTITY_KEYS if cfg.target_correct is None else (*IDENTITY_KEYS, "order_seed")
     questions, backend, llm, exemplar_sources = start_run(cfg, "generate", teacher, cfg.prompting, keys)
@@ -129,11 +126,16 @@ def target_progress(order: list, records: dict[str, dict], target: int) -> dict:
 
 def run_to_target(teacher, llm, cfg: GenerateConfig, questions: list, backend) -> dict[str, dict]:
     """Target mode (module docstring): per method, draw batches in the seeded order until the
-    method has `target_correct` correct episodes or no question is left."""
+    method has `target_correct` correct episodes or no question is left. A shard i/n (its share
+    of the pool, pipeline.shards) aims at ceil(target_correct / n): the merged shards hold at
+    least target_correct, and filter's max_per_method keeps a seeded draw of that many."""
+    from pipeline.shards import parse_shard
     from pipeline.storage import read_jsonl
 
     if cfg.target_correct < 1:
         raise PipelineError(f"target_correct must be >= 1, got {cfg.target_correct}")
+    shard = parse_shard(cfg.shard)
+    target = cfg.target_correct if shard is None else -(-cfg.target_correct // shard.count)
     order = draw_order(questions, cfg.order_seed)
     pool_ids = {str(q.id) for q in order}
     stats = {}
@@ -142,12 +144,12 @@ def run_to_target(teacher, llm, cfg: GenerateConfig, questions: list, backend) -
         while True:
             records = {str(r["id"]): r for r in (read_jsonl(path) if path.exists() else [])
                        if str(r["id"]) in pool_ids}
-            progress = target_progress(order, records, cfg.target_correct)
+            progress = target_progress(order, records, target)
             todo = [q for q in order if str(q.id) not in records]
             if progress["reached"] or not todo:
                 break
             # enough for the missing ones at a perfect rate, and at least a full round of the runner
-            batch = todo[:max(cfg.target_correct - progress["correct"], cfg.max_in_flight)]
+            batch = todo[:max(target - progress["correct"], cfg.max_in_flight)]
             run_methods(teacher, llm, [name], batch, cfg.prompting, backend, cfg.out_dir,
                         max_in_flight=cfg.max_in_flight, source="generate")
         stats[name] = {**method_stats(path, set(records)), "target": progress}
