@@ -54,6 +54,9 @@ DROP_REASONS = ("unfinished", "incorrect", "low_f1", "bad_trajectory", "duplicat
 # Settings that change a dataset's content; out_dir/force/methods do not.
 CONTENT_KEYS = ("min_f1", "require_finished", "max_per_method", "seed", "tokenizer", "fireact_other_tasks",
                 "shuffle")
+# The generate config keys that make shards parts of one run (generate's identity keys, which
+# also decide what a resumed folder may hold, without `shard`; plus `limit`, which cuts the set).
+SHARD_SET_KEYS = ("teacher", "questions", "prompting", "wiki", "limit")
 GLOBAL_BATCH = 64  # the paper's batch size, for the epochs the dataset card reports
 
 
@@ -116,24 +119,20 @@ def collect_episodes(cfg: FilterConfig) -> tuple[dict[str, list[dict]], list[dic
 def generate_inputs(inputs: list[str]) -> list[list[Path]]:
     """The generate folders as inputs in order: an unsharded folder alone, the folders of one
     shard set together (at the place of its first), checked complete (pipeline.shards)."""
-    from pipeline.config import upgrade_keys
     from pipeline.episodes import identity
     from pipeline.shards import check_shard_set, parse_shard
-    from pipeline.stages.generate import IDENTITY_KEYS, GenerateConfig
 
     groups: dict[str, list[tuple[Path, object]]] = {}
     for folder in map(Path, inputs):
         if not folder.is_dir():
             raise PipelineError(f"inputs: {folder} is not a folder; give a generate output folder")
         manifest = require_complete(folder / "manifest.json", f"generate output {folder}")
-        config = upgrade_keys(GenerateConfig, manifest.get("config") or {})
+        config = manifest.get("config") or {}
         shard = parse_shard(config.get("shard"))
         if shard is None:
             groups[f"folder:{folder}"] = [(folder, None)]
             continue
-        # the shards of one run: the same teacher, questions, prompting, wiki and limit
-        run = identity(config, tuple(k for k in IDENTITY_KEYS if k != "shard"))
-        key = json.dumps({**run, "limit": config.get("limit")}, sort_keys=True, default=str)
+        key = json.dumps(identity(config, SHARD_SET_KEYS), sort_keys=True, default=str)
         groups.setdefault(key, []).append((folder, shard))
     out = []
     for members in groups.values():
