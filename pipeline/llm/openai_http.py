@@ -12,8 +12,8 @@
 Each request is one HTTP call (`n` samples in one call); up to `max_concurrency` calls are in
 flight at once to each replica (each base URL). A call that still fails after its retries (and
 on the other replicas) becomes `n` completions with finish_reason="error" and the reason, so
-the other episodes go on. Stop strings are sent to the
-server and applied again here, because not every server honours them (or all of them).
+the other episodes go on. Stop strings are sent to the server and applied again here, because
+not every server honours them (or all of them).
 """
 
 from __future__ import annotations
