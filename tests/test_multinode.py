@@ -104,8 +104,11 @@ def test_a_deepspeed_config_that_would_ssh_into_the_nodes_is_refused(tmp_path):
     assert launch_command(tmp_path / "ds.yaml", 8, tmp_path / "c.yaml", 8)  # one machine: pdsh is never used
 
 
-def test_dry_run_prints_the_multi_machine_launch(tmp_path, capsys):
+def test_dry_run_prints_the_multi_machine_launch(tmp_path, capsys, monkeypatch):
     from pipeline.cli import main
+
+    for name in [k for k in os.environ if k.startswith("SLURM_") or k in ("MASTER_ADDR", "MASTER_PORT")]:
+        monkeypatch.delenv(name)  # this test gives the machines as arguments
 
     code = main(["train", "--config", str(TINY), "--dry-run", f"dataset_dir={tmp_path}", "--num-processes", "1",
                  "--num-machines", "2", "--machine-rank", "1", "--main-process-ip", "127.0.0.1"])
