@@ -28,6 +28,7 @@ from pipeline.llm.config import LLMConfig
 from pipeline.llm.factory import load_llm
 from pipeline.methods import Method, MethodSettings, build_method, prompt_prefixes
 from pipeline.methods.oracle import DEFAULT_STYLE, check_style, oracle_method
+from pipeline.shards import parse_shard, shard_questions
 from pipeline.storage import (
     JsonlAppender,
     read_jsonl,
@@ -201,8 +202,9 @@ def require_methods(methods: list[str]) -> None:
 
 # ------------------------------------------------------------------ resuming a run folder
 
-# Operational knobs of an LLM section that do not change what it writes.
-OPERATIONAL_KEYS = ("max_batch_size", "max_concurrency", "timeout_s", "max_retries", "device")
+# Operational knobs of an LLM section that do not change what it writes (`base_url`: where the
+# same model is served, e.g. other replicas when a sharded job resumes on another node).
+OPERATIONAL_KEYS = ("max_batch_size", "max_concurrency", "timeout_s", "max_retries", "device", "base_url")
 
 
 def identity(config: dict, keys: tuple[str, ...]) -> dict:
@@ -265,6 +267,7 @@ def start_run(cfg: Any, stage: str, who: PromptedModel | OracleTeacher, settings
     if not questions:
         raise PipelineError(f"question set '{cfg.questions}' is empty: nothing to "
                             + ("evaluate" if stage == "eval" else stage))
+    questions = shard_questions(questions, parse_shard(cfg.shard))
     check_resumable(cfg.out_dir, stage, cfg, keys)
     if check is not None:
         check()

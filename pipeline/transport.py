@@ -49,11 +49,13 @@ class RequestFailed(BackendFailure):
     """A request that failed for good (retries exhausted, or a permanent error such as HTTP 404).
 
     Callers that run many episodes catch it and record `reason` on the one episode; uncaught,
-    the CLI prints it as a one-line error."""
+    the CLI prints it as a one-line error. `exhausted` says the attempts ran out on errors worth
+    retrying (the server or the connection is the trouble, not the request itself)."""
 
-    def __init__(self, reason: str):
+    def __init__(self, reason: str, *, exhausted: bool = False):
         super().__init__(reason)
         self.reason = reason
+        self.exhausted = exhausted
 
 
 class TransientPayload(Exception):
@@ -148,8 +150,8 @@ class JsonHttpClient:
                 if not failure.retry:
                     raise RequestFailed(f"{label}: {reason}") from None
                 if attempt + 1 == attempts:
-                    raise RequestFailed(
-                        f"{label}: gave up after {attempts} attempts; last: {reason}") from None
+                    raise RequestFailed(f"{label}: gave up after {attempts} attempts; last: {reason}",
+                                        exhausted=True) from None
                 delay = self._delay(attempt, failure.retry_after_s)
                 log.warning("%s: %s; retry %d/%d in %.2f s", label, reason, attempt + 1,
                             self.max_retries, delay)

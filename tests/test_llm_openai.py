@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import socket
 
 import pytest
@@ -220,3 +221,94 @@ def test_a_right_key_is_accepted(monkeypatch):
 def test_bad_config_is_a_one_line_error(field, value, message):
     with pytest.raises(PipelineError, match=message.replace("(", r"\(").replace(")", r"\)")):
         OpenAICompatibleLLM(LLMConfig(backend="openai", **{field: value}))
+
+
+# ------------------------------------------------------------------ replicas (several base URLs)
+
+def make_replicated(servers: list, urls: list[str] | None = None, **cfg) -> OpenAICompatibleLLM:
+    """The backend over several real servers on 127.0.0.1 (FakeOpenAI: a stand-in for
+    `vllm serve`), one per replica."""
+    cfg.setdefault("timeout_s", 2.0)
+    cfg.setdefault("max_retries", 1)
+    config = LLMConfig(backend="openai", model="fake-model", api_key_env=KEY_ENV,
+                       base_url=urls or [f"{s.url}/v1" for s in servers], **cfg)
+    return OpenAICompatibleLLM(config, backoff_base_s=0.01, backoff_max_s=0.05, sleep=lambda s: None)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_replicas_share_the_requests_and_each_stays_within_max_concurrency(monkeypatch):
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    with FakeOpenAI(latency_s=0.05) as a, FakeOpenAI(latency_s=0.05) as b:
+        llm = make_replicated([a, b], max_concurrency=2)
+        llm.check_available()
+        out = llm.generate([GenerationRequest(f"q{i}") for i in range(12)])
+        llm.close()
+    assert [o[0].text for o in out] == [f"sample 0: q{i}" for i in range(12)]
+    posts = [len([r for r in s.requests if r.method == "POST"]) for s in (a, b)]
+    assert sum(posts) == 12 and min(posts) >= 4  # both busy (least-outstanding keeps them even)
+    assert a.max_in_flight == b.max_in_flight == 2  # each filled to its bound, never past it
+
+
+def test_a_dead_replica_is_named_by_the_check_and_its_requests_fail_over(monkeypatch, caplog):
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    with FakeOpenAI() as live:
+        llm = make_replicated([], urls=[f"{live.url}/v1", dead], max_concurrency=1)
+        with pytest.raises(PipelineError) as info:
+            llm.check_available()
+        out = llm.generate([GenerationRequest(f"q{i}") for i in range(4)])
+        llm.close()
+    message = str(info.value)
+    assert message.startswith(f"OpenAI-compatible endpoint unavailable: replica 2 of 2 ({dead}): GET {dead}/models")
+    assert "connection failed" in message and "\n" not in message
+    assert [o[0].text for o in out] == [f"sample 0: q{i}" for i in range(4)]  # all answered by the live one
+    assert f"replica 2 of 2 ({dead}) failed (POST {dead}/completions: gave up after 2 attempts" in caplog.text
+    assert caplog.text.count("its requests go to the other replicas") == 1  # set aside once, not per request
+
+
+def test_when_every_replica_fails_the_error_names_each(monkeypatch):
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    with FakeOpenAI() as a, FakeOpenAI() as b:
+        a.fail_prompt("doomed", *[Fault("503")] * 4)
+        b.fail_prompt("doomed", *[Fault("503")] * 4)
+        llm = make_replicated([a, b])
+        [[c]] = llm.generate([GenerationRequest("doomed")])
+        [[after]] = llm.generate([GenerationRequest("fine")])  # both set aside: still tried
+    assert c.finish_reason == "error"
+    assert c.error.count("gave up after 2 attempts; last: HTTP 503") == 2
+    assert f"replica 1 of 2 ({a.url}/v1): POST {a.url}/v1/completions" in c.error
+    assert f"replica 2 of 2 ({b.url}/v1): POST {b.url}/v1/completions" in c.error
+    assert after.text == "sample 0: fine"
+
+
+def test_a_request_error_is_not_blamed_on_the_replica(monkeypatch):
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    with FakeOpenAI() as a, FakeOpenAI() as b:
+        llm = make_replicated([a, b], max_concurrency=1)
+        [[c]] = llm.generate([GenerationRequest("CONTEXT_OVERFLOW")])  # HTTP 400: the request's fault
+    assert c.finish_reason == "error" and "maximum context length" in c.error
+    assert len(a.requests) + len(b.requests) == 1  # no failover, no retry elsewhere
+    assert all(r.down_until == 0.0 for r in llm.replicas.replicas)
+
+
+@pytest.mark.parametrize("urls,message", [
+    ([], "llm.base_url is an empty list"),
+    (["http://a:8000/v1", "b:8000/v1"], "llm.base_url 'b:8000/v1' is not an http(s) URL"),
+    (["http://a:8000/v1", "http://a:8000/v1/"], "lists http://a:8000/v1 more than once"),
+])
+def test_bad_replica_lists_are_one_line_errors(urls, message):
+    with pytest.raises(PipelineError, match=re.escape(message)):
+        OpenAICompatibleLLM(LLMConfig(backend="openai", base_url=urls))
+
+
+def test_a_list_of_base_urls_reads_from_yaml_and_the_command_line(tmp_path):
+    from pipeline.config import load_config
+
+    cfg = load_config(LLMConfig, overrides=["base_url=[http://a:8000/v1, http://b:8000/v1]"])
+    assert cfg.base_url == ["http://a:8000/v1", "http://b:8000/v1"]
+    assert load_config(LLMConfig, overrides=["base_url=http://a:8000/v1"]).base_url == "http://a:8000/v1"

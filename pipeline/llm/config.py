@@ -23,10 +23,10 @@ class LLMConfig:
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.9
     # openai-compatible HTTP (vllm serve, TGI, hosted endpoints)
-    base_url: str = "http://127.0.0.1:8000/v1"
+    base_url: str | list[str] = "http://127.0.0.1:8000/v1"  # or a list: replicas of one model
     api_key_env: str = "OPENAI_API_KEY"  # the key is read from this variable, never from config
     mode: str = "completions"  # completions | chat
-    max_concurrency: int = 8
+    max_concurrency: int = 8  # requests in flight at once, per replica
     timeout_s: float = 60.0
     max_retries: int = 5
     extra: dict = field(default_factory=dict)  # backend-specific passthrough (e.g. vllm kwargs)

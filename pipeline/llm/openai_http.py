@@ -2,16 +2,18 @@
 
     llm:
       backend: openai
-      base_url: http://127.0.0.1:8000/v1   # where `vllm serve MODEL` listens
+      base_url: http://127.0.0.1:8000/v1   # where `vllm serve MODEL` listens (or a list of
+                                             # replicas: pipeline.llm.replicas)
       model: meta-llama/Llama-3.1-70B-Instruct
       mode: completions                      # or chat (one user message per prompt)
       api_key_env: OPENAI_API_KEY            # the key is read from this variable only
       max_concurrency: 8
 
 Each request is one HTTP call (`n` samples in one call); up to `max_concurrency` calls are in
-flight at once. A call that still fails after its retries becomes `n` completions with
-finish_reason="error" and the reason, so the other episodes go on. Stop strings are sent to the
-server and applied again here, because not every server honours them (or all of them).
+flight at once to each replica (each base URL). A call that still fails after its retries (and
+on the other replicas) becomes `n` completions with finish_reason="error" and the reason, so
+the other episodes go on. Stop strings are sent to the server and applied again here, because
+not every server honours them (or all of them).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 from pipeline.errors import PipelineError
 from pipeline.llm.base import Completion, GenerationRequest, cut_at_stop
 from pipeline.llm.config import LLMConfig
+from pipeline.llm.replicas import ReplicaSet
 from pipeline.transport import JsonHttpClient, RequestFailed, TransientPayload
 
 MODES = ("completions", "chat")
@@ -39,15 +42,13 @@ class OpenAICompatibleLLM:
         """`backoff_*` and `sleep` shape the retry schedule (tests shrink it)."""
         if cfg.mode not in MODES:
             raise PipelineError(f"llm.mode '{cfg.mode}' is unknown; use one of {list(MODES)}")
-        if not cfg.base_url.startswith(("http://", "https://")):
-            raise PipelineError(f"llm.base_url '{cfg.base_url}' is not an http(s) URL, e.g. "
-                                "http://127.0.0.1:8000/v1")
+        base_urls = replica_urls(cfg.base_url)
         if cfg.max_concurrency < 1:
             raise PipelineError(f"llm.max_concurrency must be >= 1, got {cfg.max_concurrency}")
         self.name = cfg.label
         self.model = cfg.model
         self.mode = cfg.mode
-        self.base_url = cfg.base_url.rstrip("/")
+        self.replicas = ReplicaSet(base_urls, cfg.max_concurrency)
         self.api_key_env = cfg.api_key_env
         self.max_concurrency = cfg.max_concurrency
         key = os.environ.get(cfg.api_key_env, "") if cfg.api_key_env else ""
@@ -64,7 +65,8 @@ class OpenAICompatibleLLM:
         self._pool_lock = threading.Lock()
 
     def __repr__(self) -> str:  # the key lives only inside the clients' headers
-        return (f"OpenAICompatibleLLM(model={self.model!r}, base_url={self.base_url!r}, "
+        urls = [r.url for r in self.replicas.replicas]
+        return (f"OpenAICompatibleLLM(model={self.model!r}, base_url={urls if len(urls) > 1 else urls[0]!r}, "
                 f"mode={self.mode!r}, key_from=${self.api_key_env})")
 
     # -- the LLM protocol -------------------------------------------------------------------
@@ -75,21 +77,26 @@ class OpenAICompatibleLLM:
         return list(self._executor().map(self._generate_one, requests))
 
     def check_available(self) -> None:
-        """Raise PipelineError (one line) unless the endpoint answers and serves `model`."""
-        url = f"{self.base_url}/models"
+        """Raise PipelineError (one line) unless every replica answers and serves `model`."""
+        for replica in self.replicas.replicas:
+            self._check_replica(replica.url, self.replicas.name(replica))
+
+    def _check_replica(self, base_url: str, name: str) -> None:
+        url = f"{base_url}/models"
+        where = "" if name == base_url else f"{name}: "
         try:
             payload = self._probe.get_json(url)
         except RequestFailed as e:
             hint = ""
             if "HTTP 401" in e.reason or "HTTP 403" in e.reason:
                 hint = f" (the key from ${self.api_key_env} was {'refused' if self._has_key else 'not set'})"
-            raise PipelineError(f"OpenAI-compatible endpoint unavailable: {e.reason}{hint}; "
+            raise PipelineError(f"OpenAI-compatible endpoint unavailable: {where}{e.reason}{hint}; "
                                 "start the server or fix llm.base_url / llm.api_key_env") from None
         models = payload.get("data") if isinstance(payload, dict) else None
         served = [m.get("id") for m in models if isinstance(m, dict)] \
             if isinstance(models, list) else []
         if self.model not in served:
-            raise PipelineError(f"model '{self.model}' is not served by {self.base_url} "
+            raise PipelineError(f"model '{self.model}' is not served by {name} "
                                 f"(it serves {served[:10]}); fix llm.model")
 
     def close(self) -> None:
@@ -104,22 +111,35 @@ class OpenAICompatibleLLM:
         # One pool per backend, so max_concurrency bounds all calls even across generate()s.
         with self._pool_lock:
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(self.max_concurrency,
+                self._pool = ThreadPoolExecutor(self.max_concurrency * len(self.replicas),
                                                 thread_name_prefix="openai-http")
             return self._pool
 
     def _generate_one(self, request: GenerationRequest) -> list[Completion]:
-        url, body = self._request_body(request)
-        try:
-            payload = self.client.post_json(url, body, check=_check_choices)
-        except RequestFailed as e:
-            return _failed(request, e.reason)
+        """Send the request to the least busy replica; when that replica fails for good (not
+        the request itself: a 4xx is the request's fault) try each other replica that is up."""
+        tried: dict[str, str] = {}
+        while True:
+            replica = self.replicas.acquire(avoid=set(tried))
+            url, body = self._request_body(request, replica.url)
+            try:
+                payload = self.client.post_json(url, body, check=_check_choices)
+            except RequestFailed as e:
+                self.replicas.release(replica, e.reason if e.exhausted else None)
+                if len(self.replicas) == 1:
+                    return _failed(request, e.reason)
+                tried[replica.url] = f"{self.replicas.name(replica)}: {e.reason}"
+                if e.exhausted and self.replicas.others_up(set(tried)):
+                    continue
+                return _failed(request, "; ".join(tried.values()))
+            self.replicas.release(replica)
+            break
         try:
             return _completions(payload, request, chat=self.mode == "chat")
         except (TypeError, ValueError, AttributeError) as e:  # e.g. usage {"prompt_tokens": "x"}
             return _failed(request, self.client.redact(f"malformed answer from {url}: {e}"))
 
-    def _request_body(self, request: GenerationRequest) -> tuple[str, dict[str, Any]]:
+    def _request_body(self, request: GenerationRequest, base_url: str) -> tuple[str, dict[str, Any]]:
         body: dict[str, Any] = {"model": self.model, "max_tokens": request.max_new_tokens,
                                 "temperature": request.temperature, "n": request.n}
         if request.stop:
@@ -128,9 +148,26 @@ class OpenAICompatibleLLM:
             body["seed"] = request.seed
         if self.mode == "chat":
             body["messages"] = [{"role": "user", "content": request.prompt}]
-            return f"{self.base_url}/chat/completions", body
+            return f"{base_url}/chat/completions", body
         body["prompt"] = request.prompt
-        return f"{self.base_url}/completions", body
+        return f"{base_url}/completions", body
+
+
+def replica_urls(base_url: str | list[str]) -> list[str]:
+    """`llm.base_url` as a list of replica URLs, each checked; a one-line error otherwise."""
+    urls = [base_url] if isinstance(base_url, str) else list(base_url)
+    if not urls:
+        raise PipelineError("llm.base_url is an empty list; give one URL or a list of replicas, "
+                            "e.g. [http://node1:8000/v1, http://node2:8000/v1]")
+    for url in urls:
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise PipelineError(f"llm.base_url '{url}' is not an http(s) URL, e.g. "
+                                "http://127.0.0.1:8000/v1")
+    urls = [u.rstrip("/") for u in urls]
+    repeated = sorted({u for u in urls if urls.count(u) > 1})
+    if repeated:
+        raise PipelineError(f"llm.base_url lists {repeated[0]} more than once; list each replica once")
+    return urls
 
 
 def _failed(request: GenerationRequest, reason: str) -> list[Completion]:

@@ -28,6 +28,7 @@ from pipeline.episodes import answerer, run_methods, start_run, writing_run
 from pipeline.errors import PipelineError
 from pipeline.llm.config import LLMConfig
 from pipeline.methods import FORMATS_USED, MethodSettings
+from pipeline.shards import parse_shard
 from pipeline.storage import atomic_write_json, check_writable_dir, require_complete, write_manifest
 from pipeline.wiki.config import WikiConfig
 
@@ -40,7 +41,7 @@ KNOWN_SIZES_B = {"smollm2": 0.135, "HuggingFaceTB/SmolLM2-135M-Instruct": 0.135,
 
 
 # Keys whose change makes old records incomparable with new ones (a larger `limit` is fine).
-IDENTITY_KEYS = ("model", "checkpoint", "format", "base_model", "questions", "prompting", "wiki")
+IDENTITY_KEYS = ("model", "checkpoint", "format", "base_model", "questions", "prompting", "wiki", "shard")
 
 
 @dataclass
@@ -60,6 +61,7 @@ class EvalConfig:
     prompting: MethodSettings = field(default_factory=MethodSettings)  # mode is set from the model (prompt | zero_shot)
     wiki: WikiConfig = field(default_factory=WikiConfig)
     max_in_flight: int = 16
+    shard: str | None = None  # i/n: this job's share of the questions, for N jobs (pipeline.shards)
 
 
 @dataclass
@@ -104,6 +106,8 @@ def evaluate(cfg: EvalConfig) -> list[dict]:
         stats = run_methods(model, llm, methods, questions, settings, backend, cfg.out_dir,
                             max_in_flight=cfg.max_in_flight, source="eval")
         rows = [summary_row(target, name, cfg.questions, s, record) for name, s in stats.items()]
+        if cfg.shard is not None:  # plot merges a shard set's rows into one (pipeline.shards)
+            rows = [dict(row, shard=str(parse_shard(cfg.shard))) for row in rows]
         atomic_write_json(cfg.out_dir / "summary.json", rows)
         write_manifest(cfg.out_dir / "manifest.json", complete=True, summary=rows, **manifest)
     for row in rows:

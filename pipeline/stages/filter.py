@@ -5,7 +5,10 @@
     python -m pipeline filter --from-fireact ../shared/data/fireact/alpaca_format/hotpotqa_multimethod.json out_dir=runs/sft/fireact
 
 Inputs are generate output folders (`<method>.jsonl` + a complete manifest.json) and/or FireAct's
-released files (pipeline.importers). Per method it keeps episodes that finished with EM = 1
+released files (pipeline.importers). The shards of a sharded generation (`shard=i/n`,
+pipeline.shards) are merged into one input, which must hold every shard 0..n-1. A generate
+folder's (or shard set's) episodes are read in question-id order, so a dataset does not depend on
+the order in which concurrent episodes happened to finish, nor on how the questions were sharded. Per method it keeps episodes that finished with EM = 1
 (optionally F1 >= min_f1), drops repeated question ids (the first is kept), caps the rest at
 `max_per_method` by a seeded draw, shuffles them with the same seed (so training batches mix
 questions and sources rather than follow the generate order; `shuffle=false` keeps input order),
@@ -51,6 +54,9 @@ DROP_REASONS = ("unfinished", "incorrect", "low_f1", "bad_trajectory", "duplicat
 # Settings that change a dataset's content; out_dir/force/methods do not.
 CONTENT_KEYS = ("min_f1", "require_finished", "max_per_method", "seed", "tokenizer", "fireact_other_tasks",
                 "shuffle")
+# The generate config keys that make shards parts of one run (generate's identity keys, which
+# also decide what a resumed folder may hold, without `shard`; plus `limit`, which cuts the set).
+SHARD_SET_KEYS = ("teacher", "questions", "prompting", "wiki", "limit")
 GLOBAL_BATCH = 64  # the paper's batch size, for the epochs the dataset card reports
 
 
@@ -88,11 +94,15 @@ def collect_episodes(cfg: FilterConfig) -> tuple[dict[str, list[dict]], list[dic
     by_method: dict[str, list[dict]] = {}
     fingerprints: list[dict] = []
     reports: list[dict] = []
-    for folder in map(Path, cfg.inputs):
-        for path, episodes in _read_generate_folder(folder):
-            fingerprints.append(file_fingerprint(path))
-            for episode in episodes:
-                by_method.setdefault(episode["method"], []).append(episode)
+    for folders in generate_inputs(cfg.inputs):
+        merged: dict[str, list[dict]] = {}
+        for folder in folders:
+            for path, episodes in _read_generate_folder(folder):
+                fingerprints.append(file_fingerprint(path))
+                for episode in episodes:
+                    merged.setdefault(episode["method"], []).append(episode)
+        for method, episodes in merged.items():
+            by_method.setdefault(method, []).extend(sorted(episodes, key=lambda e: str(e["id"])))
     if cfg.fireact:
         from pipeline.importers import find_fireact_files, read_fireact_trajectories
 
@@ -104,6 +114,32 @@ def collect_episodes(cfg: FilterConfig) -> tuple[dict[str, list[dict]], list[dic
             for episode in episodes:
                 by_method.setdefault(episode["method"], []).append(episode)
     return by_method, fingerprints, reports
+
+
+def generate_inputs(inputs: list[str]) -> list[list[Path]]:
+    """The generate folders as inputs in order: an unsharded folder alone, the folders of one
+    shard set together (at the place of its first), checked complete (pipeline.shards)."""
+    from pipeline.episodes import identity
+    from pipeline.shards import check_shard_set, parse_shard
+
+    groups: dict[str, list[tuple[Path, object]]] = {}
+    for folder in map(Path, inputs):
+        if not folder.is_dir():
+            raise PipelineError(f"inputs: {folder} is not a folder; give a generate output folder")
+        manifest = require_complete(folder / "manifest.json", f"generate output {folder}")
+        config = manifest.get("config") or {}
+        shard = parse_shard(config.get("shard"))
+        if shard is None:
+            groups[f"folder:{folder}"] = [(folder, None)]
+            continue
+        key = json.dumps(identity(config, SHARD_SET_KEYS), sort_keys=True, default=str)
+        groups.setdefault(key, []).append((folder, shard))
+    out = []
+    for members in groups.values():
+        if members[0][1] is not None:
+            check_shard_set([(shard, str(folder)) for folder, shard in members], "filter inputs")
+        out.append([folder for folder, _ in members])
+    return out
 
 
 def _read_generate_folder(folder: Path) -> list[tuple[Path, list[dict]]]:

@@ -49,10 +49,11 @@ class GenerateConfig:
     max_in_flight: int = 16  # episodes run at once (one batched LLM call per round)
     target_correct: int | None = None  # target mode: draw questions until each method has N correct
     order_seed: int = 0  # target mode: the seed of the order in which questions are drawn
+    shard: str | None = None  # i/n: this job's share of the questions, for N jobs (pipeline.shards)
 
 
 # Keys whose change makes old records incomparable with new ones (a larger `limit` is fine).
-IDENTITY_KEYS = ("teacher", "questions", "prompting", "wiki")
+IDENTITY_KEYS = ("teacher", "questions", "prompting", "wiki", "shard")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -125,11 +126,16 @@ def target_progress(order: list, records: dict[str, dict], target: int) -> dict:
 
 def run_to_target(teacher, llm, cfg: GenerateConfig, questions: list, backend) -> dict[str, dict]:
     """Target mode (module docstring): per method, draw batches in the seeded order until the
-    method has `target_correct` correct episodes or no question is left."""
+    method has `target_correct` correct episodes or no question is left. A shard i/n (its share
+    of the pool, pipeline.shards) aims at ceil(target_correct / n): the merged shards hold at
+    least target_correct, and filter's max_per_method keeps a seeded draw of that many."""
+    from pipeline.shards import parse_shard
     from pipeline.storage import read_jsonl
 
     if cfg.target_correct < 1:
         raise PipelineError(f"target_correct must be >= 1, got {cfg.target_correct}")
+    shard = parse_shard(cfg.shard)
+    target = cfg.target_correct if shard is None else -(-cfg.target_correct // shard.count)
     order = draw_order(questions, cfg.order_seed)
     pool_ids = {str(q.id) for q in order}
     stats = {}
@@ -138,12 +144,12 @@ def run_to_target(teacher, llm, cfg: GenerateConfig, questions: list, backend) -
         while True:
             records = {str(r["id"]): r for r in (read_jsonl(path) if path.exists() else [])
                        if str(r["id"]) in pool_ids}
-            progress = target_progress(order, records, cfg.target_correct)
+            progress = target_progress(order, records, target)
             todo = [q for q in order if str(q.id) not in records]
             if progress["reached"] or not todo:
                 break
             # enough for the missing ones at a perfect rate, and at least a full round of the runner
-            batch = todo[:max(cfg.target_correct - progress["correct"], cfg.max_in_flight)]
+            batch = todo[:max(target - progress["correct"], cfg.max_in_flight)]
             run_methods(teacher, llm, [name], batch, cfg.prompting, backend, cfg.out_dir,
                         max_in_flight=cfg.max_in_flight, source="generate")
         stats[name] = {**method_stats(path, set(records)), "target": progress}

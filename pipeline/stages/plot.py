@@ -18,6 +18,10 @@ by the orderings check. Writes <name>.png, <name>.svg,
 results.csv, results.md, orderings.md, orderings.json and manifest.json into out_dir, each by an
 atomic rename.
 
+The rows of a sharded eval (`shard=i/n`, pipeline.shards) are merged into one row per model and
+method (counts summed, rates weighted by each shard's question count); an incomplete shard set
+is refused.
+
 Rows use size_class "8b", "62b", "540b" for the paper's size classes (the orderings name them);
 other classes ("135m", "7b") are plotted and checked where an ordering is stated per size.
 """
@@ -103,7 +107,50 @@ def load_summaries(paths: list[str | Path]) -> list[dict]:
         if not data:
             raise PipelineError(f"{path}: the summary is empty (no evaluated rows); run eval on at least one model")
         rows += [validate_row(row, f"{path} row {i}") for i, row in enumerate(data)]
-    return rows
+    return merge_shards(rows)
+
+
+# Per-question means of eval's summary rows (pipeline.episodes.method_stats), and sums.
+SHARD_MEANS = ("em", "f1", "finish_rate", "mean_steps")
+SHARD_SUMS = ("n", "prompt_tokens", "completion_tokens", "seconds")
+
+
+def merge_shards(rows: list[dict]) -> list[dict]:
+    """One row per shard set (pipeline.shards) in place of its shards' rows; other rows as they are."""
+    from pipeline.shards import parse_shard
+
+    groups: dict[tuple, list[dict]] = {}
+    out: list[dict | tuple] = []
+    for row in rows:
+        if row.get("shard") is None:
+            out.append(row)
+            continue
+        shard = parse_shard(row["shard"])
+        key = tuple(str(row.get(k)) for k in ("mode", "model", "size_class", "params_b", "method", "question_set",
+                                                "precision", "train_precision", "source")) + (shard.count,)
+        if key not in groups:
+            groups[key] = []
+            out.append(key)
+        groups[key].append(row)
+    return [item if isinstance(item, dict) else merged_row(groups[item]) for item in out]
+
+
+def merged_row(rows: list[dict]) -> dict:
+    from pipeline.shards import check_shard_set, parse_shard
+
+    what = f"plot: {rows[0]['model']} / {rows[0]['method']} shards"
+    check_shard_set([(parse_shard(r["shard"]), r["origin"]) for r in rows], what)
+    missing = [k for k in ("n", *SHARD_MEANS) if not all(isinstance(r.get(k), int | float) for r in rows)]
+    if missing or not all(r["n"] > 0 for r in rows):
+        raise PipelineError(f"{what}: each shard's row needs n > 0 and {', '.join(SHARD_MEANS)} to be merged")
+    n = sum(r["n"] for r in rows)
+    merged = {k: v for k, v in rows[0].items() if k != "shard"}
+    merged.update({k: sum(r[k] * r["n"] for r in rows) / n for k in SHARD_MEANS})
+    merged.update({k: sum(r.get(k) or 0 for r in rows) for k in SHARD_SUMS})
+    merged["seconds"] = round(merged["seconds"], 2)
+    merged["shards"] = len(rows)
+    merged["origin"] = " + ".join(r["origin"] for r in sorted(rows, key=lambda r: parse_shard(r["shard"]).index))
+    return merged
 
 
 def validate_row(row: dict, where: str) -> dict:

@@ -15,6 +15,14 @@ anything starts; the training output is streamed through; the exit code is the l
 Before launching, what the child would refuse is checked here (dataset present and complete,
 output folder writable, accelerate config readable). When the child stops on an error, its one
 line and exit code are relayed, without the launcher's traceback.
+
+Several machines (README, "Training on several nodes"): run `python -m pipeline train` once on
+every machine (under SLURM: `srun --ntasks-per-node=1`, scripts/slurm/train.sbatch). The machine
+count and this machine's rank come from --num-machines / --machine-rank, else from SLURM
+(SLURM_STEP_NUM_NODES or SLURM_NNODES, SLURM_NODEID); machine 0's address and port from
+--main-process-ip / --main-process-port, else MASTER_ADDR / MASTER_PORT (default port 29500).
+`num_processes` stays the processes on this machine; the launch gets the total
+(`accelerate launch --num_processes` counts every machine's) and the batch is split over all.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ import shlex
 import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
@@ -48,6 +57,72 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--accelerate-config", help="name under accelerate_configs/ or a YAML path (default: the config's accelerate_config)")
     parser.add_argument("--num-processes", type=int, help="override the accelerate config's process count")
     parser.add_argument("--dry-run", action="store_true", help="print the launch command and exit")
+    machines = parser.add_argument_group("several machines (default: from SLURM and MASTER_ADDR/MASTER_PORT)")
+    machines.add_argument("--num-machines", type=int, help="machines in this training run (SLURM_NNODES)")
+    machines.add_argument("--machine-rank", type=int, help="this machine's rank, 0 .. num-machines - 1 (SLURM_NODEID)")
+    machines.add_argument("--main-process-ip", help="address of machine 0, reachable from all (MASTER_ADDR)")
+    machines.add_argument("--main-process-port", type=int, help=f"a free port on machine 0 (MASTER_PORT; default {DEFAULT_PORT})")
+
+
+DEFAULT_PORT = 29500  # torch.distributed's default, as accelerate's
+NODELIST_HINT = 'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)'
+
+
+@dataclass(frozen=True)
+class Machines:
+    """Where this launch sits in a multi-machine run (count 1: a single machine)."""
+
+    count: int = 1
+    rank: int = 0
+    main_ip: str | None = None
+    main_port: int = DEFAULT_PORT
+
+    def launch_args(self) -> list[str]:
+        if self.count == 1:
+            return []
+        return ["--num_machines", str(self.count), "--machine_rank", str(self.rank),
+                "--main_process_ip", str(self.main_ip), "--main_process_port", str(self.main_port)]
+
+    def describe(self) -> str:
+        return f"machine {self.rank} of {self.count} (machine 0 at {self.main_ip}:{self.main_port})"
+
+
+def machines_from(env: dict[str, str] | None = None, *, count: int | None = None, rank: int | None = None,
+                  main_ip: str | None = None, main_port: int | None = None) -> Machines:
+    """The multi-machine settings: the arguments given, else the launcher's environment (SLURM
+    and MASTER_ADDR / MASTER_PORT), else one machine. A one-line error names what is missing."""
+    env = os.environ if env is None else env
+
+    def number(value, names: tuple[str, ...], default: int) -> int:
+        if value is not None:
+            return value
+        for name in names:
+            raw = env.get(name, "").strip()
+            if raw:
+                if not raw.isdigit():
+                    raise PipelineError(f"${name}={raw!r} is not a whole number")
+                return int(raw)
+        return default
+
+    # a job step's own node count first: the allocation's may be larger than the step's
+    count = number(count, ("SLURM_STEP_NUM_NODES", "SLURM_NNODES"), 1)
+    if count == 1:
+        return Machines()
+    rank = number(rank, ("SLURM_NODEID",), -1)
+    port = number(main_port, ("MASTER_PORT",), DEFAULT_PORT)
+    main_ip = main_ip or env.get("MASTER_ADDR", "").strip() or None
+    if count < 1:
+        raise PipelineError(f"num_machines must be >= 1, got {count}")
+    if not 0 <= rank < count:
+        given = "not given" if rank == -1 else str(rank)
+        raise PipelineError(f"machine rank {given}: with {count} machines each needs its rank 0 .. {count - 1} "
+                            "(--machine-rank, or $SLURM_NODEID under srun)")
+    if not main_ip:
+        raise PipelineError(f"{count} machines but no address for machine 0: pass --main-process-ip or set "
+                            f"MASTER_ADDR (under SLURM: {NODELIST_HINT})")
+    if not 0 < port < 65536:
+        raise PipelineError(f"main process port {port} is not a TCP port (1-65535)")
+    return Machines(count, rank, main_ip, port)
 
 
 def gpu_count() -> int:
@@ -80,14 +155,23 @@ def processes_for(config_path: Path, override: int | None, gpus: int) -> int:
     return int(data.get("num_processes", 1))
 
 
-def launch_command(config_path: Path, num_processes: int, resolved_config: Path, gpus: int = 0) -> list[str]:
-    """`accelerate launch ... -m pipeline.finetune --config <resolved config>`."""
+def launch_command(config_path: Path, num_processes: int, resolved_config: Path, gpus: int = 0,
+                   machines: Machines = Machines()) -> list[str]:
+    """`accelerate launch ... -m pipeline.finetune --config <resolved config>`; `num_processes`
+    is this machine's, the launch gets every machine's (accelerate divides by num_machines)."""
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config_path),
-           "--num_processes", str(num_processes)]
+           "--num_processes", str(num_processes * machines.count), *machines.launch_args()]
     if gpus == 0:  # the GPU configs ask for bf16; on CPU the script decides (pipeline/precision.py)
         cmd += ["--mixed_precision", "no"]
-    if num_processes > 1 and read_yaml(config_path).get("distributed_type") == "NO":
-        raise PipelineError(f"{config_path} runs one process; pick cpu_ddp / multi_gpu / deepspeed_* for {num_processes}")
+    data = read_yaml(config_path)
+    if num_processes * machines.count > 1 and data.get("distributed_type") == "NO":
+        raise PipelineError(f"{config_path} runs one process; pick cpu_ddp / multi_gpu / deepspeed_* for "
+                            f"{num_processes * machines.count}")
+    launcher = (data.get("deepspeed_config") or {}).get("deepspeed_multinode_launcher")
+    if machines.count > 1 and data.get("distributed_type") == "DEEPSPEED" and launcher != "standard":
+        # accelerate's other DeepSpeed launchers (pdsh, ...) start every node from machine 0 over ssh
+        raise PipelineError(f"{config_path}: several machines need deepspeed_multinode_launcher: standard "
+                            "(each machine runs its own launch); set it in the file")
     return cmd + ["-m", FINETUNE_MODULE, "--config", str(resolved_config)]
 
 
@@ -105,23 +189,28 @@ def write_resolved_config(cfg: FinetuneConfig, dry_run: bool = False) -> Path:
 
 def main(args: argparse.Namespace) -> int:
     cfg = stage_config(FinetuneConfig, args, section="train", finish=resolve)
+    machines = machines_from(count=args.num_machines, rank=args.machine_rank, main_ip=args.main_process_ip,
+                             main_port=args.main_process_port)
     return train(cfg, accelerate_config=args.accelerate_config, num_processes=args.num_processes,
-                 dry_run=args.dry_run)
+                 dry_run=args.dry_run, machines=machines)
 
 
 def train(cfg: FinetuneConfig, *, accelerate_config: str | None = None, num_processes: int | None = None,
-          dry_run: bool = False) -> int:
+          dry_run: bool = False, machines: Machines | None = None) -> int:
     """Launch pipeline.finetune under accelerate with the resolved `cfg`; return the exit code.
-    `run` calls this for each student x format."""
+    `run` calls this for each student x format. `machines`: default from the environment."""
+    machines = machines_from() if machines is None else machines
     gpus = gpu_count()
     config_path = pick_accelerate_config(accelerate_config or cfg.accelerate_config, gpus)
     num_processes = processes_for(config_path, num_processes or cfg.num_processes, gpus)
-    per_device, accum, _ = batch_split(cfg, num_processes)
+    world = num_processes * machines.count
+    per_device, accum, _ = batch_split(cfg, world)
     if not dry_run:
         preflight(cfg, config_path)  # before the resolved config is written into output_dir
-    cmd = launch_command(config_path, num_processes, write_resolved_config(cfg, dry_run), gpus)
+    cmd = launch_command(config_path, num_processes, write_resolved_config(cfg, dry_run), gpus, machines)
+    where = "" if machines.count == 1 else f" ({num_processes} here, {machines.describe()})"
     print(f"[train] {cfg.format} / {cfg.student_name}: batch {cfg.global_batch_size} = {per_device} x {accum} "
-          f"accumulation x {num_processes} processes, {cfg.max_steps} steps -> {cfg.output_dir}")
+          f"accumulation x {world} processes{where}, {cfg.max_steps} steps -> {cfg.output_dir}")
     print("[train] " + shlex.join(cmd), flush=True)
     if dry_run:
         return 0

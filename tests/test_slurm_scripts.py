@@ -1,0 +1,95 @@
+"""The SLURM examples under scripts/slurm/, run here with SLURM's variables set and stand-ins for
+`srun` / `scontrol` on PATH (small shell scripts, labelled as such below): a job array of two
+oracle generation shards merged by filter, and the multi-node training job's launch commands.
+
+    .venv/bin/python -m pytest tests/test_slurm_scripts.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from episode_testdata import CORPUS, child_env, read_records, run_pipeline
+
+REPO = Path(__file__).resolve().parents[1]
+SLURM_DIR = REPO / "scripts" / "slurm"
+
+# Stand-ins for SLURM's commands (this machine has no SLURM): `scontrol show hostnames` prints
+# the nodes of "gpu[01-02]"; `srun` runs its command once per node with that node's variables.
+SCONTROL = """#!/bin/bash
+[[ "$1 $2" == "show hostnames" ]] || exit 1
+printf 'gpu01\\ngpu02\\n'
+"""
+SRUN = """#!/bin/bash
+while [[ "$1" == --* ]]; do shift; done
+for ((node = 0; node < SLURM_JOB_NUM_NODES; node++)); do
+  SLURM_NODEID=$node SLURM_STEP_NUM_NODES=$SLURM_JOB_NUM_NODES "$@" || exit $?
+done
+"""
+
+
+def stand_ins(folder: Path) -> str:
+    folder.mkdir()
+    for name, text in (("scontrol", SCONTROL), ("srun", SRUN)):
+        (folder / name).write_text(text)
+        (folder / name).chmod(0o755)
+    return f"{folder}{os.pathsep}{os.environ['PATH']}"
+
+
+def sbatch(script: str, env: dict, *args: str) -> subprocess.CompletedProcess:
+    """Run a batch script as SLURM would on the job's first node (bash, variables set)."""
+    clean = {k: v for k, v in child_env(env).items() if not k.startswith("SLURM_") or k in env}
+    return subprocess.run(["bash", str(SLURM_DIR / script), *args], env=clean, cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_the_scripts_are_valid_bash():
+    for script in ("train.sbatch", "generate_array.sbatch"):
+        subprocess.run(["bash", "-n", str(SLURM_DIR / script)], check=True)
+
+
+def test_train_sbatch_starts_one_launch_per_node_with_its_rank(tmp_path):
+    env = {"PATH": stand_ins(tmp_path / "bin"), "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "gpu[01-02]",
+           "SLURM_SUBMIT_DIR": str(REPO), "PYTHON": sys.executable, "CONFIG": "configs/students/tiny.yaml",
+           "ACCELERATE_CONFIG": "cpu_ddp", "DATASET_DIR": str(tmp_path / "sft")}
+    proc = sbatch("train.sbatch", env, f"output_root={tmp_path / 'ck'}", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "train: 2 nodes, machine 0 at gpu01:29500" in out
+    for rank in (0, 1):  # cpu_ddp: 2 processes per node, 4 in all
+        assert f"x 4 processes (2 here, machine {rank} of 2 (machine 0 at gpu01:29500))" in out
+        assert (f"--num_processes 4 --num_machines 2 --machine_rank {rank} --main_process_ip gpu01 "
+                "--main_process_port 29500") in out
+    assert not (tmp_path / "ck").exists()  # a dry run writes nothing
+
+
+@pytest.mark.skipif(not CORPUS.is_file(), reason=f"offline corpus not found at {CORPUS}")
+def test_generate_array_runs_its_shard_of_an_experiment_config_and_filter_merges_them(tmp_path, index):
+    experiment = tmp_path / "exp.yaml"
+    experiment.write_text(f"experiment: t\nout_dir: {tmp_path / 'run'}\nmethods: [react, act]\n"
+                          f"wiki: {{index: {index}}}\n"
+                          "generate: {teacher: {backend: oracle}, questions: offline-eval, limit: 5}\n")
+    out = tmp_path / "gen"
+    for task in (1, 2):  # --array=1-2: shards 0/2 and 1/2
+        env = {"SLURM_ARRAY_TASK_ID": str(task), "SLURM_ARRAY_TASK_MIN": "1", "SLURM_ARRAY_TASK_COUNT": "2",
+               "SLURM_SUBMIT_DIR": str(REPO), "PYTHON": sys.executable, "CONFIG": str(experiment), "OUT": str(out)}
+        proc = sbatch("generate_array.sbatch", env)
+        assert proc.returncode == 0, proc.stderr
+        assert f"generate: shard {task - 1}/2 -> {out}/shard-{task - 1}" in proc.stdout
+    manifest = json.loads((out / "shard-1" / "manifest.json").read_text())
+    assert manifest["config"]["shard"] == "1/2" and manifest["config"]["wiki"]["index"] == str(index)
+    assert manifest["config"]["methods"] == ["react", "act"]  # the experiment's, as `run` would use
+    assert [len(read_records(out / f"shard-{i}" / "react.jsonl")) for i in range(2)] == [3, 2]
+    proc = run_pipeline("filter", f"inputs=[{out}/shard-0,{out}/shard-1]", f"out_dir={tmp_path / 'sft'}")
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "sft" / "react" / "train.jsonl").is_file()
+
+
+def test_generate_array_outside_an_array_says_how_to_submit(tmp_path):
+    proc = sbatch("generate_array.sbatch", {"SLURM_ARRAY_TASK_ID": "0", "PYTHON": sys.executable})
+    assert proc.returncode != 0 and "run as a job array: sbatch --array=0-N" in proc.stderr
