@@ -146,7 +146,9 @@ def test_a_fast_episode_sends_its_next_request_before_a_slow_one_returns(paper_p
 
 @pytest.mark.parametrize("max_in_flight", [1, 2, 3])
 def test_max_in_flight_is_never_exceeded(paper_prompts, max_in_flight):
-    records, server = run("continuous", "react", paper_prompts, max_in_flight=max_in_flight)
+    # every request held 0.1 s, so that the episodes' requests overlap at the server
+    records, server = run("continuous", "react", paper_prompts, max_in_flight=max_in_flight,
+                          server=PacedOpenAI(delay=lambda question: 0.1))
     assert len(records) == len(QUESTIONS)
     assert server.max_in_flight == max_in_flight  # reached, never exceeded (the backend allows 16)
 
@@ -195,7 +197,7 @@ def test_a_server_that_dies_mid_run_ends_the_rest_with_the_same_error(paper_prom
 def test_a_run_stopped_by_an_error_raises_it_and_resumes_to_the_uninterrupted_records(
         paper_prompts, tmp_path, monkeypatch):
     """A record that cannot be written (a full disk) stops a continuous run with that error, as it
-    stops a round-based one; no further request is sent; a re-run writes the rest."""
+    stops a round-based one; nothing goes on sending in the background; a re-run writes the rest."""
     import pipeline.episodes as episodes
 
     settings = replace(settings_for(paper_prompts))
@@ -216,9 +218,10 @@ def test_a_run_stopped_by_an_error_raises_it_and_resumes_to_the_uninterrupted_re
         with pytest.raises(OSError, match="No space left on device"):
             run_methods(model, llm, ["react"], QUESTIONS, settings, DictBackend(), tmp_path / "run",
                         max_in_flight=3, source="generate")
+        time.sleep(SLOW_S + 0.2)  # calls already out (or on their way) come back, unused ...
         sent = len(server.requests)
-        time.sleep(3 * SLOW_S)  # calls already out come back; none is sent after the error
-        assert len(server.requests) == sent
+        time.sleep(3 * SLOW_S)
+        assert len(server.requests) == sent  # ... and no episode goes on sending
         monkeypatch.setattr(episodes, "JsonlAppender", FullDisk.__mro__[1])
         first = episodes.read_jsonl(tmp_path / "run" / "react.jsonl")
         assert len(first) == 2
