@@ -38,6 +38,7 @@ sys.path.insert(0, str(REPO / "bench"))
 from machine import load_average, spread  # noqa: E402
 
 from pipeline.agent import SCHEDULES, run_episodes  # noqa: E402
+from pipeline.errors import PipelineError  # noqa: E402
 from pipeline.hotpotqa import load_question_set  # noqa: E402
 from pipeline.llm.config import LLMConfig  # noqa: E402
 from pipeline.llm.openai_http import OpenAICompatibleLLM  # noqa: E402
@@ -72,7 +73,7 @@ def find_llama_server(environ: dict | None = None) -> str | None:
     if given:
         path = Path(given).expanduser()
         if not (path.is_file() and os.access(path, os.X_OK)):
-            raise SystemExit(f"error: {ENV_VAR}={given} is not an executable file; "
+            raise PipelineError(f"{ENV_VAR}={given} is not an executable file; "
                              "build one with scripts/build_llama_server.sh or unset it")
         return str(path)
     return shutil.which("llama-server", path=environ.get("PATH"))
@@ -111,7 +112,7 @@ def wait_healthy(proc: subprocess.Popen, url: str, timeout_s: float, log) -> Non
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"error: llama-server exited with {proc.returncode} before it was healthy:\n"
+            raise PipelineError(f"llama-server exited with {proc.returncode} before it was healthy:\n"
                              + tail(log))
         try:
             with urllib.request.urlopen(url, timeout=2) as answer:
@@ -120,7 +121,7 @@ def wait_healthy(proc: subprocess.Popen, url: str, timeout_s: float, log) -> Non
         except OSError:  # refused while it starts, 503 while the model loads
             pass
         time.sleep(0.2)
-    raise SystemExit(f"error: llama-server not healthy at {url} after {timeout_s:.0f} s:\n" + tail(log))
+    raise PipelineError(f"llama-server not healthy at {url} after {timeout_s:.0f} s:\n" + tail(log))
 
 
 def tail(log, lines: int = 20) -> str:
@@ -203,4 +204,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except PipelineError as exc:  # the reason and exit 2, as the pipeline's own commands do
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)

@@ -21,6 +21,7 @@ from http_servers import FakeOpenAI
 sys.path.insert(0, str(REPO / "bench"))
 import bench_server  # noqa: E402
 
+from pipeline.errors import PipelineError  # noqa: E402
 from pipeline.hotpotqa import load_question_set  # noqa: E402
 
 TINY = ["--questions", "3", "--repeats", "1", "--max-in-flight", "3", "--max-steps", "3"]
@@ -44,7 +45,7 @@ def test_it_skips_with_one_line_when_no_llama_server_is_found(monkeypatch, tmp_p
 
 def test_a_llama_server_variable_that_names_no_executable_is_an_error(monkeypatch, tmp_path):
     monkeypatch.setenv(bench_server.ENV_VAR, str(tmp_path / "missing"))
-    with pytest.raises(SystemExit, match="is not an executable file"):
+    with pytest.raises(PipelineError, match="is not an executable file"):
         bench_server.main(TINY)
 
 
@@ -81,7 +82,7 @@ def test_a_server_that_never_becomes_healthy_is_a_clear_error(index, tmp_path, m
     gguf.write_bytes(b"GGUF")
     monkeypatch.setenv(bench_server.ENV_VAR, str(stand_in_binary(tmp_path)))
     monkeypatch.setenv("STAND_IN_NEVER_HEALTHY", "1")
-    with pytest.raises(SystemExit, match=r"llama-server not healthy at http://127\.0\.0\.1:\d+/health after 1 s"):
+    with pytest.raises(PipelineError, match=r"llama-server not healthy at http://127\.0\.0\.1:\d+/health after 1 s"):
         bench_server.main([*TINY, "--gguf", str(gguf), "--index", str(index), "--start-timeout", "1"])
-    with pytest.raises(SystemExit, match="exited with 1 before it was healthy:\n.*failed to load model"):
+    with pytest.raises(PipelineError, match="exited with 1 before it was healthy:\n.*failed to load model"):
         bench_server.main([*TINY, "--gguf", str(tmp_path / "absent.gguf"), "--index", str(index)])
