@@ -1,4 +1,4 @@
-"""Run many episodes at once: one LLM call per round for every episode that is waiting.
+"""Run many episodes at once, scheduled in rounds or continuously (chosen by the backend).
 
     from pipeline.agent import run_episodes
     from pipeline.methods import MethodSettings, build_method
@@ -6,21 +6,34 @@
     records = run_episodes(llm, lambda: LocalIndex(path), questions, method, on_record=sink)
 
 Each episode is a method's program (pipeline.methods.base): it yields the requests it needs and
-steps its own WikiEnv. A round gathers the pending requests of all episodes in flight into ONE
-`llm.generate()` call, hands each episode its completions (stop strings are applied by the
-backend), and retires the episodes that finished: their record goes to `on_record` at once, and
-new episodes join up to `max_in_flight`. An episode's trajectory depends only on its own
-completions, so under greedy decoding it is the same as in a one-at-a-time loop
-(`run_one_at_a_time`, or bench/original_react.py, the original notebook's loop shape).
+steps its own WikiEnv. Two schedules drive the programs; `schedule_for(llm)` picks one:
+
+- rounds (in-process batch backends: transformers, vLLM's offline engine, the scripted model): a
+  round gathers the pending requests of all episodes in flight into ONE `llm.generate()` call,
+  hands each episode its completions, and starts the next round when the whole batch is back.
+- continuous (backends that declare `continuous_batching = True`: the OpenAI-compatible HTTP
+  backend, whose server batches requests as they arrive): each episode sends its next request
+  as soon as its last one returns, so a fast episode never waits for a slow one. Each episode
+  has one generate() call out at a time, so at most `max_in_flight` calls are out at once.
+
+In both, finished episodes are retired at once (their record goes to `on_record`, always from the
+calling thread) and new episodes join up to `max_in_flight`; the programs and their WikiEnv steps
+also run in the calling thread (a SQLite connection stays in its thread). An episode's trajectory
+depends only on its own completions, so under greedy decoding it is the same under either
+schedule and in a one-at-a-time loop (`run_one_at_a_time`, or bench/original_react.py, the
+original notebook's loop shape); only the order in which records finish may differ.
 
 A model failure (an error completion, or generate() raising) or a page-source failure ends only
-the episodes it touched, with the reason in `end_reason`; the others go on.
+the episodes it touched, with the reason in `end_reason`; the others go on. Anything else that
+raises (a backend bug, a record that cannot be written) ends the run with that error; the records
+written so far stay, and a re-run resumes after them.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict
 from typing import Any
 
@@ -38,6 +51,7 @@ from pipeline.wiki.env import WikiEnv
 
 RecordCallback = Callable[[dict], None]
 BackendFactory = Callable[[], WikiBackend]
+SCHEDULES = ("rounds", "continuous")
 
 
 def episode_record(question: Any, method: str, outcome: Outcome, *, teacher: str, prompt_tokens: int = 0,
@@ -102,54 +116,117 @@ class Episode:
                               seconds=time.monotonic() - self.started, source=source)
 
 
+def schedule_for(llm: LLM | None) -> str:
+    """The one rule: a backend that declares `continuous_batching = True` (it hands each request to a
+    server that batches requests as they arrive: the OpenAI-compatible backend) is driven
+    continuously; every other backend (a static batch per generate() call, in this process) in rounds."""
+    return "continuous" if getattr(llm, "continuous_batching", False) else "rounds"
+
+
 def run_episodes(llm: LLM | None, make_backend: BackendFactory, questions: Iterable[Any], method: Method,
                  on_record: RecordCallback | None = None, *, teacher: str | None = None,
-                 max_in_flight: int = 64, source: str = "generate") -> list[dict]:
+                 max_in_flight: int = 64, source: str = "generate", schedule: str | None = None) -> list[dict]:
     """Run `method` on every question, up to `max_in_flight` episodes at once; call
     `on_record(record)` as each finishes; return the records in finishing order.
 
     `make_backend()` is called once per episode that uses the environment (return a shared
     LocalIndex from it to share one connection). `llm` may be None for methods that never ask a
-    model (the oracle). `teacher` defaults to `llm.name`."""
+    model (the oracle). `teacher` defaults to `llm.name`. `schedule` (rounds | continuous)
+    defaults to `schedule_for(llm)`; benchmarks and tests set it to compare the two."""
     if max_in_flight < 1:
         raise PipelineError(f"max_in_flight must be >= 1, got {max_in_flight}")
-    teacher = teacher or (llm.name if llm is not None else "none")
-    pending_questions = iter(questions)
-    in_flight: list[Episode] = []
-    records: list[dict] = []
+    schedule = schedule or schedule_for(llm)
+    if schedule not in SCHEDULES:
+        raise PipelineError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+    run = EpisodeRun(llm, make_backend, questions, method, on_record,
+                     teacher=teacher or (llm.name if llm is not None else "none"), source=source)
+    if schedule == "continuous":
+        return run_continuously(run, max_in_flight)
+    return run_in_rounds(run, max_in_flight)
 
-    def retire(episode: Episode) -> None:
-        record = episode.record(teacher, source)
-        records.append(record)
-        if on_record is not None:
-            on_record(record)
+
+class EpisodeRun:
+    """What both schedules share: the questions still to start, and retiring finished episodes."""
+
+    def __init__(self, llm: LLM | None, make_backend: BackendFactory, questions: Iterable[Any], method: Method,
+                 on_record: RecordCallback | None, *, teacher: str, source: str):
+        self.llm, self.make_backend, self.method = llm, make_backend, method
+        self.on_record, self.teacher, self.source = on_record, teacher, source
+        self.questions = iter(questions)
+        self.records: list[dict] = []
+
+    def start(self) -> Episode | None:
+        """The next question's episode, still waiting for the model; None when none is left.
+        Episodes that finish without asking the model (the oracle) are retired on the way."""
+        for question in self.questions:
+            episode = Episode(question, self.method, self.make_backend)
+            if episode.outcome is None:
+                if self.llm is None:
+                    raise PipelineError(f"method {self.method.name} needs a language model but none was given")
+                return episode
+            self.retire(episode)
+        return None
+
+    def retire(self, episode: Episode) -> None:
+        record = episode.record(self.teacher, self.source)
+        self.records.append(record)
+        if self.on_record is not None:
+            self.on_record(record)
+
+
+def run_in_rounds(run: EpisodeRun, max_in_flight: int) -> list[dict]:
+    """One generate() call per round for the pending requests of every episode in flight."""
+    in_flight: list[Episode] = []
 
     def admit() -> None:
-        while len(in_flight) < max_in_flight:
-            question = next(pending_questions, None)
-            if question is None:
-                return
-            episode = Episode(question, method, make_backend)
-            if episode.outcome is not None:
-                retire(episode)
-            else:
-                in_flight.append(episode)
+        while len(in_flight) < max_in_flight and (episode := run.start()) is not None:
+            in_flight.append(episode)
 
     admit()
     while in_flight:
-        if llm is None:
-            raise PipelineError(f"method {method.name} needs a language model but none was given")
-        results = generate_for(llm, in_flight)
+        results = generate_for(run.llm, in_flight)
         still: list[Episode] = []
         for episode, completions in zip(in_flight, results, strict=True):
             episode.deliver(completions)
             if episode.outcome is not None:
-                retire(episode)
+                run.retire(episode)
             else:
                 still.append(episode)
         in_flight[:] = still
         admit()
-    return records
+    return run.records
+
+
+def run_continuously(run: EpisodeRun, max_in_flight: int) -> list[dict]:
+    """Each episode's next generate() call goes out as soon as its last one is back. The calls
+    wait in worker threads (one per episode in flight); everything else happens here."""
+    out: dict[Future, Episode] = {}
+    pool = ThreadPoolExecutor(max_in_flight, thread_name_prefix="episode")
+
+    def send(episode: Episode) -> None:
+        out[pool.submit(generate_for, run.llm, [episode])] = episode
+
+    def admit() -> None:
+        while len(out) < max_in_flight and (episode := run.start()) is not None:
+            send(episode)
+
+    try:
+        admit()
+        while out:
+            done, _ = wait(out, return_when=FIRST_COMPLETED)
+            for future in [f for f in out if f in done]:  # in the order they were sent
+                episode = out.pop(future)
+                episode.deliver(future.result()[0])  # a backend bug raised in the worker raises here
+                if episode.outcome is not None:
+                    run.retire(episode)
+                else:
+                    send(episode)
+            admit()
+    finally:
+        # On an error, stop here: calls already sent finish in their threads, their answers unused
+        # (as a round's generate() would have); the episodes they belong to rerun on resume.
+        pool.shutdown(wait=not out, cancel_futures=True)
+    return run.records
 
 
 def run_one_at_a_time(llm: LLM | None, make_backend: BackendFactory, questions: Iterable[Any], method: Method,

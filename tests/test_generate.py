@@ -190,8 +190,10 @@ def test_a_scripted_llm_teacher_through_the_openai_endpoint_writes_trajectories(
                             f"wiki.index={index}", f"out_dir={out}")
         prompts = list(server.replies.prompts)
     assert proc.returncode == 0, proc.stderr
+    # Against a server, episodes run continuously: records come in finishing order, not question order.
+    position = {q.id: i for i, q in enumerate(real)}
     for method in METHODS:
-        records = read_records(out / f"{method}.jsonl")
+        records = sorted(read_records(out / f"{method}.jsonl"), key=lambda r: position[r["id"]])
         assert [r["id"] for r in records] == [q.id for q in real]
         for r, q in zip(records, real, strict=True):
             assert set(r) == EPISODE_FIELDS
@@ -200,7 +202,7 @@ def test_a_scripted_llm_teacher_through_the_openai_endpoint_writes_trajectories(
             assert r["prompt_tokens"] > 0 and r["completion_tokens"] > 0
             traj = Trajectory.from_dict(r["trajectory"])
             assert r["text"] == render(traj).text
-    react = read_records(out / "react.jsonl")
+    react = sorted(read_records(out / "react.jsonl"), key=lambda r: position[r["id"]])
     for r, q in zip(react, real, strict=True):
         assert [s["action"] for s in r["steps"]] == [f"Search[{q.gold_titles[0]}]", f"Finish[{q.answer}]"]
         assert r["steps"][0]["thought"] == "I need step 1."

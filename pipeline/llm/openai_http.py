@@ -37,6 +37,10 @@ MODES = ("completions", "chat")
 class OpenAICompatibleLLM:
     """The `LLM` protocol over POST {base_url}/completions or /chat/completions."""
 
+    # The server batches requests as they arrive (vLLM, llama-server): the agent runner sends each
+    # episode's next request as soon as its last one is back (pipeline.agent.schedule_for).
+    continuous_batching = True
+
     def __init__(self, cfg: LLMConfig, *, backoff_base_s: float = 0.5,
                  backoff_max_s: float = 30.0, sleep: Callable[[float], None] = time.sleep):
         """`backoff_*` and `sleep` shape the retry schedule (tests shrink it)."""

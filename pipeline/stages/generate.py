@@ -46,7 +46,7 @@ class GenerateConfig:
     out_dir: Path = Path("runs/generate/default")
     prompting: MethodSettings = field(default_factory=MethodSettings)  # how the teacher is prompted
     wiki: WikiConfig = field(default_factory=WikiConfig)
-    max_in_flight: int = 16  # episodes run at once (one batched LLM call per round)
+    max_in_flight: int = 16  # episodes run at once (in rounds, or continuously against a server: pipeline.agent)
     target_correct: int | None = None  # target mode: draw questions until each method has N correct
     order_seed: int = 0  # target mode: the seed of the order in which questions are drawn
     shard: str | None = None  # i/n: this job's share of the questions, for N jobs (pipeline.shards)
