@@ -23,7 +23,10 @@ def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float] | None:
     p = k / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # at k = 0 (k = n) the bound is exactly 0 (1); computed, it can come out as 5e-17
+    low = 0.0 if k == 0 else max(0.0, centre - half)
+    high = 1.0 if k == n else min(1.0, centre + half)
+    return low, high
 
 
 def rate_interval(rate: float, n: int) -> tuple[float, float] | None:

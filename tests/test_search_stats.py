@@ -70,6 +70,11 @@ def test_wilson_interval_known_values(k, n, low, high):
     assert lo == pytest.approx(low, abs=1e-4) and hi == pytest.approx(high, abs=1e-4)
 
 
+def test_wilson_bounds_are_exact_at_none_and_all():
+    for n in (1, 3, 5, 150):
+        assert wilson(0, n)[0] == 0.0 and wilson(n, n)[1] == 1.0
+
+
 def test_wilson_rejects_impossible_counts():
     assert wilson(0, 0) is None
     with pytest.raises(ValueError):

@@ -515,8 +515,8 @@ def _error_bars(rows: list[dict]) -> list[list[float]]:
     below, above = [], []
     for row in rows:
         ci = _interval(row) or (row["em"], row["em"])
-        below.append(100 * (row["em"] - ci[0]))
-        above.append(100 * (ci[1] - row["em"]))
+        below.append(max(0.0, 100 * (row["em"] - ci[0])))  # em * n may round: never a negative bar
+        above.append(max(0.0, 100 * (ci[1] - row["em"])))
     return [below, above]
 
 
