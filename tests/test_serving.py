@@ -196,3 +196,28 @@ def test_a_server_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "still running 1 s after SIGTERM: SIGKILL" in proc.stdout
     assert_server_gone(tmp_path)
+
+
+def test_an_in_process_vllm_engine_is_shut_down_when_closed(monkeypatch):
+    """VLLMBackend.close() shuts the engine core down and runs vLLM's own cleanup (a stand-in
+    `vllm` module records the calls: vLLM is not installed here)."""
+    import types
+
+    from pipeline.llm.vllm_backend import VLLMBackend
+
+    calls = []
+
+    class Engine:
+        def __init__(self, **kwargs):
+            core = types.SimpleNamespace(shutdown=lambda: calls.append("engine_core.shutdown"))
+            self.llm_engine = types.SimpleNamespace(engine_core=core)
+
+    vllm, distributed = types.ModuleType("vllm"), types.ModuleType("vllm.distributed")
+    vllm.LLM = Engine
+    distributed.cleanup_dist_env_and_memory = lambda: calls.append("cleanup_dist_env_and_memory")
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setitem(sys.modules, "vllm.distributed", distributed)
+    backend = VLLMBackend(LLMConfig(backend="vllm", model="org/m"))
+    backend.close()
+    backend.close()  # a second close is a no-op
+    assert calls == ["engine_core.shutdown", "cleanup_dist_env_and_memory"] and backend.engine is None

@@ -62,7 +62,8 @@ class EvalConfig:
     wiki: WikiConfig = field(default_factory=WikiConfig)
     max_in_flight: int = 16
     # Start `vllm serve` for the model under test (its `model` section's tensor_parallel_size,
-    # gpu_memory_utilization, max_context, dtype), evaluate over HTTP, stop it (pipeline/serving.py)
+    # gpu_memory_utilization, max_context, dtype, extra), evaluate over HTTP, stop it (pipeline/serving.py;
+    # keys: command, host, port, startup_timeout_s, stop_grace_s, extra_args, env)
     serve: ServeConfig | None = None
 
 

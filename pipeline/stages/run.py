@@ -86,7 +86,9 @@ class RunConfig:
     train: dict = field(default_factory=dict)  # FinetuneConfig keys shared by every student
     eval: dict = field(default_factory=dict)  # EvalConfig keys shared by every evaluation
     plot: dict = field(default_factory=dict)  # PlotConfig keys
-    students: list[dict] = field(default_factory=list)  # Student entries
+    # Student entries: name, config, size_class, params_b, prompt_model, finetune, train, checkpoint,
+    # format, and eval (this student's EvalConfig keys, e.g. model.tensor_parallel_size or serve)
+    students: list[dict] = field(default_factory=list)
 
 
 # The order units run in, and the names --only / --from / --until take.
