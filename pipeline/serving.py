@@ -24,6 +24,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -135,6 +136,19 @@ def free_port(host: str) -> int:
         return sock.getsockname()[1]
 
 
+def own_session_dying_with_parent() -> None:
+    """In the server's child before exec: its own session, so that stop() can signal the server
+    and every worker it starts as one group (and a Ctrl-C reaches only the unit, which stops it
+    in order); and on Linux a SIGTERM when the unit's process dies, even by SIGKILL, so that no
+    orphaned server keeps the GPUs (and the port) after a killed run."""
+    os.setsid()
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 class ManagedServer:
     """One server process: `start()` returns once GET /health answers 200 and /v1/models lists
     the served name; `stop()` ends the whole process group and waits until it has exited."""
@@ -155,9 +169,8 @@ class ManagedServer:
         print(f"[serve] starting: {' '.join(self.cmd)} (log: {self.log_path})", flush=True)
         with open(self.log_path, "ab") as log:
             try:
-                # Its own session: stop() signals the server and every worker it started.
                 self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT,
-                                             stdin=subprocess.DEVNULL, start_new_session=True,
+                                             stdin=subprocess.DEVNULL, preexec_fn=own_session_dying_with_parent,
                                              env={**os.environ, **{k: str(v) for k, v in self.serve.env.items()}})
             except OSError as exc:
                 raise PipelineError(f"serve.command {self.cmd[0]!r} cannot be started ({exc.strerror}); "

@@ -10,6 +10,7 @@ server that ignores SIGTERM.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import sys
@@ -221,3 +222,32 @@ def test_an_in_process_vllm_engine_is_shut_down_when_closed(monkeypatch):
     backend.close()
     backend.close()  # a second close is a no-op
     assert calls == ["engine_core.shutdown", "cleanup_dist_env_and_memory"] and backend.engine is None
+
+
+def test_a_killed_eval_takes_its_server_with_it(tmp_path, question_file, index):
+    """kill -9 of the eval process: the server gets SIGTERM from the kernel (PR_SET_PDEATHSIG), so
+    no orphan keeps the GPUs and the port."""
+    import subprocess
+    import time
+
+    from episode_testdata import child_env
+
+    config = eval_config(tmp_path, question_file, index, "--standin-never-healthy", startup_timeout_s=120)
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "eval", "--config", str(config)],
+                            env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not [e for e in server_log(tmp_path) if "pid" in e]:
+        assert time.monotonic() < deadline and proc.poll() is None, "the stand-in did not start"
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+    [pid] = [e["pid"] for e in server_log(tmp_path) if "pid" in e]
+    try:
+        server = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return  # already gone
+    try:
+        assert psutil.wait_procs([server], timeout=10)[1] == [], "the server outlived its eval"
+    finally:
+        with contextlib.suppress(psutil.NoSuchProcess):  # never leave an orphan behind a failure
+            server.kill()
