@@ -154,7 +154,8 @@ def test_a_tiny_grid_killed_mid_training_resumes_from_its_checkpoint_and_then_sk
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert f"[run] skip: {run_dir / 'generate'} is complete" in done.stdout
     assert "standard: up to date" in done.stdout and "react: up to date" in done.stdout  # filter
-    first, second = done.stdout.split("train: tiny on react")[0], done.stdout.split("train: tiny on react")[1]
+    # split at the unit's own header ("[run] === [i/n] train: ..."), not at its line in the plan
+    first, second = done.stdout.split("] train: tiny on react")[0], done.stdout.split("] train: tiny on react")[1]
     assert f"[finetune] resuming from {resume_from}" in first
     # the trainer logs every step's loss: after the resume only the steps past the checkpoint ran
     assert first.count("{'loss': ") == TRAIN_STEPS - checkpoint_step(resume_from)

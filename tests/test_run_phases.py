@@ -126,7 +126,7 @@ def test_a_grid_runs_one_phase_at_a_time_and_each_eval_in_its_own_process(tmp_pa
 
         filtered = run_pipeline("run", "--config", config, "--from", "filter", "--until", "filter", timeout=300)
         assert filtered.returncode == 0, filtered.stderr[-3000:]
-        assert "=== [2/4] filter: filter:" in filtered.stdout and "=== [1/4]" not in filtered.stdout
+        assert "=== [2/4] filter:" in filtered.stdout and "=== [1/4]" not in filtered.stdout
         assert (run_dir / "sft").is_dir()
 
         evaluated = run_pipeline("run", "--config", config, "--only", "eval", timeout=300)

@@ -283,7 +283,7 @@ def run(cfg: RunConfig, students: list[Student], phases: list[str] | None = None
     outputs: dict = {}
     for i, unit in enumerate(units, start=1):
         if unit.selected:
-            stage(f"[{i}/{len(units)}] {unit.phase}: {unit.title}")
+            stage(f"[{i}/{len(units)}] {unit.title}")
             outputs = unit.action(unit.config) or {}
     if "png" not in outputs:
         chosen = [p for p in PHASES if any(u.selected and u.phase == p for u in units)]
