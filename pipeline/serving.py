@@ -286,11 +286,8 @@ class ServedLLM:
                              f"{self.server.last_log_line()} (log: {self.server.log_path}); finished episodes "
                              "are kept: re-run the same command to resume")
 
-    def check_available(self) -> None:
-        self.inner.check_available()
-
-    def close(self) -> None:
-        self.inner.close()
+    def __getattr__(self, name: str):  # the backend's own attributes (max_concurrency, base_url, ...)
+        return getattr(self.inner, name)
 
 
 @contextlib.contextmanager
