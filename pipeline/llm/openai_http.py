@@ -9,6 +9,8 @@
       api_key_env: OPENAI_API_KEY            # the key is read from this variable only
       max_concurrency: 8
 
+A PEFT adapter (`adapter:`) is refused: the server applies one only to requests that name it,
+and `eval`'s `serve:` section serves it under a name and sends that name (pipeline/serving.py).
 Each request is one HTTP call (`n` samples in one call); up to `max_concurrency` calls are in
 flight at once to each replica (each base URL). A call that still fails after its retries (and
 on the other replicas) becomes `n` completions with finish_reason="error" and the reason, so
@@ -49,6 +51,12 @@ class OpenAICompatibleLLM:
         base_urls = replica_urls(cfg.base_url)
         if cfg.max_concurrency < 1:
             raise PipelineError(f"llm.max_concurrency must be >= 1, got {cfg.max_concurrency}")
+        if cfg.adapter:  # a request names one served model; sending the base's name would score the base
+            raise PipelineError(
+                f"llm.adapter={cfg.adapter}: an OpenAI-compatible server applies an adapter only when a "
+                f"request names it, and this would send the base model '{cfg.model}' and score it as the "
+                "fine-tuned one; add a `serve:` section to the eval config instead: the pipeline then runs "
+                "`vllm serve BASE --enable-lora --lora-modules NAME=ADAPTER` and sends NAME")
         self.name = cfg.label
         self.model = cfg.model
         self.mode = cfg.mode

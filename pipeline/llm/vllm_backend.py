@@ -76,6 +76,27 @@ class VLLMBackend:
                 outputs.append([_error(str(exc)) for _ in range(p.n)])
         return outputs
 
+    def close(self) -> None:
+        """Shut the engine down now, not at interpreter exit: its worker processes and the
+        memory they hold (weights, KV cache: `gpu_memory_utilization` of each GPU) go with it.
+        The V1 engine runs its core in a child process (LLM.llm_engine.engine_core.shutdown());
+        then vLLM's own cleanup of the distributed state and the CUDA cache."""
+        engine, self.engine = self.engine, None
+        if engine is None:
+            return
+        core = getattr(getattr(engine, "llm_engine", None), "engine_core", None)
+        if callable(getattr(core, "shutdown", None)):
+            core.shutdown()
+        del engine, core
+        import gc
+
+        gc.collect()
+        try:
+            from vllm.distributed import cleanup_dist_env_and_memory
+        except ImportError:  # an older vLLM without it: the process exit frees the rest
+            return
+        cleanup_dist_env_and_memory()
+
     def _context_limit(self) -> int | None:
         engine = getattr(self.engine, "llm_engine", None)
         return getattr(getattr(engine, "model_config", None), "max_model_len", None)

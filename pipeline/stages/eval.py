@@ -24,10 +24,11 @@ from pathlib import Path
 from typing import ClassVar
 
 from pipeline.config import add_config_arguments, stage_config, to_dict
-from pipeline.episodes import answerer, run_methods, start_run, writing_run
+from pipeline.episodes import answerer, check_resumable, run_methods, start_run, writing_run
 from pipeline.errors import PipelineError
 from pipeline.llm.config import LLMConfig
 from pipeline.methods import FORMATS_USED, MethodSettings
+from pipeline.serving import ServeConfig
 from pipeline.shards import parse_shard
 from pipeline.storage import atomic_write_json, check_writable_dir, require_complete, write_manifest
 from pipeline.wiki.config import WikiConfig
@@ -62,6 +63,10 @@ class EvalConfig:
     wiki: WikiConfig = field(default_factory=WikiConfig)
     max_in_flight: int = 16
     shard: str | None = None  # i/n: this job's share of the questions, for N jobs (pipeline.shards)
+    # Start `vllm serve` for the model under test (its `model` section's tensor_parallel_size,
+    # gpu_memory_utilization, max_context, dtype, extra), evaluate over HTTP, stop it (pipeline/serving.py;
+    # keys: command, host, port, startup_timeout_s, stop_grace_s, extra_args, env)
+    serve: ServeConfig | None = None
 
 
 @dataclass
@@ -90,26 +95,53 @@ def evaluate(cfg: EvalConfig) -> list[dict]:
     """Run every method, write records and `summary.json`; return the summary rows."""
     check_writable_dir(cfg.out_dir)  # before the checkpoint is read or any model loaded
     target = model_under_test(cfg)
-    settings = replace(cfg.prompting, mode=target.decode_mode if target.mode == "finetune" else "prompt")
     methods = default_methods(cfg.methods, target)
     check_finetuned_methods(methods, target)
-    model = answerer(target.llm)
+    if cfg.serve is None:
+        return run_evaluation(cfg, target, target.llm, methods)
+    from pipeline.serving import ServerGone, served
+
     record = precision_record(target)
+    check_resumable(cfg.out_dir, "eval", cfg, IDENTITY_KEYS)  # refuse before a server loads for minutes
+    check_same_precision(cfg.out_dir, record)
+    with served(target.llm, cfg.serve, cfg.out_dir / "serve.log") as (llm, server):
+        try:
+            return run_evaluation(cfg, target, llm, methods, server)
+        except ServerGone as gone:
+            raise PipelineError(f"eval {cfg.out_dir}: {gone}") from None
+
+
+def run_evaluation(cfg: EvalConfig, target: ModelUnderTest, llm_cfg: LLMConfig, methods: list[str],
+                   server=None) -> list[dict]:
+    """Evaluate `target` through `llm_cfg` (its own config, or the endpoint of a server started
+    for it: `server`, watched for dying mid-run)."""
+    settings = replace(cfg.prompting, mode=target.decode_mode if target.mode == "finetune" else "prompt")
+    model = answerer(llm_cfg)
+    record = precision_record(target)  # what the model computes in, however it is reached
     questions, backend, llm, _ = start_run(cfg, "eval", model, settings, IDENTITY_KEYS, methods=methods,
                                            check=lambda: check_same_precision(cfg.out_dir, record))
+    if server is not None:
+        from pipeline.serving import ServedLLM
+
+        llm = ServedLLM(llm, server)
     manifest = dict(stage="eval", config=to_dict(cfg), model=target.label, mode=target.mode,
                     n_questions=len(questions), **record)
-    with writing_run(cfg, IDENTITY_KEYS, manifest, check=lambda: check_same_precision(cfg.out_dir, record)):
-        # A summary of an earlier (smaller) run must not outlive this run's start: if this run is
-        # killed, no summary.json is left to be plotted as if it were this run's result.
-        (cfg.out_dir / "summary.json").unlink(missing_ok=True)
-        stats = run_methods(model, llm, methods, questions, settings, backend, cfg.out_dir,
-                            max_in_flight=cfg.max_in_flight, source="eval")
-        rows = [summary_row(target, name, cfg.questions, s, record) for name, s in stats.items()]
-        if cfg.shard is not None:  # plot merges a shard set's rows into one (pipeline.shards)
-            rows = [dict(row, shard=str(parse_shard(cfg.shard))) for row in rows]
-        atomic_write_json(cfg.out_dir / "summary.json", rows)
-        write_manifest(cfg.out_dir / "manifest.json", complete=True, summary=rows, **manifest)
+    try:
+        with writing_run(cfg, IDENTITY_KEYS, manifest, check=lambda: check_same_precision(cfg.out_dir, record)):
+            # A summary of an earlier (smaller) run must not outlive this run's start: if this run is
+            # killed, no summary.json is left to be plotted as if it were this run's result.
+            (cfg.out_dir / "summary.json").unlink(missing_ok=True)
+            stats = run_methods(model, llm, methods, questions, settings, backend, cfg.out_dir,
+                                max_in_flight=cfg.max_in_flight, source="eval")
+            rows = [summary_row(target, name, cfg.questions, s, record) for name, s in stats.items()]
+            if cfg.shard is not None:  # plot merges a shard set's rows into one (pipeline.shards)
+                rows = [dict(row, shard=str(parse_shard(cfg.shard))) for row in rows]
+            atomic_write_json(cfg.out_dir / "summary.json", rows)
+            write_manifest(cfg.out_dir / "manifest.json", complete=True, summary=rows, **manifest)
+    finally:
+        close = getattr(llm, "close", None)  # e.g. an in-process vLLM engine: free its GPUs now
+        if close is not None:
+            close()
     for row in rows:
         print(f"{target.label} [{target.mode}] {row['method']:>16}: EM {row['em']:.3f} "
               f"F1 {row['f1']:.3f} over {row['n']} ({row['question_set']})")

@@ -10,11 +10,26 @@ and is only evaluated). Every unit (a generate run, a dataset, a student x metho
 evaluation) is skipped when its manifest says it is complete with the same config; an interrupted
 unit resumes (episodes by id, training from its latest complete checkpoint). The run ends with
 the table and the figure's path.
+
+GPUs: the units run in phases, so that one model holds the GPUs at a time (PHASES below):
+teacher (generate, and the teacher's own prompted eval), filter, train, eval (every other
+eval), plot. `--only`, `--from` and `--until` take phase names and select a part of the grid,
+e.g. `--only teacher` while the teacher is served, then `--from filter` once it is stopped.
+The plan printed first lists every unit with its phase and what it needs served where; units
+outside the selection are listed as "not selected" and never run; selected units still skip
+when complete. Each eval runs in its own `python -m pipeline eval` process (as training runs
+under `accelerate launch`), so one model's GPU memory is free before the next one loads.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
+import os
+import re
+import subprocess
+import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,11 +48,11 @@ from pipeline.config import (
 )
 from pipeline.errors import PipelineError
 from pipeline.finetune import FinetuneConfig, resolve
-from pipeline.stages.eval import EvalConfig, evaluate, model_under_test, precision_record
+from pipeline.stages.eval import EvalConfig, model_under_test, precision_record
 from pipeline.stages.filter import FilterConfig, run_filter
 from pipeline.stages.generate import GenerateConfig, generate
 from pipeline.stages.plot import PlotConfig, run_plot
-from pipeline.stages.train import gpu_count, pick_accelerate_config, train
+from pipeline.stages.train import gpu_count, pick_accelerate_config, processes_for, train
 from pipeline.storage import check_writable_dir, is_done
 
 
@@ -54,6 +69,10 @@ class Student:
     # and plotted beside ours, never trained; `format` says how it decodes when it is not known.
     checkpoint: str | None = None
     format: str | None = None
+    # EvalConfig keys for this student's evaluations, over the experiment's `eval` section: e.g. a
+    # 70B student's model.tensor_parallel_size, model.gpu_memory_utilization, model.max_context,
+    # model.backend, or a `serve:` section (pipeline/serving.py)
+    eval: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -67,29 +86,76 @@ class RunConfig:
     train: dict = field(default_factory=dict)  # FinetuneConfig keys shared by every student
     eval: dict = field(default_factory=dict)  # EvalConfig keys shared by every evaluation
     plot: dict = field(default_factory=dict)  # PlotConfig keys
-    students: list[dict] = field(default_factory=list)  # Student entries
+    # Student entries: name, config, size_class, params_b, prompt_model, finetune, train, checkpoint,
+    # format, and eval (this student's EvalConfig keys, e.g. model.tensor_parallel_size or serve)
+    students: list[dict] = field(default_factory=list)
+
+
+# The order units run in, and the names --only / --from / --until take.
+PHASES = {
+    "teacher": "generate, and the teacher's own prompted eval (while the teacher is served)",
+    "filter": "correct trajectories -> SFT datasets (CPU)",
+    "train": "every student x format training (accelerate launch)",
+    "eval": "every other eval: prompted students, fine-tuned students, released checkpoints",
+    "plot": "figure 3, the table and the orderings check",
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser, RunConfig)  # --print-config prints every unit's effective config
+    phases = ", ".join(PHASES)
+    parser.add_argument("--only", metavar="PHASE[,PHASE]", help=f"run only these phases ({phases})")
+    parser.add_argument("--from", dest="from_phase", metavar="PHASE", help="run from this phase on")
+    parser.add_argument("--until", metavar="PHASE", help="run up to and including this phase")
+    parser.description = (parser.description or "") + "\n\nphases, in the order they run:\n" + "\n".join(
+        f"  {name:<8} {text}" for name, text in PHASES.items()) + (
+        "\n\nEach phase can run on its own, e.g. with the teacher served: run --only teacher; "
+        "then, the teacher stopped: run --from filter. Units outside the selection are listed as "
+        "'not selected' in the plan and never run.")
 
 
 def main(args: argparse.Namespace) -> int:
     if args.config is None:
         raise PipelineError("run needs --config configs/<experiment>.yaml (e.g. configs/demo.yaml)")
+    phases = selected_phases(args.only, args.from_phase, args.until)
     cfg = load_config(RunConfig, args.config, args.overrides)
     students = [build(Student, s, where=f"{args.config} students[{i}]") for i, s in enumerate(cfg.students)]
     if args.print_config:
-        print_plan(plan(cfg, students))
+        print_plan(select(plan(cfg, students), phases))
         return 0
-    run(cfg, students)
+    run(cfg, students, phases)
     return 0
+
+
+def selected_phases(only: str | None, start: str | None, until: str | None) -> list[str]:
+    """The phases --only / --from / --until select, in run order (all of them by default)."""
+    names = list(PHASES)
+    if only and (start or until):
+        raise PipelineError("--only names the phases to run; it cannot be combined with --from / --until")
+    if only:
+        chosen = {check_phase(p.strip(), "--only") for p in only.split(",") if p.strip()}
+        return [p for p in names if p in chosen]
+    first = names.index(check_phase(start, "--from")) if start else 0
+    last = names.index(check_phase(until, "--until")) if until else len(names) - 1
+    if first > last:
+        raise PipelineError(f"--from {start} comes after --until {until}; phases run in the order {', '.join(names)}")
+    return names[first:last + 1]
+
+
+def check_phase(name: str, option: str) -> str:
+    if name not in PHASES:
+        close = difflib.get_close_matches(name, PHASES, n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise PipelineError(f"{option} {name}: not a phase{hint} (phases: {', '.join(PHASES)})")
+    return name
 
 
 def print_plan(units: list[Unit]) -> None:
     """Each unit's title and the config it would run with, as YAML (nothing runs)."""
     for i, unit in enumerate(units, start=1):
-        print(f"# [{i}/{len(units)}] {unit.title}")
+        status = "" if unit.selected else " (not selected)"
+        print(f"# [{i}/{len(units)}] {unit.phase}: {unit.title}{status}")
+        print(f"#   {unit.needs}")
         print(yaml.safe_dump(to_dict(unit.config), sort_keys=False))
 
 
@@ -100,54 +166,146 @@ class Unit:
     title: str
     config: Any
     action: Any  # callable(config) -> result
+    phase: str = ""  # a PHASES name
+    needs: str = ""  # the model it needs and where (the plan prints it)
+    selected: bool = True  # False: listed in the plan, never run
 
 
 def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
     """Build and check every unit's config before anything runs, so a typo in the eval section
-    fails in a second, not after hours of training."""
+    fails in a second, not after hours of training; return them in phase order."""
     dataset_dir = cfg.out_dir / "sft"
     units = []
+    teacher = None
     if not students or not all(s.checkpoint for s in students):  # a grid of released students needs no data
-        units = [Unit("generate: the teacher writes trajectories", generate_config(cfg), skip_or(generate)),
-                 Unit("filter: correct trajectories -> SFT datasets", filter_config(cfg, dataset_dir), run_filter)]
+        gen = generate_config(cfg)
+        teacher = gen.teacher
+        units = [Unit("generate: the teacher writes trajectories", gen, skip_or(generate), "teacher",
+                      needs_model(gen.teacher)),
+                 Unit("filter: correct trajectories -> SFT datasets", filter_config(cfg, dataset_dir), run_filter,
+                      "filter", "no model: CPU only")]
     for student in students:
         check_student(student)
         if student.prompt_model:
-            units.append(Unit(f"eval: {student.name} prompted", eval_config(cfg, student, None),
-                              skip_or(evaluate, eval_precision)))
+            ev = eval_config(cfg, student, None)
+            phase = "teacher" if teacher is not None and same_model(ev.model, teacher) else "eval"
+            units.append(Unit(f"eval: {student.name} prompted", ev, skip_or(evaluate_in_child, eval_precision),
+                              phase, needs_eval(ev)))
         if student.checkpoint:
+            ev = checkpoint_eval_config(cfg, student)
             units.append(Unit(f"eval: {student.name} (already fine-tuned: {student.checkpoint})",
-                              checkpoint_eval_config(cfg, student), skip_or(evaluate, eval_precision)))
+                              ev, skip_or(evaluate_in_child, eval_precision), "eval", needs_eval(ev)))
             continue
         if not student.finetune:
             continue
         for method in cfg.methods:
             ft = train_config(cfg, student, method, dataset_dir)
             final = Path(ft.output_dir) / "final"
-            units.append(Unit(f"train: {student.name} on {method}", ft, launch_train))
-            units.append(Unit(f"eval: {student.name} fine-tuned on {method}",
-                              eval_config(cfg, student, final, method), with_model_card(final, skip_or(evaluate, eval_precision))))
+            units.append(Unit(f"train: {student.name} on {method}", ft, launch_train, "train", needs_train(ft)))
+            ev = eval_config(cfg, student, final, method)
+            check_adapter_reachable(ev, ft)
+            units.append(Unit(f"eval: {student.name} fine-tuned on {method}", ev,
+                              with_model_card(final, skip_or(evaluate_in_child, eval_precision)), "eval", needs_eval(ev)))
     summaries = [u.config.out_dir / "summary.json" for u in units if u.title.startswith("eval")]
-    units.append(Unit("plot: figure 3 and the table", plot_config(cfg, summaries), run_plot))
+    units.append(Unit("plot: figure 3 and the table", plot_config(cfg, summaries), run_plot, "plot", "no model: CPU only"))
+    order = list(PHASES)
+    return sorted(units, key=lambda u: order.index(u.phase))  # stable: the grid's order within a phase
+
+
+def check_serving(ev, where: str) -> None:
+    """A `serve:` section starts a server for a model to load; an endpoint is already served."""
+    if ev.serve is not None and ev.model.backend == "openai":
+        raise PipelineError(f"{where}: model.backend is openai (a server at {ev.model.base_url}) and `serve:` "
+                            "would start another; drop `serve` for this student (eval: {serve: null}) "
+                            "or set model.backend: vllm")
+
+
+def check_adapter_reachable(ev, ft) -> None:
+    """A LoRA student evaluated over HTTP must be served under its own name (`serve:`), or the
+    requests would reach the base model: refuse now, not after its training."""
+    if ft.finetuning != "full" and ev.model.backend == "openai" and ev.serve is None:
+        raise PipelineError(f"eval of {ft.student_name} on {ft.format}: a {ft.finetuning} adapter cannot be "
+                            f"evaluated at {ev.model.base_url} as the base model's name; add a `serve:` section "
+                            "(the pipeline serves it with --enable-lora and addresses it by name) or use "
+                            "model.backend vllm / transformers")
+
+
+def select(units: list[Unit], phases: list[str]) -> list[Unit]:
+    for unit in units:
+        unit.selected = unit.phase in phases
     return units
 
 
-def run(cfg: RunConfig, students: list[Student]) -> dict:
+def same_model(a, b) -> bool:
+    """Whether two LLM sections name the same model the same way (the teacher prompted on the
+    eval set is the teacher generate uses: both need it served at once)."""
+    keys = ("backend", "model") + (("base_url",) if a.backend == "openai" else ())
+    return all(getattr(a, k) == getattr(b, k) for k in keys)
+
+
+def needs_model(llm, serve=None, what: str | None = None) -> str:
+    """What a unit needs running, and where, for the plan: one line."""
+    what = what or llm.model
+    gpus = f"tensor parallel {llm.tensor_parallel_size}, {llm.gpu_memory_utilization:g} of each GPU's memory"
+    if llm.backend == "oracle":
+        return "no model: the oracle stand-in teacher (gold facts)"
+    if serve is not None:
+        port = serve.port or "a free port"
+        return (f"starts `{' '.join(serve.command)}` for {what} on {serve.host}:{port} ({gpus}), "
+                "stops it when done")
+    if llm.backend == "openai":
+        return f"needs {llm.model} served at {llm.base_url} (start it before this phase)"
+    if llm.backend == "vllm":
+        return f"in-process vLLM engine for {what} ({gpus}), in its own process"
+    return f"in-process transformers model {what} (device {llm.device}), in its own process"
+
+
+def needs_eval(ev) -> str:
+    what = f"checkpoint {ev.checkpoint}" if ev.checkpoint else None
+    if ev.checkpoint and ev.model.backend == "openai" and ev.serve is None:
+        return (f"needs {ev.checkpoint} served at {ev.model.base_url} under its folder name "
+                "(a LoRA adapter is refused: add a `serve:` section)")
+    return needs_model(ev.model, ev.serve, what)
+
+
+def needs_train(ft) -> str:
+    gpus = gpu_count()
+    config = pick_accelerate_config(ft.accelerate_config, gpus)
+    n = processes_for(config, ft.num_processes, gpus)
+    return f"launches accelerate with {n} process{'es' if n > 1 else ''} ({config.stem}; this node has {gpus} GPU(s))"
+
+
+def run(cfg: RunConfig, students: list[Student], phases: list[str] | None = None) -> dict:
     started = time.monotonic()
-    units = plan(cfg, students)
-    check_outputs(cfg, units)
+    units = select(plan(cfg, students), phases or list(PHASES))
+    check_outputs(cfg, [u for u in units if u.selected])
+    show_plan(units)
     outputs: dict = {}
     for i, unit in enumerate(units, start=1):
-        stage(f"[{i}/{len(units)}] {unit.title}")
-        outputs = unit.action(unit.config)
+        if unit.selected:
+            stage(f"[{i}/{len(units)}] {unit.title}")
+            outputs = unit.action(unit.config) or {}
+    if "png" not in outputs:
+        chosen = [p for p in PHASES if any(u.selected and u.phase == p for u in units)]
+        print(f"[run] phases {', '.join(chosen) or '(none)'} done in {time.monotonic() - started:.0f} s")
+        return outputs
     print(f"[run] done in {time.monotonic() - started:.0f} s; figure: {outputs['png']} (and .svg), "
           f"table: {outputs['md']}, csv: {outputs['csv']}, orderings: {outputs['orderings']}")
     return outputs
 
 
+def show_plan(units: list[Unit]) -> None:
+    """Before any work: every unit, its phase, what it needs served where, and whether it runs."""
+    print("[run] plan (phases run in the order " + " -> ".join(PHASES) + "):", flush=True)
+    for i, unit in enumerate(units, start=1):
+        status = "" if unit.selected else "  -- not selected"
+        print(f"[run]  {i:>3}. {unit.phase:<8} {unit.title}{status}\n[run]       {unit.needs}")
+    sys.stdout.flush()
+
+
 def check_outputs(cfg: RunConfig, units: list[Unit]) -> None:
-    """Every folder the grid will write must be writable before the first unit starts: a
-    read-only checkpoint root should not surface after hours of generation."""
+    """Every folder the selected units will write must be writable before the first one starts:
+    a read-only checkpoint root should not surface after hours of generation."""
     check_writable_dir(cfg.out_dir, "out_dir")
     for unit in units:
         if unit.action is launch_train:
@@ -194,6 +352,52 @@ def with_model_card(final: Path, action):
             write_model_card(final, eval_rows_for(final, [summary]))
         return result
     return run_unit
+
+
+def evaluate_in_child(config) -> None:
+    """`python -m pipeline eval` with this unit's config, in its own process: the model it loads
+    (an in-process vLLM engine, a transformers model, a managed server) is gone, and its GPU
+    memory free, when the process ends, before the next unit loads another. Its output streams
+    through; its own error line becomes this unit's error."""
+    with tempfile.TemporaryDirectory(prefix="pipeline-eval-") as folder:
+        path = Path(folder) / "eval.yaml"
+        path.write_text(yaml.safe_dump(to_dict(config), sort_keys=False), encoding="utf-8")
+        proc = subprocess.Popen([sys.executable, "-m", "pipeline", "eval", "--config", str(path)],
+                                stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        try:
+            error = relay_stderr(proc)
+            code = proc.wait()
+        except KeyboardInterrupt:  # the child got the same Ctrl-C: let it save and stop
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            raise
+    if code != 0:
+        failure = PipelineError(f"eval {config.out_dir}: {error}" if error else
+                                f"eval {config.out_dir} failed (exit code {code}); fix the cause and "
+                                "re-run: finished episodes are kept and it resumes")
+        failure.exit_code = code if error else 1
+        raise failure
+
+
+def relay_stderr(proc: subprocess.Popen) -> str | None:
+    """Copy the child's stderr as it comes (progress bars redraw with \\r), holding back only its
+    final `error: ...` line, which is returned for the caller to raise as its own."""
+    error, pending = None, b""
+    out = sys.stderr.buffer
+    fd = proc.stderr.fileno()
+    while chunk := os.read(fd, 65536):
+        *complete, pending = re.split(rb"(?<=[\r\n])", pending + chunk)
+        for piece in complete:
+            if piece.startswith(b"error: "):
+                error = piece[len(b"error: "):].decode("utf-8", "replace").strip()
+            else:
+                out.write(piece)
+        out.flush()
+    out.write(pending)
+    out.flush()
+    return error
 
 
 def generate_config(cfg: RunConfig):
@@ -255,8 +459,10 @@ def eval_config(cfg: RunConfig, student: Student, final: Path | None, fmt: str |
         name, layer = f"{student.name}-ft-{fmt}", {
             "checkpoint": str(final), "methods": [fmt],
             "size_class": student.size_class, "params_b": student.params_b}
-    layers = merged({"wiki": cfg.wiki}, cfg.eval, layer, {"out_dir": str(cfg.out_dir / "eval" / name)})
-    return build(EvalConfig, layers, where=f"eval ({name})")
+    layers = merged({"wiki": cfg.wiki}, cfg.eval, student.eval, layer, {"out_dir": str(cfg.out_dir / "eval" / name)})
+    ev = build(EvalConfig, layers, where=f"eval ({name})")
+    check_serving(ev, f"eval ({name})")
+    return ev
 
 
 def check_student(student: Student) -> None:
@@ -281,8 +487,10 @@ def checkpoint_eval_config(cfg: RunConfig, student: Student):
     name = f"{student.name}-checkpoint"
     layer = {"checkpoint": student.checkpoint, "format": student.format, "methods": EvalConfig().methods,
              "size_class": student.size_class, "params_b": student.params_b}
-    layers = merged({"wiki": cfg.wiki}, cfg.eval, layer, {"out_dir": str(cfg.out_dir / "eval" / name)})
-    return build(EvalConfig, layers, where=f"eval ({name})")
+    layers = merged({"wiki": cfg.wiki}, cfg.eval, student.eval, layer, {"out_dir": str(cfg.out_dir / "eval" / name)})
+    ev = build(EvalConfig, layers, where=f"eval ({name})")
+    check_serving(ev, f"eval ({name})")
+    return ev
 
 
 def plot_config(cfg: RunConfig, summaries: list[Path]):

@@ -1,0 +1,153 @@
+"""`run` in phases (teacher, filter, train, eval, plot): the order of the units, the selectors
+--only / --from / --until, the plan that says what each unit needs served where, and each eval
+in its own process, on a real small grid (oracle teacher, a prompted student behind the fake
+OpenAI-compatible server).
+
+    .venv/bin/python -m pytest tests/test_run_phases.py -q
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from episode_testdata import CORPUS, ScriptedTeacher, run_pipeline
+from http_servers import FakeOpenAI
+
+from pipeline.config import build, read_yaml
+from pipeline.errors import PipelineError
+from pipeline.stages.run import PHASES, RunConfig, Student, plan, selected_phases
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def paper_units():
+    cfg = build(RunConfig, read_yaml(REPO / "configs" / "paper.yaml"))
+    return plan(cfg, [build(Student, s) for s in cfg.students])
+
+
+def test_the_paper_grid_runs_the_teacher_first_then_training_then_the_other_evals():
+    units = paper_units()
+    order = list(PHASES)
+    assert [order.index(u.phase) for u in units] == sorted(order.index(u.phase) for u in units)
+    teacher = [u.title for u in units if u.phase == "teacher"]
+    assert teacher == ["generate: the teacher writes trajectories", "eval: llama-3.1-405b-teacher prompted"]
+    assert all(u.title.startswith("train") for u in units if u.phase == "train")
+    assert all(u.title.startswith("eval") for u in units if u.phase == "eval")
+    assert units[-1].phase == "plot"
+
+
+def test_the_plan_says_which_model_each_unit_needs_served_where():
+    needs = {u.title: u.needs for u in paper_units()}
+    assert "served at http://127.0.0.1:8000/v1" in needs["generate: the teacher writes trajectories"]
+    assert needs["train: llama-3.1-8b on react"].startswith("launches accelerate with 8 processes (deepspeed_zero2")
+    served = needs["eval: llama-3.1-70b fine-tuned on react"]
+    assert "starts `vllm serve`" in served and "tensor parallel 8" in served  # the 70B's own eval settings
+    assert "tensor parallel 1" in needs["eval: llama-3.1-8b fine-tuned on react"]
+
+
+@pytest.mark.parametrize("only, start, until, expected", [
+    (None, None, None, list(PHASES)),
+    ("teacher", None, None, ["teacher"]),
+    ("eval,train", None, None, ["train", "eval"]),
+    (None, "filter", None, ["filter", "train", "eval", "plot"]),
+    (None, None, "train", ["teacher", "filter", "train"]),
+    (None, "train", "eval", ["train", "eval"]),
+])
+def test_selectors_name_phases(only, start, until, expected):
+    assert selected_phases(only, start, until) == expected
+
+
+@pytest.mark.parametrize("only, start, until, message", [
+    ("trian", None, None, "--only trian: not a phase; did you mean 'train'?"),
+    ("train", "filter", None, "cannot be combined"),
+    (None, "eval", "train", "--from eval comes after --until train"),
+    (None, "generate", None, "--from generate: not a phase"),
+])
+def test_bad_selectors_are_refused(only, start, until, message):
+    with pytest.raises(PipelineError, match=message):
+        selected_phases(only, start, until)
+
+
+def test_a_lora_student_evaluated_over_http_without_serve_is_refused_at_plan_time():
+    cfg = build(RunConfig, read_yaml(REPO / "configs" / "paper.yaml"))
+    students = [build(Student, s) for s in cfg.students]
+    students[1].eval = {"model": {"backend": "openai"}, "serve": None}  # the 70B LoRA student
+    with pytest.raises(PipelineError, match="adapter cannot be evaluated at .* as the base model's name"):
+        plan(cfg, students)
+
+
+# -- a real small grid, phase by phase ----------------------------------------------------------
+
+
+@pytest.fixture
+def grid(tmp_path, index, smollm2_dir):
+    def write(url: str) -> Path:
+        config = {
+            "experiment": "phases", "out_dir": str(tmp_path / "run"), "methods": ["react"],
+            "wiki": {"index": str(index)},
+            "generate": {"teacher": {"backend": "oracle"}, "questions": "offline-bootstrap", "limit": 4},
+            "filter": {"tokenizer": "smollm2"},
+            "eval": {"questions": "offline-eval", "limit": 2, "max_in_flight": 2},
+            "plot": {"reference_points": False},
+            "students": [{"name": "big", "finetune": False, "size_class": "70b", "params_b": 70.6,
+                          "prompt_model": {"backend": "openai", "model": "big-model", "base_url": url,
+                                           "max_retries": 1, "timeout_s": 5}}],
+        }
+        path = tmp_path / "grid.yaml"
+        path.write_text(yaml.safe_dump(config))
+        return path
+    return write
+
+
+needs_corpus = pytest.mark.skipif(not CORPUS.is_file(), reason=f"offline corpus not found at {CORPUS}")
+
+
+@needs_corpus
+def test_a_grid_runs_one_phase_at_a_time_and_each_eval_in_its_own_process(tmp_path, grid):
+    from pipeline.hotpotqa import load_question_set
+
+    run_dir = tmp_path / "run"
+    with FakeOpenAI(model="big-model") as server:
+        server.replies = ScriptedTeacher(load_question_set("offline-eval", limit=2))
+        config = str(grid(f"{server.url}/v1"))
+
+        teacher = run_pipeline("run", "--config", config, "--only", "teacher", timeout=300)
+        assert teacher.returncode == 0, teacher.stderr[-3000:]
+        assert (run_dir / "generate" / "react.jsonl").is_file()
+        assert not (run_dir / "sft").exists() and not (run_dir / "eval").exists()
+        plan_lines = [line for line in teacher.stdout.splitlines() if line.startswith("[run]  ")]
+        assert "filter: correct trajectories -> SFT datasets  -- not selected" in "\n".join(plan_lines)
+        assert "eval: big prompted  -- not selected" in "\n".join(plan_lines)
+        assert "needs big-model served at http://127.0.0.1:" in teacher.stdout
+        assert len(server.requests) == 0  # the prompted eval is not the teacher's: not in this phase
+
+        filtered = run_pipeline("run", "--config", config, "--from", "filter", "--until", "filter", timeout=300)
+        assert filtered.returncode == 0, filtered.stderr[-3000:]
+        assert "=== [2/4] filter:" in filtered.stdout and "=== [1/4]" not in filtered.stdout
+        assert (run_dir / "sft").is_dir()
+
+        evaluated = run_pipeline("run", "--config", config, "--only", "eval", timeout=300)
+        assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+        manifest = json.loads((run_dir / "eval" / "big-prompt" / "manifest.json").read_text())
+        assert manifest["complete"] and manifest["argv"][1:3] == ["eval", "--config"]  # a process of its own
+        assert not (run_dir / "plot").exists()
+
+        again = run_pipeline("run", "--config", config, "--only", "eval", timeout=300)
+        assert again.returncode == 0 and "[run] skip:" in again.stdout  # the child's manifest matches
+
+    plotted = run_pipeline("run", "--config", config, "--only", "plot", timeout=300)
+    assert plotted.returncode == 0, plotted.stderr[-3000:]
+    assert "figure:" in plotted.stdout
+
+
+@needs_corpus
+def test_an_eval_whose_child_fails_is_one_error_line(tmp_path, grid):
+    with FakeOpenAI(model="other-model") as server:  # up, but serving another model
+        proc = run_pipeline("run", "--config", str(grid(f"{server.url}/v1")), "--only", "eval", timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == proc.stderr.strip().splitlines()[-1:]
+    assert errors[0].startswith("error: eval ") and "'big-model' is not served by" in errors[0]

@@ -1,0 +1,253 @@
+"""A `vllm serve` process managed by the pipeline (pipeline/serving.py), for real on 127.0.0.1:
+`python -m pipeline eval` with a `serve:` section starts tests/standin_vllm_serve.py (a labelled
+stand-in that speaks vLLM's HTTP API and takes its flags), waits until it is healthy, evaluates
+over the OpenAI-compatible backend, stops it and waits until it has exited; and its faults:
+never healthy, dying mid-run (one clear line, then a re-run resumes), a port already taken, a
+server that ignores SIGTERM.
+
+    .venv/bin/python -m pytest tests/test_serving.py -q
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+from episode_testdata import CORPUS, read_records, run_pipeline, write_questions
+
+from pipeline.errors import PipelineError
+from pipeline.llm.config import LLMConfig
+from pipeline.serving import ServeConfig, max_lora_rank, serve_command
+
+pytestmark = pytest.mark.skipif(not CORPUS.is_file(), reason=f"offline corpus not found at {CORPUS}")
+
+STANDIN = Path(__file__).resolve().parent / "standin_vllm_serve.py"
+
+
+@pytest.fixture(scope="module")
+def question_file(tmp_path_factory):
+    from pipeline.hotpotqa import load_question_set
+
+    return write_questions(tmp_path_factory.mktemp("q") / "q.jsonl", load_question_set("offline-eval", limit=4))
+
+
+def lora_checkpoint(folder: Path, rank: int = 4, rank_pattern: dict | None = None) -> Path:
+    """A `final` folder of a LoRA student as pipeline/finetune.py leaves it (manifest, and the
+    adapter_config.json PEFT writes; no weights: the stand-in loads none)."""
+    from pipeline.storage import write_manifest
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "adapter_config.json").write_text(json.dumps(
+        {"peft_type": "LORA", "r": rank, "rank_pattern": rank_pattern or {},
+         "base_model_name_or_path": "HuggingFaceTB/SmolLM2-135M-Instruct"}))
+    write_manifest(folder / "manifest.json", stage="train", config={}, complete=True, student="tiny-llama",
+                   base_model="HuggingFaceTB/SmolLM2-135M-Instruct", adapter=True, finetuning="lora",
+                   format="react", size_class="tiny", params_b=0.135, steps=10, max_steps=10)
+    return folder
+
+
+def eval_config(tmp_path: Path, question_file: Path, index: Path, *extra_args: str, **serve) -> Path:
+    config = {"checkpoint": str(lora_checkpoint(tmp_path / "ckpt" / "final")),
+              "model": {"backend": "vllm", "max_retries": 1, "timeout_s": 5.0, "tensor_parallel_size": 2,
+                        "gpu_memory_utilization": 0.5, "max_context": 4096},
+              "methods": ["react"], "questions": str(question_file), "wiki": {"index": str(index)},
+              "max_in_flight": 1, "out_dir": str(tmp_path / "eval"),
+              "serve": {"command": [sys.executable, str(STANDIN)], "port": 0, "startup_timeout_s": 30,
+                        "stop_grace_s": 5, **serve,
+                        "extra_args": ["--standin-questions", str(question_file),
+                                       "--standin-record", str(tmp_path / "server.jsonl"), *extra_args]}}
+    path = tmp_path / "eval.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def server_log(tmp_path: Path) -> list[dict]:
+    path = tmp_path / "server.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def assert_server_gone(tmp_path: Path) -> None:
+    """Every stand-in started in this test has exited (not a zombie, not still listening)."""
+    pids = [e["pid"] for e in server_log(tmp_path) if "pid" in e]
+    assert pids
+    for pid in pids:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, pid
+
+
+def one_error_line(proc) -> str:
+    """Exit 2 and one `error:` line, the last (the transport's retry notes may come before it)."""
+    assert proc.returncode == 2, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
+    lines = proc.stderr.strip().splitlines()
+    errors = [line for line in lines if line.startswith("error: ")]
+    assert errors == lines[-1:], proc.stderr
+    return lines[-1]
+
+
+# -- the command --------------------------------------------------------------------------------
+
+
+def test_a_lora_student_is_served_by_name_with_a_rank_vllm_accepts(tmp_path):
+    final = lora_checkpoint(tmp_path / "final", rank=4)
+    llm = LLMConfig(backend="vllm", model="org/base", adapter=str(final), tensor_parallel_size=8,
+                    gpu_memory_utilization=0.85, max_context=8192, extra={"enforce_eager": True, "max_num_seqs": 64})
+    cmd, name = serve_command(llm, ServeConfig(command=["/opt/vllm/bin/vllm", "serve"]), 8123)
+    assert cmd[:3] == ["/opt/vllm/bin/vllm", "serve", "org/base"]
+    flags = " ".join(cmd[3:])
+    for expected in ("--port 8123", "--tensor-parallel-size 8", "--gpu-memory-utilization 0.85",
+                     "--max-model-len 8192", "--enforce-eager", "--max-num-seqs 64", "--enable-lora",
+                     f"--lora-modules {name}={final}", "--max-lora-rank 8"):
+        assert expected in flags, (expected, flags)
+    assert name != "org/base"  # requests name the adapter, never the base
+
+
+@pytest.mark.parametrize("rank, pattern, expected", [(4, None, 8), (16, None, 16), (16, {"q_proj": 100}, 128),
+                                                     (512, None, 512)])
+def test_max_lora_rank_is_the_smallest_vllm_value_that_holds_the_adapter(tmp_path, rank, pattern, expected):
+    assert max_lora_rank(lora_checkpoint(tmp_path / "f", rank=rank, rank_pattern=pattern)) == expected
+
+
+def test_an_adapter_above_vllms_largest_rank_or_without_a_config_is_refused(tmp_path):
+    with pytest.raises(PipelineError, match="above vLLM's largest"):
+        max_lora_rank(lora_checkpoint(tmp_path / "big", rank=1024))
+    with pytest.raises(PipelineError, match="is it a PEFT LoRA adapter folder"):
+        max_lora_rank(tmp_path)
+
+
+def test_a_full_finetune_is_served_from_its_final_folder(tmp_path):
+    cmd, name = serve_command(LLMConfig(backend="vllm", model=str(tmp_path / "final"), name="s (fine-tuned)"),
+                              ServeConfig(), 8100)
+    assert cmd[:3] == ["vllm", "serve", str(tmp_path / "final")] and "--enable-lora" not in cmd
+    assert cmd[cmd.index("--served-model-name") + 1] == name == "s (fine-tuned)"
+
+
+def test_the_openai_backend_refuses_an_adapter_instead_of_scoring_the_base():
+    from pipeline.llm.openai_http import OpenAICompatibleLLM
+
+    with pytest.raises(PipelineError, match="score it as the fine-tuned one"):
+        OpenAICompatibleLLM(LLMConfig(backend="openai", model="org/base", adapter="/ckpt/final"))
+
+
+# -- the lifecycle, for real --------------------------------------------------------------------
+
+
+def test_a_served_lora_student_is_evaluated_by_name_and_the_server_is_stopped(tmp_path, question_file, index):
+    proc = run_pipeline("eval", "--config", str(eval_config(tmp_path, question_file, index)))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = read_records(tmp_path / "eval" / "react.jsonl")
+    assert len(records) == 4 and all(r["em"] == 1.0 for r in records)
+    log = server_log(tmp_path)
+    argv = next(e["argv"] for e in log if "argv" in e)
+    assert argv[argv.index("--lora-modules") + 1].startswith("student-lora=")
+    assert argv[argv.index("--max-lora-rank") + 1] == "8"  # r=4 in its adapter_config.json
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "2"
+    assert {e["model"] for e in log if "model" in e} == {"student-lora"}  # never the base model
+    assert "[serve] healthy at http://127.0.0.1:" in proc.stdout and "[serve] stopped" in proc.stdout
+    assert_server_gone(tmp_path)
+    [row] = json.loads((tmp_path / "eval" / "summary.json").read_text())
+    assert row["model"] == "tiny-llama (fine-tuned)" and row["mode"] == "finetune"
+
+
+def test_a_server_that_never_becomes_healthy_is_a_clear_error_and_is_killed(tmp_path, question_file, index):
+    config = eval_config(tmp_path, question_file, index, "--standin-never-healthy", startup_timeout_s=2)
+    line = one_error_line(run_pipeline("eval", "--config", str(config)))
+    assert "was not healthy within 2 s" in line and "it was stopped" in line and "serve.log" in line
+    assert_server_gone(tmp_path)
+    assert not (tmp_path / "eval" / "react.jsonl").exists()
+
+
+def test_a_server_dying_mid_run_fails_the_unit_in_one_line_and_a_rerun_resumes(tmp_path, question_file, index):
+    # max_in_flight 1: each question asks twice (Search, then Finish), so after 3 answers one
+    # episode is finished and the second is waiting on the request the server dies on.
+    config = eval_config(tmp_path, question_file, index, "--standin-die-after", "3")
+    line = one_error_line(run_pipeline("eval", "--config", str(config)))
+    assert "exited (code 3) mid-run" in line and "re-run the same command to resume" in line, line
+    first = read_records(tmp_path / "eval" / "react.jsonl")
+    assert len(first) == 1 and first[0]["em"] == 1.0  # no episode recorded as failed by the crash
+    assert not (tmp_path / "eval" / "summary.json").exists()
+
+    healthy = eval_config(tmp_path, question_file, index)
+    proc = run_pipeline("eval", "--config", str(healthy))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = read_records(tmp_path / "eval" / "react.jsonl")
+    assert records[0] == first[0] and len({r["id"] for r in records}) == len(records) == 4
+    assert all(r["em"] == 1.0 for r in records)
+    assert_server_gone(tmp_path)
+
+
+def test_a_port_already_taken_is_refused_before_any_server_starts(tmp_path, question_file, index):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        line = one_error_line(run_pipeline("eval", "--config", str(eval_config(tmp_path, question_file, index,
+                                                                               port=port))))
+    assert f"port {port} on 127.0.0.1 is already in use" in line and "serve.port" in line
+    assert server_log(tmp_path) == []  # nothing was started
+
+
+def test_a_server_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path, question_file, index):
+    config = eval_config(tmp_path, question_file, index, "--standin-ignore-sigterm", stop_grace_s=1)
+    proc = run_pipeline("eval", "--config", str(config))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "still running 1 s after SIGTERM: SIGKILL" in proc.stdout
+    assert_server_gone(tmp_path)
+
+
+def test_an_in_process_vllm_engine_is_shut_down_when_closed(monkeypatch):
+    """VLLMBackend.close() shuts the engine core down and runs vLLM's own cleanup (a stand-in
+    `vllm` module records the calls: vLLM is not installed here)."""
+    import types
+
+    from pipeline.llm.vllm_backend import VLLMBackend
+
+    calls = []
+
+    class Engine:
+        def __init__(self, **kwargs):
+            core = types.SimpleNamespace(shutdown=lambda: calls.append("engine_core.shutdown"))
+            self.llm_engine = types.SimpleNamespace(engine_core=core)
+
+    vllm, distributed = types.ModuleType("vllm"), types.ModuleType("vllm.distributed")
+    vllm.LLM = Engine
+    distributed.cleanup_dist_env_and_memory = lambda: calls.append("cleanup_dist_env_and_memory")
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setitem(sys.modules, "vllm.distributed", distributed)
+    backend = VLLMBackend(LLMConfig(backend="vllm", model="org/m"))
+    backend.close()
+    backend.close()  # a second close is a no-op
+    assert calls == ["engine_core.shutdown", "cleanup_dist_env_and_memory"] and backend.engine is None
+
+
+def test_a_killed_eval_takes_its_server_with_it(tmp_path, question_file, index):
+    """kill -9 of the eval process: the server gets SIGTERM from the kernel (PR_SET_PDEATHSIG), so
+    no orphan keeps the GPUs and the port."""
+    import subprocess
+    import time
+
+    from episode_testdata import child_env
+
+    config = eval_config(tmp_path, question_file, index, "--standin-never-healthy", startup_timeout_s=120)
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "eval", "--config", str(config)],
+                            env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not [e for e in server_log(tmp_path) if "pid" in e]:
+        assert time.monotonic() < deadline and proc.poll() is None, "the stand-in did not start"
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+    [pid] = [e["pid"] for e in server_log(tmp_path) if "pid" in e]
+    try:
+        server = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return  # already gone
+    try:
+        assert psutil.wait_procs([server], timeout=10)[1] == [], "the server outlived its eval"
+    finally:
+        with contextlib.suppress(psutil.NoSuchProcess):  # never leave an orphan behind a failure
+            server.kill()
