@@ -123,6 +123,7 @@ class FinetuneConfig:
     max_examples: int | None = None  # use the first N records (smoke runs)
     save_steps: int = 500
     save_total_limit: int | None = 3
+    keep_checkpoints: bool = True  # false: delete checkpoint-*/ (optimizer state: ~128 GB each at 8B) once final/ is complete
     logging_steps: int = 10
     report_to: str = "tensorboard"  # offline event files under <output_dir>/runs; "none" to disable
     seed: int = 0
@@ -568,8 +569,26 @@ def save_final(trainer, cfg: FinetuneConfig, tokenizer, dataset_path: Path, repo
             shutil.rmtree(final)
         partial.rename(final)
         print(f"[finetune] saved {'adapter' if adapter else 'model'} to {final}")
+        if not cfg.keep_checkpoints:
+            freed = remove_checkpoints(cfg.output_dir)
+            print(f"[finetune] keep_checkpoints: false: removed {len(freed)} checkpoint folder(s), "
+                  f"{sum(size for _, size in freed) / 1e9:.1f} GB (final/ is complete)")
     trainer.accelerator.wait_for_everyone()
     return manifest
+
+
+def remove_checkpoints(output_dir: Path) -> list[tuple[Path, int]]:
+    """Delete every checkpoint-* (and set-aside incomplete-*) folder of a finished run: what is
+    left is final/, all that eval and publish read. Returns (path, bytes) per folder. Rank 0 only,
+    after final/ is in place, so a kill in between leaves a resumable or a finished run."""
+    import shutil
+    freed = []
+    for path in sorted([*output_dir.glob("checkpoint-*"), *output_dir.glob("incomplete-checkpoint-*")]):
+        if path.is_dir():
+            size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+            shutil.rmtree(path)
+            freed.append((path, size))
+    return freed
 
 
 def save_fsdp_final(trainer, folder: Path, bf16: bool) -> None:

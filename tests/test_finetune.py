@@ -516,3 +516,17 @@ def test_deepspeed_zero2_on_cpu(dataset, reference_run):
         assert losses[step] == pytest.approx(reference[step], **tolerance), (step, losses, reference)
     final = json.loads((run_dir / "final" / "manifest.json").read_text())
     assert final["steps"] == 3 and final["precision"] == "fp32"
+
+
+@pytest.mark.slow
+def test_keep_checkpoints_false_leaves_only_final(dataset):
+    """The retention policy for the paper's students: once final/ is complete, every checkpoint
+    folder (optimizer state: ~128 GB each for the 8B) is deleted; a re-launch finds the run done."""
+    run_dir = dataset / "ck" / "prune" / "tiny" / "react"
+    args = ("experiment=prune", "max_steps=2", "save_steps=1", "keep_checkpoints=false")
+    log = finish(launch(dataset, *args, processes=1, config="cpu"))
+    assert "keep_checkpoints: false: removed 2 checkpoint folder(s)" in log, log[-2000:]
+    assert sorted(p.name for p in run_dir.iterdir() if p.is_dir()) == ["final"]
+    assert json.loads((run_dir / "final" / "manifest.json").read_text())["complete"]
+    again = finish(launch(dataset, *args, processes=1, config="cpu"))
+    assert "is already complete (2 steps); nothing to do" in again
