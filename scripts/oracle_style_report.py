@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from pipeline.intervals import difference_interval, wilson  # noqa: E402
-from pipeline.search_stats import search_stats  # noqa: E402
+from pipeline.search_stats import ratio, search_stats  # noqa: E402
 
 METHOD = "react"
 
@@ -68,10 +68,6 @@ def teacher_stats(manifest_path: Path) -> dict | None:
         return None
     stats = json.loads(manifest_path.read_text(encoding="utf-8")).get("stats", {}).get(METHOD, {})
     return stats.get("search_correct")
-
-
-def ratio(k: int, n: int) -> float | None:
-    return k / n if n else None
 
 
 def pct(value: float | None) -> str:

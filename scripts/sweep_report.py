@@ -45,6 +45,11 @@ def student_row(run: Path, train_dir: Path) -> dict | None:
             "em": row and row["em"], "n": row and row["n"]}
 
 
+def lowest_loss(rows: list[dict]) -> dict | None:
+    """The sweep's pick: the student with the lowest held-out loss (None before any has one)."""
+    return min((r for r in rows if r["held_out_loss"] is not None), key=lambda r: r["held_out_loss"], default=None)
+
+
 def markdown(rows: list[dict]) -> str:
     lines = ["| student | peak learning rate | steps | loss at step 1 | held-out loss (mean, 2nd half of the epoch) "
              "| fine-tuned EM % [95% CI] |", "|---|---:|---:|---:|---:|---:|"]
@@ -56,7 +61,7 @@ def markdown(rows: list[dict]) -> str:
             em = f"{100 * r['em']:.1f} [{100 * lo:.1f}, {100 * hi:.1f}] (n={r['n']})"
         lines.append(f"| {r['student']} ({r['format']}) | {r['peak_lr']:.2g} | {r['steps']} | {r['first_loss']:.3f} "
                      f"| {r['held_out_loss']:.3f} | {em} |")
-    best = min((r for r in rows if r["held_out_loss"] is not None), key=lambda r: r["held_out_loss"], default=None)
+    best = lowest_loss(rows)
     if best:
         lines += ["", f"Lowest held-out loss: {best['student']} (peak learning rate {best['peak_lr']:.2g})."]
     return "\n".join(lines)
@@ -76,11 +81,11 @@ def main(argv: list[str] | None = None) -> int:
               "`python -m pipeline run --config configs/small-sweep.yaml` first", file=sys.stderr)
         return 2
     if args.best:
-        scored = [r for r in rows if r["held_out_loss"] is not None]
-        if not scored:
+        best = lowest_loss(rows)
+        if best is None:
             print("error: no student has a second-half loss yet", file=sys.stderr)
             return 2
-        print(f"{min(scored, key=lambda r: r['held_out_loss'])['peak_lr']:g}")
+        print(f"{best['peak_lr']:g}")
         return 0
     print(markdown(rows))
     return 0
