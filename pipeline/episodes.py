@@ -86,7 +86,10 @@ class EpisodeSink:
         self.new += 1
         self.em_sum += float(record.get("em") or 0.0)
         minutes = max(time.monotonic() - self.started, 1e-9) / 60
-        self.bar.set_postfix(em=f"{self.em_sum / self.new:.2f}", ep_per_min=f"{self.new / minutes:.1f}")
+        # refresh=False: update() redraws at tqdm's own rate; a forced redraw per episode wrote
+        # one line per episode into a log file (2,174 of them for a fast oracle run)
+        self.bar.set_postfix(em=f"{self.em_sum / self.new:.2f}", ep_per_min=f"{self.new / minutes:.1f}",
+                             refresh=False)
         self.bar.update(1)
 
     def close(self) -> None:
