@@ -215,7 +215,8 @@ def test_peft_lora_adapter_is_applied(tiny_dir, tmp_path):
         plain = lora.get_base_model()
         with lora.disable_adapter():
             base_logits = plain(**ids).logits[0, -1]
-    llm = TransformersLLM(LLMConfig(model=str(tiny_dir), adapter=str(tmp_path / "adapter")))
+    # fp32 like the reference above: `auto` would load bf16 on a CPU with bf16 units
+    llm = TransformersLLM(LLMConfig(model=str(tiny_dir), adapter=str(tmp_path / "adapter"), dtype="float32"))
     with torch.no_grad():
         got = llm.model(**ids).logits[0, -1]
     assert torch.allclose(got, expected, atol=1e-4)
