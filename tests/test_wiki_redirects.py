@@ -60,6 +60,44 @@ def test_xml_dump_redirects_of_the_main_namespace_only(tmp_path):
     assert list(read_redirects(xml)) == [("Milhouse", "Milhouse Van Houten")]
 
 
+def test_an_xml_dump_alone_is_refused_in_one_line_before_it_is_read(tmp_path):
+    """The dump a user downloads (pages-articles) gives redirects only: no index is built."""
+    import subprocess
+    import sys
+
+    xml = tmp_path / "enwiki-latest-pages-articles.xml.bz2"
+    xml.write_bytes(bz2.compress(XML.encode()))
+    out = tmp_path / "wiki.sqlite"
+    proc = subprocess.run([sys.executable, "-m", "pipeline", "wiki", "build", "--corpus", str(xml), "--out", str(out),
+                           "--no-progress"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    [line] = proc.stderr.strip().splitlines()
+    assert line.startswith(f"error: {xml}: no page text to index: a pages-articles XML dump (or a from<TAB>to .tsv) "
+                           "only adds redirects beside the pages of another source; give one that holds page "
+                           "text too: a corpus JSONL, "), line
+    assert "wikimedia/wikipedia .parquet" in line and "data fetch wiki-processed" in line
+    assert not out.exists() and list(tmp_path.iterdir()) == [xml]
+    table = tmp_path / "redirects.tsv"  # redirect sources together are still no page text
+    table.write_text("Fab Four\tThe Beatles\n", encoding="utf-8")
+    with pytest.raises(PipelineError, match="no page text to index"):
+        build_index([xml, table], out)
+    with LocalIndex(build_index([write_corpus(tmp_path), xml], out).out) as idx:  # beside pages: fine
+        assert idx.page_count == 4 and idx.get_page("Milhouse").title == "Milhouse Van Houten"
+
+
+def test_an_index_without_pages_is_refused_when_opened(tmp_path):
+    """An index an older build wrote from a dump alone: every Search would miss; say why instead."""
+    import sqlite3
+
+    path = build_index([write_corpus(tmp_path)], tmp_path / "w.sqlite").out
+    with sqlite3.connect(path) as db:  # what the older build left: the redirects table, no pages
+        db.execute("DELETE FROM pages")
+        db.execute("UPDATE meta SET value = '0' WHERE key = 'pages'")
+    with pytest.raises(PipelineError, match=r"w.sqlite: not a usable wiki index \(it holds no pages, only 0 "
+                       r"redirects; build it from a source with page text: a corpus JSONL"):
+        LocalIndex(path)
+
+
 def test_search_follows_a_redirect(index):
     env = WikiEnv(index)
     env.reset("q")

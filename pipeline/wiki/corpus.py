@@ -55,6 +55,12 @@ FORMATS_HELP = (
     "wikimedia/wikipedia .parquet/.arrow file, or redirects (.xml[.bz2] pages-articles dump, "
     "from<TAB>to .tsv)"
 )
+# The sources that give page text (the index needs at least one) and those that only add redirects.
+PAGE_SOURCES_HELP = (
+    "a corpus JSONL, a HotpotQA JSON/JSONL with context paragraphs, the HotpotQA enwiki-2017 dump "
+    "(abstracts or the full-article processed one: `python -m pipeline data fetch wiki-processed`) "
+    "or a local wikimedia/wikipedia .parquet/.arrow file"
+)
 _TAR_SUFFIXES = (".tar.bz2", ".tbz2", ".tbz", ".tar", ".tar.gz", ".tgz")
 REDIRECT_CONTAINERS = ("xml-dump", "redirect-table")
 _MAX_JSON_ELEMENT = 64 * 1024 * 1024  # one record of a JSON list; larger means the file is broken
