@@ -175,7 +175,7 @@ def test_wikimedia_wikipedia_parquet_through_datasets(tmp_path):
     pq.write_table(pa.table(rows), path)
     pages = list(iter_pages(path))
     assert [p.title for p in pages] == ["Anarchism", "Albedo"]
-    assert pages[0].paragraphs() == [["Anarchism is a philosophy.", "It is old."], ["History"],
+    assert pages[0].paragraphs() == [["Anarchism is a philosophy.", "It is old."],  # "History": a heading
                                      ["It began long ago.", "Then more."]]
     with LocalIndex(build_index([path], tmp_path / "w.sqlite").out) as idx:
         assert idx.get_page("albedo").sentences == ["Albedo is a measure of reflection."]
@@ -194,3 +194,39 @@ def test_an_index_of_the_previous_format_is_rebuilt_on_first_use(tmp_path):
     assert index_format(path) == 1
     backend = open_backend(WikiConfig(index=path, corpus=[str(corpus)]))
     assert index_format(path) == INDEX_FORMAT and backend.get_page("Beatles").title == "The Beatles"
+
+
+MILHOUSE = ("Milhouse Mussolini Van Houten is a fictional character in The Simpsons.\n\n"
+            "Role in The Simpsons\n\n"
+            "Milhouse is Bart Simpson's best friend. He lives in Springfield.\n\n"
+            "Character\n\nCreation \n\n"  # a heading over a heading; the dataset leaves a trailing space
+            "Milhouse was named after U.S. President Richard Nixon, whose middle name was Milhous.\n\n"
+            "See also\n\n")
+
+
+def test_section_headings_of_a_wikimedia_page_are_not_sentences(tmp_path):
+    """wikimedia/wikipedia text puts each heading on a line of its own between blank lines; the
+    original environment read <p> text only, so no observation may carry one (glued to the next
+    sentence, "Role in The Simpsons Milhouse is ..."). Lines that end a sentence (":" too) stay."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    rows = {"id": ["1", "2"], "url": ["u1", "u2"], "title": ["Milhouse Van Houten", "Mercury"],
+            "text": [MILHOUSE, "Mercury may refer to:\n\nMercury (planet)\n\nMercury (element)\n"]}
+    path = tmp_path / "train-00000-of-00041.parquet"
+    pq.write_table(pa.table(rows), path)
+    with LocalIndex(build_index([path], tmp_path / "w.sqlite").out) as idx:
+        clean, original = WikiEnv(idx), WikiEnv(idx, style="original")
+        clean.reset("q")
+        original.reset("q")
+        assert clean.step("Search[Milhouse Van Houten]")[0] == (
+            "Milhouse Mussolini Van Houten is a fictional character in The Simpsons. Milhouse is Bart Simpson's "
+            "best friend. He lives in Springfield. Milhouse was named after U.S. President Richard Nixon, whose "
+            "middle name was Milhous.")
+        shown = original.step("search[Milhouse Van Houten]")[0]
+        assert shown.startswith("Milhouse Mussolini Van Houten is a fictional character in The Simpsons.. "
+                                "Milhouse is Bart Simpson's best friend.")
+        assert not any(h in shown for h in ("Role in", "Character", "Creation", "See also"))
+        assert idx.get_page("Milhouse Van Houten").paragraph_sizes == (1, 2, 1)
+        assert idx.get_page("Mercury").sentences == ["Mercury may refer to:"]  # still a disambiguation page
+        assert clean.step("Search[Mercury]")[0].startswith("Could not find [Mercury]")
