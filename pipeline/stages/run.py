@@ -53,7 +53,7 @@ from pipeline.stages.filter import FilterConfig, run_filter
 from pipeline.stages.generate import GenerateConfig, generate
 from pipeline.stages.plot import PlotConfig, run_plot
 from pipeline.stages.train import gpu_count, pick_accelerate_config, processes_for, train
-from pipeline.storage import check_writable_dir, is_done
+from pipeline.storage import check_writable_dir, is_done, read_manifest
 
 
 @dataclass
@@ -169,6 +169,9 @@ class Unit:
     phase: str = ""  # a PHASES name
     needs: str = ""  # the model it needs and where (the plan prints it)
     selected: bool = True  # False: listed in the plan, never run
+    # The precision record this unit would compute in, for a unit whose results carry one (the
+    # same call skip_or / launch_train make); None for units without a precision
+    precision: Any = None
 
 
 def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
@@ -190,22 +193,25 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
             ev = eval_config(cfg, student, None)
             phase = "teacher" if teacher is not None and same_model(ev.model, teacher) else "eval"
             units.append(Unit(f"eval: {student.name} prompted", ev, skip_or(evaluate_in_child, eval_precision),
-                              phase, needs_eval(ev)))
+                              phase, needs_eval(ev), precision=eval_precision))
         if student.checkpoint:
             ev = checkpoint_eval_config(cfg, student)
             units.append(Unit(f"eval: {student.name} (already fine-tuned: {student.checkpoint})",
-                              ev, skip_or(evaluate_in_child, eval_precision), "eval", needs_eval(ev)))
+                              ev, skip_or(evaluate_in_child, eval_precision), "eval", needs_eval(ev),
+                              precision=eval_precision))
             continue
         if not student.finetune:
             continue
         for method in cfg.methods:
             ft = train_config(cfg, student, method, dataset_dir)
             final = Path(ft.output_dir) / "final"
-            units.append(Unit(f"train: {student.name} on {method}", ft, launch_train, "train", needs_train(ft)))
+            units.append(Unit(f"train: {student.name} on {method}", ft, launch_train, "train", needs_train(ft),
+                              precision=training_precision_record))
             ev = eval_config(cfg, student, final, method)
             check_adapter_reachable(ev, ft)
             units.append(Unit(f"eval: {student.name} fine-tuned on {method}", ev,
-                              with_model_card(final, skip_or(evaluate_in_child, eval_precision)), "eval", needs_eval(ev)))
+                              with_model_card(final, skip_or(evaluate_in_child, eval_precision)), "eval", needs_eval(ev),
+                              precision=eval_precision))
     summaries = [u.config.out_dir / "summary.json" for u in units if u.title.startswith("eval")]
     units.append(Unit("plot: figure 3 and the table", plot_config(cfg, summaries), run_plot, "plot", "no model: CPU only"))
     order = list(PHASES)
@@ -279,6 +285,7 @@ def run(cfg: RunConfig, students: list[Student], phases: list[str] | None = None
     started = time.monotonic()
     units = select(plan(cfg, students), phases or list(PHASES))
     check_outputs(cfg, [u for u in units if u.selected])
+    check_precisions([u for u in units if u.selected])
     show_plan(units)
     outputs: dict = {}
     for i, unit in enumerate(units, start=1):
@@ -311,6 +318,54 @@ def check_outputs(cfg: RunConfig, units: list[Unit]) -> None:
         if unit.action is launch_train:
             ft = unit.config
             check_writable_dir(ft.output_dir, f"train output_dir ({ft.student_name}, {ft.format})")
+
+
+def check_precisions(units: list[Unit]) -> None:
+    """Before any work: stop in one line when a unit holds results computed in another precision
+    than this run would compute it in (a changed `precision`, `model.dtype` or
+    REACT_PIPELINE_PRECISION, or `auto` on other hardware). Such a unit is not done, and its own
+    stage would refuse to mix the two or to report the old result as this run's; `run` does not
+    redo it either, since that would discard finished work without being asked."""
+    changed = [c for c in (precision_change(u) for u in units) if c is not None]
+    if not changed:
+        return
+    where, was, now = changed[0]
+    more = f" and {len(changed) - 1} more unit(s)" if len(changed) > 1 else ""
+    env = f"{precision.ENV}={was['precision']}, or " if was.get("precision") else ""
+    raise PipelineError(
+        f"{where} holds results computed in {describe_precision(was)}, this run would compute it in "
+        f"{describe_precision(now)}{more}; run mixes no precisions and redoes no finished unit unasked: set "
+        f"the precision back ({env}the units' precision / model.dtype), or use another out_dir / "
+        "experiment, or delete the folders to redo them")
+
+
+def precision_change(unit: Unit) -> tuple[Path, dict, dict] | None:
+    """(its output, the recorded precision, this run's) when a unit's finished output (a trained
+    `final/`, an eval folder) records another precision than the one it would run in now."""
+    if unit.precision is None:
+        return None
+    if unit.action is launch_train:
+        output, config = Path(unit.config.output_dir) / "final", unit.config
+        recorded = read_manifest(output / "manifest.json") if (output / "manifest.json").is_file() else None
+        recorded = recorded if recorded and recorded.get("complete") else None
+    else:
+        output, config = Path(unit.config.out_dir), unit.config
+        recorded = read_manifest(output / "manifest.json") if (output / "manifest.json").is_file() else None
+        if config.checkpoint and not Path(config.checkpoint, "manifest.json").is_file():
+            return None  # not trained yet (or a released checkpoint): its own unit checks it when it runs
+    if not recorded or "precision" not in recorded:  # nothing yet, or older than the field
+        return None
+    now = unit.precision(config)
+    was = {k: recorded.get(k) for k in now}
+    if was == now:
+        return None
+    return output, was, now
+
+
+def describe_precision(record: dict) -> str:
+    """`bf16`, or `bf16 (trained in fp32)` for a fine-tuned student's eval."""
+    trained = record.get("train_precision")
+    return f"{record.get('precision') or 'a served precision'}" + (f" (trained in {trained})" if trained else "")
 
 
 def stage(title: str) -> None:
@@ -442,6 +497,10 @@ def training_precision(ft) -> str:
     """The precision this training unit would run in (on this machine, under its accelerate config)."""
     accelerate = read_yaml(pick_accelerate_config(ft.accelerate_config, gpu_count()))
     return precision.training(ft.precision, deepspeed=accelerate.get("distributed_type") == "DEEPSPEED").precision
+
+
+def training_precision_record(ft) -> dict:
+    return {"precision": training_precision(ft)}  # what train's final manifest records
 
 
 def eval_precision(config) -> dict:
