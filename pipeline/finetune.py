@@ -46,6 +46,7 @@ from pipeline.train_checks import (  # noqa: F401  (is_complete_checkpoint: re-e
     check_devices,
     check_resume_layout,
     checkpoint_step,
+    incomplete_reason,
     is_complete_checkpoint,
     launch_strategy,
     layout_callback,
@@ -174,15 +175,17 @@ def latest_complete_checkpoint(output_dir: Path) -> Path | None:
     return complete[-1] if complete else None
 
 
-def set_aside_incomplete(output_dir: Path) -> list[Path]:
+def set_aside_incomplete(output_dir: Path) -> list[tuple[Path, str]]:
     """Rename incomplete checkpoint folders (a run killed mid-save) so that neither resume nor the
-    trainer's rotation mistakes them for real ones; returns their new paths. Rank 0 only."""
+    trainer's rotation mistakes them for real ones; returns their new paths, each with what it
+    lacked. Rank 0 only."""
     moved = []
     for path in list_checkpoints(output_dir):
-        if not is_complete_checkpoint(path):
+        why = incomplete_reason(path)
+        if why is not None:
             target = path.with_name(f"incomplete-{path.name}-{int(time.time())}")
             path.rename(target)
-            moved.append(target)
+            moved.append((target, why))
     return moved
 
 
@@ -505,8 +508,8 @@ def run(cfg: FinetuneConfig) -> dict:
     trainer = build_trainer(cfg, examples, tokenizer, per_device, grad_accum, report.max_length,
                             callbacks=[layout_callback(layout)])
     if rank0:
-        for path in set_aside_incomplete(cfg.output_dir):
-            print(f"[finetune] set aside an incomplete checkpoint: {path}")
+        for path, why in set_aside_incomplete(cfg.output_dir):
+            print(f"[finetune] set aside an incomplete checkpoint: {path} ({why})")
     trainer.accelerator.wait_for_everyone()
     resume = choose_resume(cfg)
     # every rank reads the same files, so every rank refuses alike (no rank left waiting)

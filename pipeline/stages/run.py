@@ -37,7 +37,7 @@ from typing import Any
 
 import yaml
 
-from pipeline import precision
+from pipeline import gpu_memory, precision
 from pipeline.config import (
     add_config_arguments,
     build,
@@ -183,7 +183,7 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
     if not students or not all(s.checkpoint for s in students):  # a grid of released students needs no data
         gen = generate_config(cfg)
         teacher = gen.teacher
-        units = [Unit("generate: the teacher writes trajectories", gen, skip_or(generate), "teacher",
+        units = [Unit("generate: the teacher writes trajectories", gen, skip_or(gpu_checked(generate)), "teacher",
                       needs_model(gen.teacher)),
                  Unit("filter: correct trajectories -> SFT datasets", filter_config(cfg, dataset_dir), run_filter,
                       "filter", "no model: CPU only")]
@@ -413,7 +413,9 @@ def evaluate_in_child(config) -> None:
     """`python -m pipeline eval` with this unit's config, in its own process: the model it loads
     (an in-process vLLM engine, a transformers model, a managed server) is gone, and its GPU
     memory free, when the process ends, before the next unit loads another. Its output streams
-    through; its own error line becomes this unit's error."""
+    through; its own error line becomes this unit's error. First, the GPUs its model loads on
+    must have the memory free (pipeline/gpu_memory.py)."""
+    gpu_memory.check(gpu_memory.llm_need(f"eval {config.out_dir}", config.model, config.serve, config.params_b))
     with tempfile.TemporaryDirectory(prefix="pipeline-eval-") as folder:
         path = Path(folder) / "eval.yaml"
         path.write_text(yaml.safe_dump(to_dict(config), sort_keys=False), encoding="utf-8")
@@ -482,6 +484,7 @@ def launch_train(ft) -> None:
     if is_done(final / "manifest.json", config=to_dict(ft), precision=training_precision(ft)):
         print(f"[run] skip: {final} is complete")
         return
+    gpu_memory.check(train_gpu_need(ft))
     try:
         code = train(ft)
     except PipelineError as exc:  # the child's own error line, relayed by the train stage
@@ -491,6 +494,24 @@ def launch_train(ft) -> None:
     if code != 0:
         raise PipelineError(f"training {ft.student_name} on {ft.format} failed (exit code {code}); "
                             "fix the cause and re-run: it resumes from the latest checkpoint")
+
+
+def train_gpu_need(ft) -> gpu_memory.GpuNeed | None:
+    """A launch under a GPU accelerate config: one process per GPU, each GPU to itself."""
+    gpus = gpu_count()
+    config = pick_accelerate_config(ft.accelerate_config, gpus)
+    if gpus == 0 or read_yaml(config).get("use_cpu"):
+        return None
+    return gpu_memory.GpuNeed(f"training {ft.student_name} on {ft.format}", processes_for(config, ft.num_processes, gpus),
+                              share=gpu_memory.TRAIN_SHARE, why="a training launch expects its GPUs to itself")
+
+
+def gpu_checked(action):
+    """A generate unit's action, run once its teacher's GPUs (an in-process vLLM) have the memory free."""
+    def run_unit(config):
+        gpu_memory.check(gpu_memory.llm_need("generate (the teacher)", config.teacher))
+        return action(config)
+    return run_unit
 
 
 def training_precision(ft) -> str:
