@@ -15,7 +15,14 @@ from pipeline.flops import (
     matmul_params,
     peak_tflops,
 )
-from pipeline.train_speed import Kernels, choose_attention, choose_loss, fsdp_plan
+from pipeline.train_speed import (
+    Kernels,
+    choose_attention,
+    choose_loss,
+    fsdp_plan,
+    hub_flash_error,
+    kernels_on,
+)
 
 REPO_CONFIGS = Path(__file__).resolve().parents[1] / "accelerate_configs"
 
@@ -28,11 +35,32 @@ REPO_CONFIGS = Path(__file__).resolve().parents[1] / "accelerate_configs"
     (Kernels(cuda=True, hopper=False, flash_attn_2=True, flash_attn_3=True), True, "flash_attention_2", "flash_attn package"),
     (Kernels(cuda=True, kernels_hub=True), True, "flash_attention_2", "kernels-community/flash-attn2"),
     (Kernels(cuda=True), True, "sdpa", "pip install flash-attn"),
+    (Kernels(cuda=True, kernels_hub_error="OSError: offline"), True, "sdpa", "cannot be loaded here: OSError: offline"),
 ])
 def test_auto_attention_takes_the_varlen_flash_path_where_it_can(kernels, half, expected, says):
     for requested in ("auto", None):
         chosen, why = choose_attention(requested, kernels, half)
         assert chosen == expected and says in why and why.startswith(f"attention: {expected}")
+
+
+def test_a_hub_kernel_that_cannot_be_loaded_means_sdpa(monkeypatch, tmp_path):
+    """`kernels` found beside no flash package: the hub kernel is loaded through transformers'
+    own loader before it is chosen. On this machine that load fails for real (no `kernels`
+    package that this transformers accepts, no hub, an empty cache), so `auto` takes SDPA and
+    its line says why, where before it chose flash_attention_2 and the model load raised."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    hub_flash_error.cache_clear()
+    found = {"kernels"}.__contains__  # `kernels` installed, flash_attn not
+    kernels = kernels_on(cuda=True, major=8, found=found)
+    assert not kernels.kernels_hub and kernels.kernels_hub_error == hub_flash_error()
+    assert kernels.kernels_hub_error.split(":")[0] in ("ImportError", "OSError", "ValueError", "LocalEntryNotFoundError")
+    chosen, why = choose_attention("auto", kernels, True)
+    assert chosen == "sdpa" and kernels.kernels_hub_error in why
+    # a flash package present: the hub is never tried; no `kernels`: nothing to say about it
+    assert kernels_on(cuda=True, major=8, found={"kernels", "flash_attn"}.__contains__).kernels_hub_error is None
+    assert kernels_on(cuda=True, major=8, found=set().__contains__) == Kernels(cuda=True)
+    assert kernels_on(cuda=False, major=0, found=found) == Kernels(cuda=False)
 
 
 def test_configured_attention_is_taken_as_given():
