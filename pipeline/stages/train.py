@@ -43,6 +43,7 @@ import yaml
 from pipeline.config import add_config_arguments, read_yaml, stage_config, to_dict
 from pipeline.errors import PipelineError
 from pipeline.finetune import FinetuneConfig, batch_split, resolve
+from pipeline.relay import pieces
 from pipeline.storage import atomic_write_text
 
 # Shipped inside the package (pipeline/accelerate_configs links to the repository's
@@ -259,17 +260,17 @@ LAUNCHER_REPORT = re.compile(rf"^(Traceback \(most recent call last\):|[EF]{_GLO
 
 
 def stream(cmd: list[str], extra_env: dict[str, str] | None = None) -> tuple[int, list[str]]:
-    """Run the launch in its own process group, copying its output line by line; Ctrl-C stops
+    """Run the launch in its own process group, copying its output as it comes; Ctrl-C stops
     the whole group (the launcher and its workers), and the next run resumes from a checkpoint.
     From the first line of a launcher's failure report on, lines are held back and returned
     with the exit code, for the caller to show or drop."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                            env=env, start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     held: list[str] = []
     try:
         assert proc.stdout is not None
-        for line in proc.stdout:
+        for piece in pieces(proc.stdout.fileno()):  # a progress bar's \r redraw stays one
+            line = piece.decode("utf-8", "replace")
             if held or LAUNCHER_REPORT.match(line):
                 held.append(line)
                 continue
