@@ -147,6 +147,33 @@ def test_mfu_arithmetic():
     assert set(no_peak.metrics(100)) == {"tokens_per_s_per_device", "tflops_per_device"}
 
 
+def test_a_launchs_first_step_is_left_out_of_the_throughput():
+    """The first step of each launch (a resume too) carries the warm-up: no figures at the first
+    logged step, and the next log counts only the steps after it, tokens and time alike."""
+    import time
+    from types import SimpleNamespace
+
+    per_token = flops_per_token(Llama8B, full_finetuning=True, checkpointing=False, attention_length=600)
+    meter = ThroughputMeter(per_token, processes=1, peak=989.0)
+    callback, state = meter.callback(), SimpleNamespace(num_input_tokens_seen=0)
+
+    def step(tokens: int, seconds: float) -> None:
+        callback.on_step_begin(None, state, None)
+        time.sleep(seconds)
+        state.num_input_tokens_seen += tokens
+        callback.on_step_end(None, state, None)
+
+    for launch in range(2):  # a launch, then its resume
+        callback.on_train_begin(None, state, None)
+        step(5000, 0.3)  # the slow first step
+        assert meter.metrics(state.num_input_tokens_seen) == {}, launch
+        step(1000, 0.05)
+        step(1000, 0.05)
+        figures = meter.metrics(state.num_input_tokens_seen)
+        # the two later steps alone: 2,000 tokens in a little over 0.1 s
+        assert 10_000 < figures["tokens_per_s_per_device"] <= 2000 / 0.1, figures
+
+
 def test_peak_table():
     assert peak_tflops("NVIDIA H100 80GB HBM3") == 989.0 and peak_tflops("NVIDIA H100 PCIe") == 756.0
     assert peak_tflops("NVIDIA A100-SXM4-80GB") == 312.0 and peak_tflops("NVIDIA L40S") == 362.0
