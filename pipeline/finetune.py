@@ -28,6 +28,13 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from pipeline.config import add_config_arguments, stage_config, to_dict
+from pipeline.deepspeed_setup import (
+    check_deepspeed_device,
+    deepspeed_line,
+    deepspeed_record,
+    settle_deepspeed_config,
+    under_deepspeed,
+)
 from pipeline.errors import PipelineError, os_error_message
 from pipeline.llm import models
 from pipeline.llm.models import model_label, resolve_model_path
@@ -99,6 +106,7 @@ class FinetuneConfig:
     output_dir: Path | None = None  # default: <output_root>/<experiment>/<student_name>/<format>
     accelerate_config: str = "auto"  # for `python -m pipeline train`: auto | cpu | cpu_ddp | multi_gpu | ... | a path
     num_processes: int | None = None  # for `train`: override the accelerate config's process count
+    deepspeed_on_cpu: bool = False  # true: run a deepspeed_* accelerate config on CPU processes on purpose (tests; fp32 only)
     global_batch_size: int = 64
     per_device_batch_size: int | None = None  # default: the largest divisor <= max_per_device_batch_size (1 for padding_free without a varlen flash kernel: pipeline/train_speed.py)
     max_per_device_batch_size: int = 8
@@ -458,12 +466,9 @@ def check_launch(cfg: FinetuneConfig) -> None:
 
     import torch
     check_devices()
+    check_deepspeed_device(under_deepspeed(), torch.cuda.is_available(), cfg.deepspeed_on_cpu, count_processes())
     check_config(cfg.finetuning, cfg.optim, launch_strategy(), torch.cuda.is_available(),
                  importlib.util.find_spec("bitsandbytes") is not None)
-
-
-def under_deepspeed() -> bool:
-    return os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() in ("1", "true")
 
 
 def count_processes() -> int:
@@ -475,6 +480,7 @@ def run(cfg: FinetuneConfig) -> dict:
     from pipeline.sft import tokenize_records
 
     cfg = resolve(cfg)
+    deepspeed = settle_deepspeed_config()  # before anything reads the launch's strategy
     final = cfg.output_dir / FINAL_DIR
     done = read_manifest(final / "manifest.json") if final.is_dir() else None
     choice = precision_choice(cfg)
@@ -494,6 +500,8 @@ def run(cfg: FinetuneConfig) -> dict:
     rank0 = int(os.environ.get("RANK", "0")) == 0
     if rank0:
         print(choice.line("training"))
+        if deepspeed:
+            print(deepspeed_line(*deepspeed))
         print(f"[finetune] {cfg.format} on {cfg.student_name}: {report.summary()}")
         print(f"[finetune] batch {cfg.global_batch_size} = {per_device} per device x {grad_accum} accumulation "
               f"x {num_processes} processes; {cfg.max_steps} steps; output {cfg.output_dir}")
@@ -560,6 +568,7 @@ def save_final(trainer, cfg: FinetuneConfig, tokenizer, dataset_path: Path, repo
             dataset={**file_fingerprint(dataset_path), "examples": report.n_kept}, lengths=report.to_dict(),
             train_loss=getattr(result, "training_loss", None), seconds=round(time.time() - started, 1),
             precision=precision_choice(cfg).precision,
+            deepspeed=deepspeed_record(trainer),
         )
         from pipeline.cards import model_card
 

@@ -13,7 +13,8 @@ pipeline.finetune --config <output_dir>/finetune_config.yaml`). The batch split 
 anything starts; the training output is streamed through; the exit code is the launch's.
 
 Before launching, what the child would refuse is checked here (dataset present and complete,
-output folder writable, accelerate config readable). When the child stops on an error, its one
+output folder writable, accelerate config readable, a DeepSpeed config with no GPU in sight
+unless `deepspeed_on_cpu=true`). When the child stops on an error, its one
 line and exit code are relayed, without the launcher's traceback.
 
 Several machines (README, "Training on several nodes"): run `python -m pipeline train` once on
@@ -41,6 +42,7 @@ from pathlib import Path
 import yaml
 
 from pipeline.config import add_config_arguments, read_yaml, stage_config, to_dict
+from pipeline.deepspeed_setup import check_deepspeed_device
 from pipeline.errors import PipelineError
 from pipeline.finetune import FinetuneConfig, batch_split, resolve
 from pipeline.relay import pieces
@@ -205,6 +207,8 @@ def train(cfg: FinetuneConfig, *, accelerate_config: str | None = None, num_proc
     config_path = pick_accelerate_config(accelerate_config or cfg.accelerate_config, gpus)
     num_processes = processes_for(config_path, num_processes or cfg.num_processes, gpus)
     world = num_processes * machines.count
+    deepspeed = read_yaml(config_path).get("distributed_type") == "DEEPSPEED"
+    check_deepspeed_device(deepspeed, gpus > 0, cfg.deepspeed_on_cpu, world)  # before 8 CPU processes start
     per_device, accum, _ = batch_split(cfg, world)
     if not dry_run:
         preflight(cfg, config_path)  # before the resolved config is written into output_dir
