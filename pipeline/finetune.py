@@ -253,6 +253,12 @@ def precision_choice(cfg: FinetuneConfig):
     return precision.training(cfg.precision, deepspeed=under_deepspeed())
 
 
+def weights_choice(cfg: FinetuneConfig):
+    """The dtype the student loads in and why (pipeline/precision.py: weights)."""
+    from pipeline import precision
+    return precision.weights(precision_choice(cfg).precision, cfg.finetuning, launch_strategy())
+
+
 def use_bf16(cfg: FinetuneConfig) -> bool:
     return precision_choice(cfg).precision == "bf16"
 
@@ -269,15 +275,12 @@ def load_student(cfg: FinetuneConfig, tokenizer):
         config = LlamaConfig(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
                              eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **dims)
         config._attn_implementation = attention_choice(cfg)[0]
-        return LlamaForCausalLM(config)
+        return LlamaForCausalLM(config).to(weights_choice(cfg).torch_dtype)
     kwargs: dict[str, Any] = {"trust_remote_code": cfg.trust_remote_code}
     kwargs["attn_implementation"] = attention_choice(cfg)[0]
-    bf16 = use_bf16(cfg)
     if cfg.finetuning == "qlora":
-        kwargs["quantization_config"] = qlora_quantization(bf16)
-    # Adapters train on a frozen base: keep it in bf16 on GPU. Full fine-tuning keeps fp32 master
-    # weights (bf16 autocast), as mixed precision requires.
-    kwargs["dtype"] = torch.bfloat16 if bf16 and cfg.finetuning != "full" else torch.float32
+        kwargs["quantization_config"] = qlora_quantization(use_bf16(cfg))
+    kwargs["dtype"] = weights_choice(cfg).torch_dtype
     name = resolve_model_path(cfg.student)
     try:
         return AutoModelForCausalLM.from_pretrained(name, **kwargs)
@@ -500,6 +503,7 @@ def run(cfg: FinetuneConfig) -> dict:
     rank0 = int(os.environ.get("RANK", "0")) == 0
     if rank0:
         print(choice.line("training"))
+        print(weights_choice(cfg).line("weights"))
         if deepspeed:
             print(deepspeed_line(*deepspeed))
         print(f"[finetune] {cfg.format} on {cfg.student_name}: {report.summary()}")
@@ -567,7 +571,7 @@ def save_final(trainer, cfg: FinetuneConfig, tokenizer, dataset_path: Path, repo
             gradient_accumulation_steps=grad_accum, num_processes=num_processes,
             dataset={**file_fingerprint(dataset_path), "examples": report.n_kept}, lengths=report.to_dict(),
             train_loss=getattr(result, "training_loss", None), seconds=round(time.time() - started, 1),
-            precision=precision_choice(cfg).precision,
+            precision=precision_choice(cfg).precision, weights=weights_choice(cfg).precision,
             deepspeed=deepspeed_record(trainer),
         )
         from pipeline.cards import model_card

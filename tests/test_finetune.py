@@ -593,13 +593,14 @@ def test_deepspeed_zero2_on_cpu(dataset, reference_run):
     for step in (1, 2, 3):
         assert losses[step] == pytest.approx(reference[step], **tolerance), (step, losses, reference)
     final = json.loads((run_dir / "final" / "manifest.json").read_text())
-    assert final["steps"] == 3 and final["precision"] == "fp32"
+    assert final["steps"] == 3 and final["precision"] == "fp32" and final["weights"] == "fp32"
     # what DeepSpeed ran with: the shipped JSON's fp32 accumulation, in the resolved config and the engine
     ds = final["deepspeed"]
     assert ds["config_file"] == str((REPO / "accelerate_configs" / "deepspeed_zero2.json").resolve())
     assert ds["zero_stage"] == 2 and ds["data_types"] == {"grad_accum_dtype": "fp32"} and ds["bf16"] is False
     assert ds["engine_grad_accum_dtype"] == ds["engine_model_dtype"] == "float32"  # ZeRO on CPU: fp32 throughout
     assert "DeepSpeed ZeRO-2 from" in log and "accumulate over micro-batches in fp32" in log
+    assert "[precision] weights: fp32" in log
 
 
 @pytest.mark.slow
