@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import difflib
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -48,6 +47,7 @@ from pipeline.config import (
 )
 from pipeline.errors import PipelineError
 from pipeline.finetune import FinetuneConfig, resolve
+from pipeline.relay import pieces
 from pipeline.stages.eval import EvalConfig, model_under_test, precision_record
 from pipeline.stages.filter import FilterConfig, run_filter
 from pipeline.stages.generate import GenerateConfig, generate
@@ -439,21 +439,16 @@ def evaluate_in_child(config) -> None:
 
 
 def relay_stderr(proc: subprocess.Popen) -> str | None:
-    """Copy the child's stderr as it comes (progress bars redraw with \\r), holding back only its
-    final `error: ...` line, which is returned for the caller to raise as its own."""
-    error, pending = None, b""
+    """Copy the child's stderr as it comes (progress bars redraw with \\r: pipeline/relay.py),
+    holding back only its final `error: ...` line, which is returned for the caller to raise as its own."""
+    error = None
     out = sys.stderr.buffer
-    fd = proc.stderr.fileno()
-    while chunk := os.read(fd, 65536):
-        *complete, pending = re.split(rb"(?<=[\r\n])", pending + chunk)
-        for piece in complete:
-            if piece.startswith(b"error: "):
-                error = piece[len(b"error: "):].decode("utf-8", "replace").strip()
-            else:
-                out.write(piece)
-        out.flush()
-    out.write(pending)
-    out.flush()
+    for piece in pieces(proc.stderr.fileno()):
+        if piece.startswith(b"error: "):
+            error = piece[len(b"error: "):].decode("utf-8", "replace").strip()
+        else:
+            out.write(piece)
+            out.flush()
     return error
 
 
