@@ -19,7 +19,7 @@ from pipeline.tasks.base import Task
 
 DEFAULT_TASK = "hotpotqa"
 # name -> the module whose TASK is that task
-TASK_MODULES = {"hotpotqa": "pipeline.tasks.hotpotqa"}
+TASK_MODULES = {"hotpotqa": "pipeline.tasks.hotpotqa", "fever": "pipeline.tasks.fever"}
 TASK_NAMES = tuple(TASK_MODULES)
 
 __all__ = ["DEFAULT_TASK", "TASK_NAMES", "Task", "get_task", "task_of"]
