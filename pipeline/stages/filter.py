@@ -11,8 +11,8 @@ folder's (or shard set's) episodes are read in question-id order, so a dataset d
 the order in which concurrent episodes happened to finish, nor on how the questions were sharded.
 The inputs' task (their manifests' `task`: HotpotQA when older manifests name none; FireAct's
 files are HotpotQA) decides what counts as correct. Per method it keeps episodes that finished
-correct (HotpotQA: EM = 1; FEVER: the gold label; optionally F1 >= min_f1), drops repeated question ids (the first is kept), caps the rest at
-`max_per_method` by a seeded draw, shuffles them with the same seed (so training batches mix
+correct (HotpotQA: EM = 1; FEVER: the gold label; optionally F1 >= min_f1), drops repeated
+question ids (the first is kept), caps the rest at `max_per_method` by a seeded draw, shuffles them with the same seed (so training batches mix
 questions and sources rather than follow the generate order; `shuffle=false` keeps input order),
 and writes `<out_dir>/<method>/` (README, "Formats between stages"): train.jsonl,
 README.md (dataset card), stats.json, manifest.json. The folder appears by one rename, so a reader
@@ -43,6 +43,7 @@ from pipeline.storage import (
     file_fingerprint,
     is_done,
     read_jsonl,
+    read_manifest,
     remove_stale_temps,
     require_complete,
     temp_prefix,
@@ -108,14 +109,9 @@ def collect_episodes(cfg: FilterConfig) -> Episodes:
     by_method: dict[str, list[dict]] = {}
     fingerprints: list[dict] = []
     reports: list[dict] = []
-    tasks = {f"{folder}": input_task(folder) for folder in cfg.inputs}
-    if cfg.fireact:
-        tasks.update({f"{path}": "hotpotqa" for path in cfg.fireact})  # FireAct's are HotpotQA questions
-    if len(set(tasks.values())) > 1:
-        raise PipelineError("filter: the inputs answer different tasks ("
-                            + ", ".join(f"{where}: {name}" for where, name in tasks.items())
-                            + "); build one dataset per task")
-    for folders in generate_inputs(cfg.inputs):
+    groups = generate_inputs(cfg.inputs)
+    task = inputs_task(cfg)
+    for folders in groups:
         merged: dict[str, list[dict]] = {}
         for folder in folders:
             for path, episodes in _read_generate_folder(folder):
@@ -134,13 +130,19 @@ def collect_episodes(cfg: FilterConfig) -> Episodes:
             reports.append(report.to_dict())
             for episode in episodes:
                 by_method.setdefault(episode["method"], []).append(episode)
-    return Episodes(by_method, fingerprints, reports, get_task(next(iter(tasks.values()), None)))
+    return Episodes(by_method, fingerprints, reports, task)
 
 
-def input_task(folder: str | Path) -> str:
-    """The task a generate folder's manifest names (HotpotQA when it is older than the key)."""
-    manifest = require_complete(Path(folder) / "manifest.json", f"generate output {folder}")
-    return task_of(manifest)
+def inputs_task(cfg: FilterConfig) -> Task:
+    """The one task the inputs answer: each generate folder's manifest names it (HotpotQA when it
+    is older than the key); FireAct's files are HotpotQA questions."""
+    tasks = {str(folder): task_of(read_manifest(Path(folder) / "manifest.json")) for folder in cfg.inputs}
+    tasks.update({str(path): "hotpotqa" for path in cfg.fireact})
+    if len(set(tasks.values())) > 1:
+        raise PipelineError("filter: the inputs answer different tasks ("
+                            + ", ".join(f"{where}: {name}" for where, name in tasks.items())
+                            + "); build one dataset per task")
+    return get_task(next(iter(tasks.values()), None))
 
 
 def generate_inputs(inputs: list[str]) -> list[list[Path]]:
