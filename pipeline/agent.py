@@ -45,6 +45,7 @@ from pipeline.methods.base import (
     Method,
     Outcome,
 )
+from pipeline.tasks import Task
 from pipeline.trajectory import render
 from pipeline.wiki.backend import WikiBackend
 from pipeline.wiki.env import WikiEnv
@@ -56,7 +57,7 @@ SCHEDULES = ("rounds", "continuous")
 
 def episode_record(question: Any, method: str, outcome: Outcome, *, teacher: str, prompt_tokens: int = 0,
                    completion_tokens: int = 0, seconds: float = 0.0, source: str = "generate",
-                   task: Any = None) -> dict:
+                   task: Task | None = None) -> dict:
     """The episode record (one JSON line per finished episode; README, "Formats between stages"),
     its `em` / `f1` by `task` (a pipeline.tasks Task; default HotpotQA): for FEVER `em` is accuracy."""
     from pipeline.tasks import get_task

@@ -20,6 +20,7 @@ from pipeline.methods.composed import Fallback, SelfConsistency, no_answer, weak
 from pipeline.methods.direct import Direct
 from pipeline.methods.interactive import Interactive
 from pipeline.methods.prompts import PromptPrefix, load_prompt, zero_shot
+from pipeline.tasks import Task
 
 METHOD_NAMES = ("standard", "cot", "cot_sc", "act", "react", "react_to_cot_sc", "cot_sc_to_react")
 MODES = ("prompt", "zero_shot", "fireact")
@@ -33,7 +34,7 @@ __all__ = ["METHOD_NAMES", "EpisodeContext", "Method", "MethodSettings", "Outcom
            "build_method", "prompt_prefixes"]
 
 
-def prompt_prefixes(name: str, settings: MethodSettings, task=None) -> dict[str, PromptPrefix]:
+def prompt_prefixes(name: str, settings: MethodSettings, task: Task | str | None = None) -> dict[str, PromptPrefix]:
     """The prefix of each format `name` uses for `task` (a pipeline.tasks name or Task; default
     HotpotQA), for the manifest's exemplar source too."""
     from pipeline.tasks import get_task
@@ -49,7 +50,7 @@ def prompt_prefixes(name: str, settings: MethodSettings, task=None) -> dict[str,
     return {fmt: load_prompt(fmt, settings.exemplars, task) for fmt in FORMATS_USED[name]}
 
 
-def build_method(name: str, settings: MethodSettings | None = None, task=None) -> Method:
+def build_method(name: str, settings: MethodSettings | None = None, task: Task | str | None = None) -> Method:
     """Method `name` prompting for `task` (default HotpotQA), whose metric scores its records."""
     from pipeline.tasks import get_task
 
@@ -72,7 +73,7 @@ def build_method(name: str, settings: MethodSettings | None = None, task=None) -
     return Fallback(name, SelfConsistency(p["cot"], settings, task), react, weak_majority)
 
 
-def check_method(name: str, settings: MethodSettings, task=None) -> None:
+def check_method(name: str, settings: MethodSettings, task: Task | None = None) -> None:
     if name not in METHOD_NAMES:
         raise PipelineError(f"unknown method '{name}'; expected one of {', '.join(METHOD_NAMES)}")
     if settings.mode not in MODES:

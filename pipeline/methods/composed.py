@@ -25,6 +25,7 @@ from pipeline.methods.base import (
 )
 from pipeline.methods.direct import direct_prompt, parse_direct, stop_at
 from pipeline.methods.prompts import PromptPrefix
+from pipeline.tasks import Task
 
 
 def majority(outcomes: list[Outcome], normalize: Callable[[str], str] | None = None) -> tuple[Outcome, int]:
@@ -46,7 +47,7 @@ def majority(outcomes: list[Outcome], normalize: Callable[[str], str] | None = N
 class SelfConsistency:
     name = "cot_sc"
 
-    def __init__(self, prefix: PromptPrefix, settings: MethodSettings, task=None):
+    def __init__(self, prefix: PromptPrefix, settings: MethodSettings, task: Task | str | None = None):
         from pipeline.tasks import get_task
 
         if prefix.format != "cot":

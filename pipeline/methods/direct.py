@@ -17,6 +17,7 @@ from pipeline.methods.base import (
     request,
 )
 from pipeline.methods.prompts import PromptPrefix
+from pipeline.tasks import Task
 from pipeline.trajectory import COT_PREFIX, QUESTION_LABEL, Trajectory, one_line, question_line
 
 STOP = ["\nQuestion:"]  # HotpotQA's; a task's own is `stop_at(label)`
@@ -64,7 +65,7 @@ def parse_direct(c: Completion, fmt: str, question: str, label: str = QUESTION_L
 class Direct:
     """Standard (fmt="standard") or CoT (fmt="cot") for `task` (default HotpotQA)."""
 
-    def __init__(self, prefix: PromptPrefix, settings: MethodSettings, task=None):
+    def __init__(self, prefix: PromptPrefix, settings: MethodSettings, task: Task | str | None = None):
         from pipeline.tasks import get_task
 
         if prefix.format not in CUES:

@@ -39,6 +39,7 @@ from pipeline.methods.base import (
     step_env,
 )
 from pipeline.methods.prompts import PromptPrefix
+from pipeline.tasks import Task
 from pipeline.trajectory import Step, Trajectory, one_line, render
 
 
@@ -63,7 +64,7 @@ def env_action(action: str) -> str:
 class Interactive:
     """ReAct (prefix.format == "react") or Act ("act") for `task` (default HotpotQA)."""
 
-    def __init__(self, prefix: PromptPrefix, settings: MethodSettings, task=None):
+    def __init__(self, prefix: PromptPrefix, settings: MethodSettings, task: Task | str | None = None):
         from pipeline.tasks import get_task
 
         if prefix.format not in ("react", "act"):

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from pipeline.errors import PipelineError
 from pipeline.storage import read_json
+from pipeline.tasks import Task
 
 # HotpotQA's (the default task's) under their old names: our exemplars' folder, the keys of the
 # paper's, the instructions that precede them.
@@ -69,7 +70,7 @@ def load_our_exemplars(fmt: str, directory: str | Path = EXEMPLAR_DIR) -> list[d
     return records
 
 
-def our_prefix(fmt: str, directory: str | Path | None = None, task=None) -> PromptPrefix:
+def our_prefix(fmt: str, directory: str | Path | None = None, task: Task | str | None = None) -> PromptPrefix:
     """Our exemplars of `fmt` from `directory` (default: the task's own; HotpotQA's by default)."""
     from pipeline.tasks import get_task
 
@@ -81,7 +82,7 @@ def our_prefix(fmt: str, directory: str | Path | None = None, task=None) -> Prom
     return PromptPrefix(fmt, instruction, text, f"ours:{Path(directory)}")
 
 
-def paper_prefix(fmt: str, path: str | Path | None = None, task=None) -> PromptPrefix:
+def paper_prefix(fmt: str, path: str | Path | None = None, task: Task | str | None = None) -> PromptPrefix:
     """The paper's exemplars for `fmt` in the task's release (HotpotQA's by default), verbatim,
     from `path` (its prompts_naive.json / fever.json) or, when None, the file the data resolver
     finds (project cache, local mirror, or a download)."""
@@ -109,7 +110,7 @@ def paper_prefix(fmt: str, path: str | Path | None = None, task=None) -> PromptP
     return PromptPrefix(fmt, task.paper_instruction(fmt), exemplars, f"paper:{path}#{key}")
 
 
-def load_prompt(fmt: str, exemplars: str = "ours", task=None) -> PromptPrefix:
+def load_prompt(fmt: str, exemplars: str = "ours", task: Task | str | None = None) -> PromptPrefix:
     """`exemplars`: "ours", "paper", "none" (zero-shot), a file of the paper's exemplars
     (prompts_naive.json, fever.json), or a folder holding our exemplar files (<format>.json).
     `task`: a pipeline.tasks name or Task (default HotpotQA)."""

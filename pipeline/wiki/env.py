@@ -6,8 +6,9 @@
 
 It knows Search, Lookup and Finish, and nothing of a task: no question line, no metric. A task
 (pipeline.tasks) gives it `score(answer, gold) -> {"em", "f1"}`, which decides the reward a
-Finish reports (`em`: 1 when correct) and the `em` / `f1` of `info`; without one (or without a
-gold answer) a Finish is scored 0. `info["answer"]` is what the episode answered.
+Finish reports (`em`: 1 when correct) and the `em` / `f1` of `info`; a gold answer without one
+is refused at `reset`, and without a gold answer (replay, benchmarks) a Finish is scored 0.
+`info["answer"]` is what the episode answered.
 
 Two observation styles (`style=`, or the `observation_style` the config put on the backend):
 
