@@ -18,6 +18,7 @@ from pipeline.llm.base import LLM, Completion, GenerationRequest
 from pipeline.methods.base import Outcome, backend_errors, completion_failure
 from pipeline.methods.interactive import env_action, split_thought_action
 from pipeline.methods.prompts import PromptPrefix
+from pipeline.tasks import get_task
 from pipeline.trajectory import Step, Trajectory, one_line, render
 from pipeline.wiki.env import WikiEnv
 
@@ -38,7 +39,7 @@ def original_react_loop(llm: LLM, make_backend: BackendFactory, questions: Itera
             tokens[1] += c.completion_tokens
             return c
 
-        env = WikiEnv(make_backend(), max_steps=max_steps)
+        env = WikiEnv(make_backend(), max_steps=max_steps, score=get_task("hotpotqa").scores)
         text = one_line(question.question)
         env.reset(text, question.answer)
         traj = Trajectory(text, "react")

@@ -6,7 +6,8 @@
     records = run_episodes(llm, lambda: LocalIndex(path), questions, method, on_record=sink)
 
 Each episode is a method's program (pipeline.methods.base): it yields the requests it needs and
-steps its own WikiEnv. Two schedules drive the programs; `schedule_for(llm)` picks one:
+steps its own WikiEnv, which scores a Finish with the method's task (pipeline.tasks), as the
+record is scored. Two schedules drive the programs; `schedule_for(llm)` picks one:
 
 - rounds (in-process batch backends: transformers, vLLM's offline engine, the scripted model): a
   round gathers the pending requests of all episodes in flight into ONE `llm.generate()` call,
@@ -45,7 +46,7 @@ from pipeline.methods.base import (
     Method,
     Outcome,
 )
-from pipeline.metrics import exact_match, f1_score
+from pipeline.tasks import Task
 from pipeline.trajectory import render
 from pipeline.wiki.backend import WikiBackend
 from pipeline.wiki.env import WikiEnv
@@ -56,9 +57,14 @@ SCHEDULES = ("rounds", "continuous")
 
 
 def episode_record(question: Any, method: str, outcome: Outcome, *, teacher: str, prompt_tokens: int = 0,
-                   completion_tokens: int = 0, seconds: float = 0.0, source: str = "generate") -> dict:
-    """The episode record (one JSON line per finished episode; README, "Formats between stages")."""
+                   completion_tokens: int = 0, seconds: float = 0.0, source: str = "generate",
+                   task: Task | None = None) -> dict:
+    """The episode record (one JSON line per finished episode; README, "Formats between stages"),
+    its `em` / `f1` by `task` (a pipeline.tasks Task; default HotpotQA): for FEVER `em` is accuracy."""
+    from pipeline.tasks import get_task
+
     traj, prediction, gold = outcome.trajectory, outcome.prediction, question.answer
+    scores = get_task(task).scores(prediction, gold)
     return {
         "id": str(question.id),
         "question": question.question,
@@ -66,8 +72,8 @@ def episode_record(question: Any, method: str, outcome: Outcome, *, teacher: str
         "method": method,
         "teacher": teacher,
         "prediction": prediction,
-        "em": exact_match(prediction, gold) if prediction is not None else 0.0,
-        "f1": f1_score(prediction, gold) if prediction is not None else 0.0,
+        "em": scores["em"] if prediction is not None else 0.0,
+        "f1": scores["f1"] if prediction is not None else 0.0,
         "finished": prediction is not None,
         "end_reason": outcome.end_reason,
         "n_steps": len(traj.steps),
@@ -85,8 +91,8 @@ class Episode:
     """One question's program in flight, with its token counts and clock."""
 
     def __init__(self, question: Any, method: Method, make_backend: BackendFactory):
-        max_steps = method.settings.max_steps
-        ctx = EpisodeContext(question, lambda: WikiEnv(make_backend(), max_steps=max_steps))
+        max_steps, score = method.settings.max_steps, method.task.scores
+        ctx = EpisodeContext(question, lambda: WikiEnv(make_backend(), max_steps=max_steps, score=score))
         self.question, self.method = question, method
         self.program = method.run(ctx)
         self.started = time.monotonic()
@@ -114,7 +120,7 @@ class Episode:
     def record(self, teacher: str, source: str) -> dict:
         return episode_record(self.question, self.method.name, self.outcome, teacher=teacher,
                               prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens,
-                              seconds=time.monotonic() - self.started, source=source)
+                              seconds=time.monotonic() - self.started, source=source, task=self.method.task)
 
 
 def schedule_for(llm: LLM | None) -> str:

@@ -16,20 +16,27 @@ import json
 from pathlib import Path
 
 from pipeline.storage import atomic_write_text, read_manifest
+from pipeline.tasks import Task, get_task, task_of
 
-HOTPOTQA = "HotpotQA (Yang et al. 2018): questions and answers, CC BY-SA 4.0"
+HOTPOTQA = "HotpotQA (Yang et al. 2018): questions and answers, CC BY-SA 4.0"  # = its Task.data_line()
 WIKIPEDIA = "Wikipedia (2017 text via HotpotQA, or the live API): observation text, CC BY-SA"
 FIREACT_DATA = ("FireAct's released GPT-4 trajectories (github.com/anchen1011/FireAct, MIT): observations are "
                 "Google search snippets, kept verbatim; their own terms apply to that text")
-FORMAT_TEXT = {
+FORMAT_TEXT = {  # HotpotQA's; format_text(fmt, task) writes another task's question line
     "standard": "Question: <question>\\nAnswer: <answer>",
     "cot": "Question: <question>\\nThought: Let's think step by step. <reasoning>\\nAnswer: <answer>",
     "act": "Question: <question>\\nAction 1: Search[...]\\nObservation 1: ...\\n...Action n: Finish[<answer>]",
     "react": ("Question: <question>\\nThought 1: ...\\nAction 1: Search[...]\\nObservation 1: ...\\n..."
               "Action n: Finish[<answer>]"),
 }
-FILTER_RULE = ("finished episodes with exact match 1 against the gold answer{min_f1}; repeated question ids "
+FILTER_RULE = ("finished episodes with {rule} against the gold answer{min_f1}; repeated question ids "
                "dropped (the first kept); at most {cap} per method by a seeded draw (seed {seed})")
+
+
+def format_text(fmt: str, task: Task) -> str:
+    """How the `fmt` trajectory reads, with the task's question line."""
+    text = FORMAT_TEXT.get(fmt, fmt)
+    return text.replace("Question: <question>", f"{task.question_label}: <{task.question_label.lower()}>", 1)
 
 
 def front_matter(meta: dict, extra: list[str] | None = None) -> str:
@@ -65,7 +72,8 @@ def dataset_teachers(manifest: dict) -> list[str]:
 def filter_rule(manifest: dict) -> str:
     settings = manifest.get("settings") or {}
     min_f1 = settings.get("min_f1")
-    return FILTER_RULE.format(min_f1=f" and F1 >= {min_f1}" if min_f1 is not None else "",
+    return FILTER_RULE.format(rule=get_task(task_of(manifest)).correct_rule,
+                              min_f1=f" and F1 >= {min_f1}" if min_f1 is not None else "",
                               cap=settings.get("max_per_method", "?"), seed=settings.get("seed", "?"))
 
 
@@ -73,20 +81,22 @@ def dataset_facts(folder: Path) -> dict:
     """One method's dataset folder (filter output) -> the facts a card states."""
     manifest = read_manifest(folder / "manifest.json") or {}
     stats = json.loads((folder / "stats.json").read_text(encoding="utf-8")) if (folder / "stats.json").is_file() else {}
-    return {"method": manifest.get("method") or folder.name, "teachers": dataset_teachers(manifest),
+    return {"method": manifest.get("method") or folder.name, "task": task_of(manifest),
+            "teachers": dataset_teachers(manifest),
             "rule": filter_rule(manifest), "stats": stats,
             "fireact": any("fireact" in s for s in (stats.get("sources") or {}))}
 
 
 def dataset_card(folders: list[Path], *, name: str) -> str:
     facts = [dataset_facts(f) for f in folders]
+    task = get_task(facts[0]["task"] if facts else None)
     total = sum(f["stats"].get("kept", 0) for f in facts)
     meta = {"license": "cc-by-sa-4.0", "language": ["en"], "pretty_name": name,
             "task_categories": ["text-generation", "question-answering"],
-            "tags": ["react", "agents", "hotpotqa", "trajectories", "sft"],
+            "tags": ["react", "agents", task.name, "trajectories", "sft"],
             "size_categories": [_size_category(total)]}
     lines = [front_matter(meta, configs_yaml([f["method"] for f in facts])), f"# {name}", "",
-             "Supervised fine-tuning data for ReAct-style HotpotQA agents, one configuration per trajectory "
+             f"Supervised fine-tuning data for ReAct-style {task.title} agents, one configuration per trajectory "
              "format, written by react-finetune-pipeline (`generate` -> `filter` -> `publish`).", "",
              "    from datasets import load_dataset",
              f"    ds = load_dataset(\"<this repo or folder>\", \"{facts[0]['method']}\")", "",
@@ -100,14 +110,14 @@ def dataset_card(folders: list[Path], *, name: str) -> str:
     lines += ["", "## Format", ""]
     for f in facts:
         lines.append(f"- `{f['method']}`: `prompt` is the question line, `completion` the trajectory "
-                     f"(`{FORMAT_TEXT.get(f['method'], f['method'])}`); `observation_spans` are [start, end) "
+                     f"(`{format_text(f['method'], task)}`); `observation_spans` are [start, end) "
                      "character offsets of observation text in `completion`, for optional loss masking.")
     lines += ["", "## How the examples were chosen", ""]
     for f in facts:
         dropped = json.dumps(f["stats"].get("dropped") or {})
         lines.append(f"- `{f['method']}`: {f['rule']}. Dropped: {dropped}. Sources: "
                      f"{json.dumps(f['stats'].get('sources') or {})}.")
-    lines += ["", "## Licence and sources", "", f"- {HOTPOTQA}", f"- {WIKIPEDIA}"]
+    lines += ["", "## Licence and sources", "", f"- {task.data_line()}", f"- {WIKIPEDIA}"]
     if any(f["fireact"] for f in facts):
         lines.append(f"- {FIREACT_DATA}")
     lines += ["- This dataset: CC BY-SA 4.0 (share-alike, as its sources require).", ""]
@@ -133,24 +143,26 @@ def _size_category(n: int) -> str:
 def model_card(manifest: dict, eval_rows: list[dict]) -> str:
     """The card of one of our fine-tuned `final/` folders, from its manifest and eval rows."""
     cfg = manifest.get("config") or {}
+    task = get_task(task_of(manifest))
     method = manifest.get("format") or manifest.get("method", "?")  # "method": before the rename
     base = manifest.get("base_model")
     adapter = bool(manifest.get("adapter"))
     meta = {"base_model": base if base and not Path(str(base)).is_absolute() else None,
             "library_name": "peft" if adapter else "transformers", "pipeline_tag": "text-generation",
-            "license": "other", "datasets": ["hotpotqa/hotpot_qa"],
-            "tags": ["react", "agents", "hotpotqa", f"format:{method}"]}
+            "license": "other", "datasets": [task.hub_dataset] if task.hub_dataset else [],
+            "tags": ["react", "agents", task.name, f"format:{method}"]}
     dataset = manifest.get("dataset") or {}
     data_folder = Path(dataset["path"]).parent if dataset.get("path") else None
     data = dataset_facts(data_folder) if data_folder and data_folder.is_dir() else None
     lines = [front_matter(meta),
-             f"# {manifest.get('student', 'student')} fine-tuned on {method} trajectories (HotpotQA)", "",
+             f"# {manifest.get('student', 'student')} fine-tuned on {method} trajectories ({task.title})", "",
              f"{'A ' + str(manifest.get('finetuning', 'LoRA')).upper() + ' adapter on' if adapter else 'A full fine-tune of'} "
-             f"`{base}`, trained by react-finetune-pipeline on HotpotQA {method} "
+             f"`{base}`, trained by react-finetune-pipeline on {task.title} {method} "
              "trajectories to answer questions by acting in a Wikipedia environment, as in ReAct (Yao et al. 2022).",
              "", "## How it decodes", "",
-             f"Zero-shot, in the `{method}` format it was trained on: the prompt is `Question: <question>\\n` and "
-             f"the whole text reads `{FORMAT_TEXT.get(method, method)}`; the model writes one step per call and "
+             f"Zero-shot, in the `{method}` format it was trained on: the prompt is "
+             f"`{task.question_label}: <{task.question_label.lower()}>\\n` and "
+             f"the whole text reads `{format_text(method, task)}`; the model writes one step per call and "
              "the environment appends each observation. With this pipeline:", "",
              f"    python -m pipeline eval checkpoint=<this folder> methods=[{method}]", "",
              "## Results (our eval)", ""]
@@ -177,7 +189,7 @@ def model_card(manifest: dict, eval_rows: list[dict]) -> str:
     else:
         lines.append("- The dataset folder is not beside this checkpoint any more: teacher and selection unknown.")
     lines += ["", "## Licence", "",
-              f"The base model's licence applies to these weights. Training data: {HOTPOTQA}; {WIKIPEDIA}"
+              f"The base model's licence applies to these weights. Training data: {task.data_line()}; {WIKIPEDIA}"
               + (f"; {FIREACT_DATA}" if data and data["fireact"] else "") + ".", "",
               "<details><summary>Full training config</summary>", "", "```json",
               json.dumps(cfg, indent=2, sort_keys=True, default=str), "```", "", "</details>", ""]

@@ -1,5 +1,6 @@
-"""Shared by `generate` and `eval`: who answers (a prompted model or the oracle stand-in), the
-resume check of a run folder, and resumable per-method episode files with a live progress bar.
+"""Shared by `generate` and `eval`: who answers (a prompted model or the oracle stand-in, each for
+one task), the resume check of a run folder, and resumable per-method episode files with a live
+progress bar.
 
 One JSONL file per method holds one record per finished episode (`pipeline.agent.episode_record`).
 A re-run reads the ids already there and runs only the rest; a torn last line from a kill is
@@ -29,13 +30,12 @@ from tqdm import tqdm
 from pipeline.agent import run_episodes
 from pipeline.config import to_dict, upgrade_keys
 from pipeline.errors import PipelineError
-from pipeline.hotpotqa import load_question_set
 from pipeline.llm.base import LLM
 from pipeline.llm.config import LLMConfig
 from pipeline.llm.factory import load_llm
 from pipeline.methods import Method, MethodSettings, build_method, prompt_prefixes
 from pipeline.methods.base import ended_in_error
-from pipeline.methods.oracle import DEFAULT_STYLE, check_style, oracle_method
+from pipeline.methods.oracle import DEFAULT_STYLE, check_style
 from pipeline.shards import parse_shard, shard_questions
 from pipeline.storage import (
     JsonlAppender,
@@ -46,6 +46,7 @@ from pipeline.storage import (
     remove_stale_temps,
     write_manifest,
 )
+from pipeline.tasks import Task, get_task, task_of
 from pipeline.trajectory import FORMATS
 from pipeline.wiki.backend import WikiBackend
 from pipeline.wiki.config import open_backend
@@ -211,15 +212,15 @@ ORACLE = "oracle"  # the `backend` that names the stand-in teacher (pipeline.met
 
 
 class PromptedModel:
-    """A language model answering through the prompting methods (pipeline.methods)."""
+    """A language model answering `task`'s questions through the prompting methods (pipeline.methods)."""
 
-    def __init__(self, cfg: LLMConfig):
-        self.cfg, self.label = cfg, cfg.label
+    def __init__(self, cfg: LLMConfig, task: Task | None = None):
+        self.cfg, self.label, self.task = cfg, cfg.label, get_task(task)
 
     def check(self, methods: list[str], settings: MethodSettings) -> dict[str, dict]:
         """Fail fast on an unknown method or a missing exemplar file; return exemplar sources."""
         require_methods(methods)
-        return {m: {fmt: p.source for fmt, p in prompt_prefixes(m, settings).items()} for m in methods}
+        return {m: {fmt: p.source for fmt, p in prompt_prefixes(m, settings, self.task).items()} for m in methods}
 
     def open(self) -> LLM:
         llm = load_llm(self.cfg)
@@ -229,40 +230,43 @@ class PromptedModel:
         return llm
 
     def method(self, name: str, settings: MethodSettings) -> Method:
-        return build_method(name, settings)
+        return build_method(name, settings, self.task)
 
 
 class OracleTeacher:
-    """The stand-in teacher: writes correct trajectories from gold facts, asks no model."""
+    """The task's stand-in teacher (HotpotQA's writes correct trajectories from gold facts); asks no model."""
 
     label = ORACLE
 
-    def __init__(self, style: str = DEFAULT_STYLE):
+    def __init__(self, style: str = DEFAULT_STYLE, task: Task | None = None):
         check_style(style)
         self.style = style  # exact | agent (pipeline.methods.oracle)
+        self.task = get_task(task)
 
     def check(self, methods: list[str], settings: MethodSettings) -> dict[str, dict]:
         require_methods(methods)
         bad = [m for m in methods if m not in FORMATS]
         if bad:
             raise PipelineError(f"the oracle teacher writes {', '.join(FORMATS)} trajectories, not {', '.join(bad)}")
-        return {m: {"source": "oracle (gold supporting facts)"} for m in methods}
+        return {m: {"source": self.task.oracle_source} for m in methods}
 
     def open(self) -> None:
         return None
 
     def method(self, name: str, settings: MethodSettings) -> Method:
-        return oracle_method(name, settings, self.style)
+        return self.task.oracle(name, settings, self.style)
 
 
-def answerer(cfg: LLMConfig) -> PromptedModel | OracleTeacher:
-    """The one place where `backend: oracle` is told apart from a language model."""
+def answerer(cfg: LLMConfig, task: Task | str | None = None) -> PromptedModel | OracleTeacher:
+    """The one place where `backend: oracle` is told apart from a language model; either answers
+    `task`'s questions (default HotpotQA)."""
+    task = get_task(task)
     if cfg.backend == ORACLE:
-        return OracleTeacher(cfg.oracle_style)
+        return OracleTeacher(cfg.oracle_style, task)
     if cfg.oracle_style != DEFAULT_STYLE:  # it means something only to the oracle: fail, not ignore
         raise PipelineError(f"oracle_style={cfg.oracle_style} applies only to backend=oracle "
                             f"(this model's backend is {cfg.backend})")
-    return PromptedModel(cfg)
+    return PromptedModel(cfg, task)
 
 
 def require_methods(methods: list[str]) -> None:
@@ -278,8 +282,9 @@ OPERATIONAL_KEYS = ("max_batch_size", "max_concurrency", "timeout_s", "max_retri
 
 
 def identity(config: dict, keys: tuple[str, ...]) -> dict:
-    """The part of a stage config (`keys`) that decides what its records hold."""
-    config = {k: config.get(k) for k in keys}
+    """The part of a stage config (`keys`) that decides what its records hold (a config older than
+    the `task` key was a HotpotQA run's)."""
+    config = {k: task_of(config) if k == "task" else config.get(k) for k in keys}
     for k in ("teacher", "model"):  # the LLM sections: how it is served does not matter
         if isinstance(config.get(k), dict):
             config[k] = {key: v for key, v in config[k].items() if key not in OPERATIONAL_KEYS}
@@ -335,7 +340,7 @@ def start_run(cfg: Any, stage: str, who: PromptedModel | OracleTeacher, settings
     extra refusal (e.g. eval's precision), run with the resume check."""
     check_error_share(cfg.max_error_share)
     sources = who.check(cfg.methods if methods is None else methods, settings)
-    questions = load_question_set(cfg.questions, limit=cfg.limit)
+    questions = who.task.load_questions(cfg.questions, limit=cfg.limit)
     if not questions:
         raise PipelineError(f"question set '{cfg.questions}' is empty: nothing to "
                             + ("evaluate" if stage == "eval" else stage))

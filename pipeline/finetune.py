@@ -221,6 +221,13 @@ def check_dataset(cfg: FinetuneConfig) -> Path:
     return path
 
 
+def dataset_task(dataset_path: Path):
+    """The task the SFT dataset's trajectories answer, from its manifest (pipeline.tasks.task_of)."""
+    from pipeline.tasks import get_task, task_of
+
+    return get_task(task_of(read_manifest(dataset_path.parent / "manifest.json")))
+
+
 def load_sft_records(cfg: FinetuneConfig) -> tuple[Path, list[dict]]:
     path = check_dataset(cfg)
     records = read_jsonl(path, tolerate_torn_tail=False)
@@ -562,13 +569,14 @@ def save_final(trainer, cfg: FinetuneConfig, tokenizer, dataset_path: Path, repo
     if rank0:
         tokenizer.save_pretrained(str(partial))
         adapter = cfg.finetuning != "full"
+        task = dataset_task(dataset_path)
         manifest = write_manifest(
             partial / "manifest.json", stage="train", config=to_dict(cfg), complete=True,
             student=cfg.student_name, base_model=None if cfg.init == "random" else resolve_model_path(cfg.student),
             init=cfg.init, adapter=adapter, finetuning=cfg.finetuning, format=cfg.format,
             size_class=cfg.size_class, steps=trainer.state.global_step, max_steps=cfg.max_steps,
             tokenizer=".", tokenizer_source=cfg.tokenizer or cfg.student, eos_token=tokenizer.eos_token,
-            prompt_format="Question: {question}\n", mask_observations=cfg.mask_observations,
+            task=task.name, prompt_format=f"{task.question_label}: {{question}}\n", mask_observations=cfg.mask_observations,
             params_b=sum(getattr(p, "ds_numel", p.numel()) for p in trainer.model.parameters()) / 1e9,  # ZeRO-3 shards: ds_numel
             global_batch_size=cfg.global_batch_size, per_device_batch_size=per_device,
             gradient_accumulation_steps=grad_accum, num_processes=num_processes,

@@ -60,6 +60,13 @@ SOURCES: dict[str, Source] = {s.name: s for s in [
     Source("react-prompts", "react/prompts_naive.json", "react/prompts_naive.json",
            f"{_REACT}/prompts/prompts_naive.json", "python -m pipeline data fetch prompts",
            "the ReAct paper's HotpotQA few-shot exemplars"),
+    Source("react-fever-prompts", "react/fever.json", "react/fever.json", f"{_REACT}/prompts/fever.json",
+           "python -m pipeline data fetch fever-prompts", "the ReAct paper's FEVER few-shot exemplars (3 each)"),
+    Source("fever-paper-dev", "fever/paper_dev.jsonl", "fever/paper_dev.jsonl", f"{_REACT}/data/paper_dev.jsonl",
+           "python -m pipeline data fetch fever", "FEVER's paper dev claims, as the ReAct repo ships them (9,999)"),
+    Source("react-fever-trajectories", "react/fever_react_davinci002_500_trajs.jsonl",
+           "react/fever_react_davinci002_500_trajs.jsonl", None, None,
+           "ReAct's 500 released text-davinci-002 FEVER trajectories (the offline mirror's)"),
     Source("wiki-abstracts", "wiki/enwiki-20171001-pages-meta-current-withlinks-abstracts.tar.bz2",
            "wiki/enwiki-20171001-pages-meta-current-withlinks-abstracts.tar.bz2",
            "https://nlp.stanford.edu/projects/hotpotqa/"

@@ -30,6 +30,8 @@ SUPERVISED_SOTA = {"hotpotqa_em": 67.5, "fever_acc": 89.5}
 # The paper evaluates on HotpotQA dev questions; its code samples them with random.Random(233)
 # (the "react-dev500" set), but Table 1 does not print its count, so none is claimed here.
 PAPER_QUESTION_SET = "hotpotqa-dev (ReAct paper)"
+# FEVER's: its notebook runs the same random.Random(233) sample of 500 claims of paper_dev.jsonl.
+FEVER_PAPER_QUESTION_SET = "fever-dev (ReAct paper)"
 
 # FireAct reference points with a known model size (HotpotQA EM %, ReAct format).
 # Fine-tuned gpt-3.5 (~40) and text-davinci-002 ReAct prompting (~30) have no published size,
@@ -64,6 +66,14 @@ def reference_rows() -> list[dict]:
                          point["mode"], point["method"], point["em_pct"], "fireact", FIREACT_PAPER,
                          question_set="react-dev500", n=500))
     return rows
+
+
+def fever_reference_rows() -> list[dict]:
+    """The paper's FEVER accuracy (Table 1, PaLM-540B prompting) as summary rows (`em` holds the
+    accuracy, as in FEVER's records). Only prompting: the paper fine-tuned on HotpotQA alone."""
+    return [_row("PaLM-540B (ReAct paper)", "540b", 540.0, "prompt", method, acc, "paper", REACT_PAPER,
+                 question_set=FEVER_PAPER_QUESTION_SET, n=None)
+            for method, acc in TABLE1_FEVER_ACC.items()]
 
 
 def _row(model: str, size_class: str, params_b: float, mode: str, method: str, em_pct: float,

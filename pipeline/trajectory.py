@@ -1,7 +1,8 @@
 """The one owner of the trajectory text format (paper appendix, ReAct repo prompts).
 
 The same text is used to prompt a teacher (after exemplars), as SFT training data, and as the
-zero-shot format a fine-tuned student decodes. Formats, for a question Q:
+zero-shot format a fine-tuned student decodes. Formats, for a question Q (the question line's
+first word is the task's: `Question:` for HotpotQA, `Claim:` for FEVER):
 
   standard  Question: Q\nAnswer: A\n
   cot       Question: Q\nThought: Let's think step by step. R\nAnswer: A\n
@@ -20,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 
 FORMATS = ("standard", "cot", "act", "react")  # trajectory formats: what a student is trained to decode
 COT_PREFIX = "Let's think step by step. "
+QUESTION_LABEL = "Question"  # the question line's first word unless a task says otherwise
 
 
 @dataclass
@@ -36,19 +38,24 @@ class Trajectory:
     steps: list[Step] = field(default_factory=list)  # act / react
     answer: str | None = None  # standard / cot answer line; act / react Finish argument
     reasoning: str | None = None  # cot only, the text after "Let's think step by step."
+    question_label: str = QUESTION_LABEL  # the question line's first word (the task's: "Claim" for FEVER)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        if d["question_label"] == QUESTION_LABEL:  # HotpotQA's records stay as they were written
+            del d["question_label"]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> Trajectory:
         steps = [Step(**s) for s in d.get("steps") or []]
-        return cls(d["question"], d["method"], steps, d.get("answer"), d.get("reasoning"))
+        return cls(d["question"], d["method"], steps, d.get("answer"), d.get("reasoning"),
+                   d.get("question_label") or QUESTION_LABEL)
 
 
 @dataclass
 class Rendered:
-    prompt: str  # "Question: ...\n"
+    prompt: str  # the question line, "Question: ...\n"
     completion: str  # what the model decodes
     observation_spans: list[tuple[int, int]]  # [start, end) inside `completion`
 
@@ -57,8 +64,8 @@ class Rendered:
         return self.prompt + self.completion
 
 
-def question_line(question: str) -> str:
-    return f"Question: {one_line(question)}\n"
+def question_line(question: str, label: str = QUESTION_LABEL) -> str:
+    return f"{label}: {one_line(question)}\n"
 
 
 def one_line(text: str) -> str:
@@ -94,18 +101,19 @@ def render(traj: Trajectory) -> Rendered:
                 add(f"Observation {i}: ")
                 add(one_line(step.observation), observation=True)
                 add("\n")
-    return Rendered(question_line(traj.question), "".join(parts), spans)
+    return Rendered(question_line(traj.question, traj.question_label), "".join(parts), spans)
 
 
 _STEP_LINE = re.compile(r"^(Thought|Action|Observation)(?: (\d+))?: ?(.*)$")
 
 
-def parse(text: str, method: str) -> Trajectory:
+def parse(text: str, method: str, question_label: str = QUESTION_LABEL) -> Trajectory:
     """Parse rendered text (ours, or the paper's exemplars) back into a Trajectory."""
     lines = [ln for ln in text.strip("\n").split("\n") if ln.strip()]
-    if not lines or not lines[0].startswith("Question:"):
-        raise ValueError("trajectory text must start with 'Question:'")
-    traj = Trajectory(question=lines[0][len("Question:"):].strip(), method=method)
+    head = f"{question_label}:"
+    if not lines or not lines[0].startswith(head):
+        raise ValueError(f"trajectory text must start with '{head}'")
+    traj = Trajectory(question=lines[0][len(head):].strip(), method=method, question_label=question_label)
     for line in lines[1:]:
         if line.startswith("Answer:"):
             traj.answer = line[len("Answer:"):].strip()

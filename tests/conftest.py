@@ -1,5 +1,6 @@
 """Shared fixtures: the offline data folder, one local Wikipedia index built from it per session,
-and the embedded SmolLM2 (its tokenizer and weights), each skipping with the reason when absent."""
+the embedded SmolLM2 (its tokenizer and weights), each skipping with the reason when absent, and
+a tiny random base model with SmolLM2's tokenizer for the tiny grids."""
 
 from pathlib import Path
 
@@ -39,3 +40,20 @@ def smollm2_dir() -> Path:
     except PipelineError as exc:
         pytest.skip(f"needs the embedded SmolLM2: {exc}")
 
+
+@pytest.fixture(scope="session")
+def tiny_prompt_model(tmp_path_factory, smollm2_dir) -> Path:
+    """A randomly initialised tiny Llama with the SmolLM2 tokenizer, as a 'base model' to prompt
+    (the tiny grids of tests/test_run.py and tests/test_fever.py)."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=4, intermediate_size=128, max_position_embeddings=8192,
+                         eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id)
+    out = tmp_path_factory.mktemp("tiny-base")
+    LlamaForCausalLM(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out

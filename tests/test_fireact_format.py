@@ -149,7 +149,7 @@ def test_stop_strings_iteration_limit_and_the_action_repair(index):
     from pipeline.wiki.index import LocalIndex
 
     method = build_method("react", MethodSettings(mode="fireact"))
-    env = WikiEnv(LocalIndex(index), max_steps=method.settings.max_steps)
+    env = WikiEnv(LocalIndex(index), max_steps=method.settings.max_steps, score=method.task.scores)
     outputs = [" I should look it up.", "search[Milhouse Van Houten]"] + [" Again.\nAction: search[Milhouse]"] * 10
     outcome, llm = run_program(method, "Who is Milhouse named after?", env, outputs)
     assert outcome.end_reason == "step_limit" and len(outcome.trajectory.steps) == MAX_ITERATIONS

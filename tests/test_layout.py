@@ -31,3 +31,31 @@ def test_no_stage_imports_a_sibling_stage_and_only_run_orchestrates():
     below = [p for p in PACKAGE.rglob("*.py") if "stages" not in p.parts]
     for path in below:  # nothing one floor down reaches up into a stage
         assert not {m for m in imported_modules(path) if m.startswith("pipeline.stages")}, path
+
+
+def string_constants(path: Path) -> list[str]:
+    return [node.value for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)]
+
+
+def test_tasks_import_no_stage():
+    """A task (pipeline/tasks/) is data and rules the stages ask for; it never drives one."""
+    tasks = sorted((PACKAGE / "tasks").rglob("*.py"))
+    assert {p.parent.name for p in tasks} >= {"tasks", "hotpotqa", "fever"}
+    for path in tasks:
+        imported = imported_modules(path)
+        assert not {m for m in imported if m.startswith(("pipeline.stages", "pipeline.episodes", "pipeline.agent"))}, path
+
+
+# What makes a task's answers right or wrong, and its question line: none of it is the environment's.
+TASK_METRIC_MODULES = ("pipeline.metrics", "pipeline.hotpotqa_metric", "pipeline.hotpotqa", "pipeline.tasks")
+
+
+def test_the_environment_imports_no_task_metric_and_writes_no_question_line():
+    """WikiEnv is text in, text out (Search, Lookup, Finish): a task's metric is injected
+    (`score=`), and the question line ("Question:" / "Claim:") is the methods' to write."""
+    for path in sorted((PACKAGE / "wiki").glob("*.py")):
+        reached = {m for m in imported_modules(path) if m.startswith(TASK_METRIC_MODULES)}
+        assert not reached, f"{path.name} imports {reached}"
+    env = PACKAGE / "wiki" / "env.py"
+    assert not [s for s in string_constants(env) if "Question:" in s or "Claim:" in s]

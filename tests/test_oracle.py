@@ -12,6 +12,7 @@ from pipeline.agent import run_episodes
 from pipeline.errors import PipelineError
 from pipeline.hotpotqa import load_question_set
 from pipeline.methods.oracle import TEACHER, oracle_method
+from pipeline.tasks import get_task
 from pipeline.trajectory import Trajectory, parse, render
 from pipeline.wiki.env import SENTENCES_SHOWN, WikiEnv
 
@@ -65,7 +66,7 @@ def test_react_and_act_really_use_the_environment(records, questions, index):
             assert [a for a in actions if a.startswith("Search[")] == [f"Search[{t}]" for t in q.gold_titles]
             lookups += sum(a.startswith("Lookup[") for a in actions)
             # Replaying the actions in a fresh environment gives the same observations.
-            env = WikiEnv(index)
+            env = WikiEnv(index, score=get_task("hotpotqa").scores)
             env.reset(q.question, q.answer)
             assert [env.step(a)[0] for a in actions] == [s["observation"] for s in r["steps"]]
             assert r["steps"][-1]["observation"] == "Episode finished, reward = 1"

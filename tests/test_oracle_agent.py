@@ -24,6 +24,7 @@ from pipeline.methods import MethodSettings
 from pipeline.methods.oracle import TEACHER, name_span, oracle_method, search_query, similar_shown
 from pipeline.search_stats import search_stats
 from pipeline.stages.filter import FilterConfig, select
+from pipeline.tasks import get_task
 from pipeline.wiki.env import SENTENCES_SHOWN, WikiEnv
 from pipeline.wiki.index import LocalIndex, title_key
 
@@ -110,7 +111,7 @@ def test_agent_trajectories_replay_in_a_fresh_environment(agent, sample, wiki):
     by_id = {q.id: q for q in sample}
     for r in agent["react"][:30]:
         q = by_id[r["id"]]
-        env = WikiEnv(wiki)
+        env = WikiEnv(wiki, score=get_task("hotpotqa").scores)
         env.reset(q.question, q.answer)
         assert [env.step(s["action"])[0] for s in r["steps"]] == [s["observation"] for s in r["steps"]]
 

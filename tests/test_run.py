@@ -52,23 +52,6 @@ def test_a_typo_in_a_later_section_fails_before_anything_runs(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-@pytest.fixture(scope="module")
-def tiny_prompt_model(tmp_path_factory, smollm2_dir) -> Path:
-    """A randomly initialised tiny Llama with the SmolLM2 tokenizer, as a 'base model' to prompt."""
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=4, intermediate_size=128, max_position_embeddings=8192,
-                         eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id)
-    out = tmp_path_factory.mktemp("tiny-base")
-    LlamaForCausalLM(config).save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
-
-
 # The grid's trainings: enough steps that a kill after the first checkpoint lands mid-training.
 TRAIN_STEPS, SAVE_EVERY = 4, 2
 

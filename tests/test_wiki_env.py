@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.tasks import get_task
 from pipeline.wiki.env import WikiEnv
 from pipeline.wiki.index import LocalIndex, build_index
 
@@ -49,7 +50,7 @@ def index(tmp_path_factory) -> LocalIndex:
 
 @pytest.fixture
 def env(index) -> WikiEnv:
-    env = WikiEnv(index)
+    env = WikiEnv(index, score=get_task("hotpotqa").scores)
     env.reset("Who was Milhouse named after?", "Richard Nixon")
     return env
 
@@ -122,7 +123,7 @@ def test_finish_scores_and_ends(env):
 
 
 def test_wrong_finish_scores_zero_with_partial_f1(index):
-    env = WikiEnv(index)
+    env = WikiEnv(index, score=get_task("hotpotqa").scores)
     env.reset("q", "Richard Nixon")
     env.step("Search[Houten]")
     observation, reward, done, info = env.step("Finish[Nixon]")
@@ -138,7 +139,7 @@ def test_invalid_actions(env, action):
 
 
 def test_step_limit_ends_the_episode_unanswered(index):
-    env = WikiEnv(index, max_steps=3)
+    env = WikiEnv(index, max_steps=3, score=get_task("hotpotqa").scores)
     env.reset("q", "x")
     assert env.step("Search[Houten]")[2] is False
     assert env.step("Lookup[Netherlands]")[2] is False

@@ -11,6 +11,7 @@ import pytest
 from http_servers import FAULT_KINDS, FakeMediaWiki, Fault
 
 from pipeline.errors import PipelineError
+from pipeline.tasks import get_task
 from pipeline.transport import JsonHttpClient, RequestFailed
 from pipeline.wiki.backend import Page
 from pipeline.wiki.env import WikiEnv
@@ -158,7 +159,7 @@ def test_a_rerun_sends_no_request_at_all(server, tmp_path):
 
 
 def test_the_environment_shows_the_papers_observation_text(server, tmp_path):
-    env = WikiEnv(live(server, tmp_path))
+    env = WikiEnv(live(server, tmp_path), score=get_task("hotpotqa").scores)
     env.reset("Where does the eastern sector extend?", "High Plains")
     obs, *_ = env.step("Search[Colorado orogeny]")
     assert obs.startswith("The Colorado orogeny was an episode") and obs.endswith("2004.")

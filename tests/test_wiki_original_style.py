@@ -12,6 +12,7 @@ import pytest
 from episode_testdata import build_small_index
 
 from pipeline.errors import PipelineError
+from pipeline.tasks import get_task
 from pipeline.wiki.actions import parse_action_original
 from pipeline.wiki.config import WikiConfig, open_backend
 from pipeline.wiki.env import WikiEnv
@@ -41,7 +42,7 @@ def index(tmp_path_factory):
 
 
 def make_env(index, style: str) -> WikiEnv:
-    env = WikiEnv(index, style=style)
+    env = WikiEnv(index, style=style, score=get_task("hotpotqa").scores)
     env.reset("q", "Richard Nixon")
     return env
 

@@ -1,6 +1,7 @@
-"""The paper's prompting methods as small compositions (see each module), built by name.
+"""The paper's prompting methods as small compositions (see each module), built by name for a task.
 
-    method = build_method("react", MethodSettings(exemplars="paper"))
+    method = build_method("react", MethodSettings(exemplars="paper"))            # HotpotQA
+    method = build_method("react", MethodSettings(exemplars="paper"), "fever")   # FEVER's 3-shot prompts
     records = pipeline.agent.run_episodes(llm, make_backend, questions, method, on_record)
 
 Names: standard, cot, cot_sc, act, react, react_to_cot_sc, cot_sc_to_react.
@@ -11,12 +12,15 @@ Alpaca wrapper, unnumbered lines), the way FireAct's released agents decode.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from pipeline.errors import PipelineError
 from pipeline.methods.base import EpisodeContext, Method, MethodSettings, Outcome, Program
 from pipeline.methods.composed import Fallback, SelfConsistency, no_answer, weak_majority
 from pipeline.methods.direct import Direct
 from pipeline.methods.interactive import Interactive
 from pipeline.methods.prompts import PromptPrefix, load_prompt, zero_shot
+from pipeline.tasks import Task
 
 METHOD_NAMES = ("standard", "cot", "cot_sc", "act", "react", "react_to_cot_sc", "cot_sc_to_react")
 MODES = ("prompt", "zero_shot", "fireact")
@@ -30,39 +34,46 @@ __all__ = ["METHOD_NAMES", "EpisodeContext", "Method", "MethodSettings", "Outcom
            "build_method", "prompt_prefixes"]
 
 
-def prompt_prefixes(name: str, settings: MethodSettings) -> dict[str, PromptPrefix]:
-    """The prefix of each format `name` uses (for the manifest's exemplar source, too)."""
-    check_method(name, settings)
+def prompt_prefixes(name: str, settings: MethodSettings, task: Task | str | None = None) -> dict[str, PromptPrefix]:
+    """The prefix of each format `name` uses for `task` (a pipeline.tasks name or Task; default
+    HotpotQA), for the manifest's exemplar source too."""
+    from pipeline.tasks import get_task
+
+    task = get_task(task)
+    check_method(name, settings, task)
     if settings.mode == "fireact":
         from pipeline.methods.fireact import SOURCE
 
         return {"react": PromptPrefix("react", "", "", SOURCE)}
     if settings.mode == "zero_shot":
         return {fmt: zero_shot(fmt) for fmt in FORMATS_USED[name]}
-    return {fmt: load_prompt(fmt, settings.exemplars) for fmt in FORMATS_USED[name]}
+    return {fmt: load_prompt(fmt, settings.exemplars, task) for fmt in FORMATS_USED[name]}
 
 
-def build_method(name: str, settings: MethodSettings | None = None) -> Method:
-    settings = settings or MethodSettings()
-    p = prompt_prefixes(name, settings)
+def build_method(name: str, settings: MethodSettings | None = None, task: Task | str | None = None) -> Method:
+    """Method `name` prompting for `task` (default HotpotQA), whose metric scores its records."""
+    from pipeline.tasks import get_task
+
+    settings, task = settings or MethodSettings(), get_task(task)
+    p = prompt_prefixes(name, settings, task)
     if settings.mode == "fireact":
         from pipeline.methods.fireact import FireActReAct
 
         return FireActReAct(settings)
     if name in ("standard", "cot"):
-        return Direct(p[name], settings)
+        return Direct(p[name], settings, task)
     if name in ("act", "react"):
-        return Interactive(p[name], settings)
+        return Interactive(p[name], settings, task)
     if name == "cot_sc":
-        return SelfConsistency(p["cot"], settings)
+        return SelfConsistency(p["cot"], settings, task)
+    # Inside a hybrid, ReAct has the task's step limit (the paper's FEVER: 5), if it sets one.
+    react = Interactive(p["react"], replace(settings, max_steps=task.hybrid_react_steps or settings.max_steps), task)
     if name == "react_to_cot_sc":
-        return Fallback(name, Interactive(p["react"], settings), SelfConsistency(p["cot"], settings),
-                        no_answer)
-    return Fallback(name, SelfConsistency(p["cot"], settings), Interactive(p["react"], settings),
-                    weak_majority)
+        return Fallback(name, react, SelfConsistency(p["cot"], settings, task), no_answer)
+    return Fallback(name, SelfConsistency(p["cot"], settings, task), react, weak_majority)
 
 
-def check_method(name: str, settings: MethodSettings) -> None:
+def check_method(name: str, settings: MethodSettings, task: Task | None = None) -> None:
     if name not in METHOD_NAMES:
         raise PipelineError(f"unknown method '{name}'; expected one of {', '.join(METHOD_NAMES)}")
     if settings.mode not in MODES:
@@ -71,6 +82,8 @@ def check_method(name: str, settings: MethodSettings) -> None:
         raise PipelineError(f"unknown loop '{settings.loop}'; expected one of {', '.join(LOOPS)}")
     if settings.mode == "fireact" and name != "react":
         raise PipelineError(f"FireAct's format is ReAct only; it cannot run '{name}' (set methods=[react])")
+    if settings.mode == "fireact" and task is not None and task.name != "hotpotqa":
+        raise PipelineError(f"FireAct's format was trained on HotpotQA questions; it does not run the {task.title} task")
     if settings.max_steps < 1 or settings.max_new_tokens < 1 or settings.cot_sc_samples < 1:
         raise PipelineError("max_steps, max_new_tokens and cot_sc_samples must be >= 1 "
                             f"(got {settings.max_steps}, {settings.max_new_tokens}, {settings.cot_sc_samples})")

@@ -32,7 +32,7 @@ class MethodSettings:
 
     mode: str = "prompt"  # prompt (instruction + exemplars + question) | zero_shot (question alone)
     exemplars: str = "ours"  # ours | paper | a prompts_naive.json path | a folder of ours
-    max_steps: int = 7  # Act / ReAct step limit (HotpotQA: 7)
+    max_steps: int = 7  # Act / ReAct step limit (the paper's: 7; its FEVER hybrids use 5, pipeline.tasks)
     max_new_tokens: int = 256  # per generation (the original notebook: 100)
     # ours | original. original: the notebook's webthink loop, rule for rule (see
     # pipeline/methods/interactive.py); pair it with wiki.observation_style=original
@@ -45,8 +45,9 @@ class MethodSettings:
 
 @dataclass
 class EpisodeContext:
-    """One episode's inputs. `question` is a pipeline.hotpotqa.Question (or anything with
-    id / question / answer; the oracle also reads supporting_facts)."""
+    """One episode's inputs. `question` is one of a task's questions (anything with id / question
+    / answer: a HotpotQA question, a FEVER claim; HotpotQA's oracle also reads supporting_facts).
+    `make_env` gives a WikiEnv that scores a Finish with the method's task."""
 
     question: Any
     make_env: Callable[[], WikiEnv]
@@ -68,6 +69,7 @@ class Outcome:
 class Method(Protocol):
     name: str  # standard | cot | cot_sc | act | react | react_to_cot_sc | cot_sc_to_react
     settings: MethodSettings
+    task: Any  # the pipeline.tasks.Task its prompts are for; its records are scored by it
 
     def run(self, ctx: EpisodeContext) -> Program:
         """The episode program (see the module docstring)."""
@@ -87,6 +89,20 @@ ERROR_ENDINGS = ("llm_error:", "backend_error:")
 def ended_in_error(end_reason: str | None) -> bool:
     """Whether an episode's end reason says a backend (model or page source) failed it."""
     return isinstance(end_reason, str) and end_reason.startswith(ERROR_ENDINGS)
+
+
+def step_env(env: WikiEnv, traj: Trajectory, command: str) -> tuple[str | None, Outcome | None]:
+    """Send one action to the environment: (its observation, the Outcome when the episode ends
+    there: answered or at the step limit; else None). A failing page source gives no observation
+    and the `backend_error` Outcome."""
+    try:
+        observation, _, done, info = env.step(command)
+    except backend_errors() as exc:
+        return None, Outcome(traj, None, f"backend_error: {type(exc).__name__}: {exc}")
+    if info["finished"]:
+        traj.answer = info["answer"]
+        return observation, Outcome(traj, info["answer"], "finish")
+    return observation, (Outcome(traj, None, "step_limit") if done else None)
 
 
 def completion_failure(c: Completion) -> str | None:

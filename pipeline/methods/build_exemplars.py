@@ -36,7 +36,9 @@ def load_authored(path: Path = AUTHORED) -> list[dict]:
 
 def replay(item: dict, backend: WikiBackend) -> Trajectory:
     """The ReAct trajectory of one authored exemplar, with observations from the environment."""
-    env = WikiEnv(backend, max_steps=len(item["react"]))
+    from pipeline.tasks import get_task
+
+    env = WikiEnv(backend, max_steps=len(item["react"]), score=get_task("hotpotqa").scores)
     env.reset(item["question"], item["answer"])
     traj = Trajectory(item["question"], "react")
     for step in item["react"]:

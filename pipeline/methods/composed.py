@@ -1,7 +1,8 @@
 """Methods built from others: CoT-SC (n CoT samples + a majority vote) and the paper's hybrids.
 
   CoT-SC           21 CoT samples at T=0.7 in ONE request (n=21); answers are compared after
-                   HotpotQA normalisation; the majority wins (ties: the answer seen first); the
+                   the task's normalisation (HotpotQA's official one, which FEVER's original
+                   wrapper uses too); the majority wins (ties: the answer seen first); the
                    outcome is the first sample that gave it.
   ReAct -> CoT-SC  run ReAct; if it gives no answer (step limit or any other ending without one,
                    or an empty `Finish[]`), run CoT-SC.
@@ -22,15 +23,20 @@ from pipeline.methods.base import (
     episode_seed,
     request,
 )
-from pipeline.methods.direct import STOP, direct_prompt, parse_direct
+from pipeline.methods.direct import direct_prompt, parse_direct, stop_at
 from pipeline.methods.prompts import PromptPrefix
-from pipeline.metrics import normalize_answer
+from pipeline.tasks import Task
 
 
-def majority(outcomes: list[Outcome]) -> tuple[Outcome, int]:
-    """The first outcome carrying the most frequent normalised answer, and its vote count.
+def majority(outcomes: list[Outcome], normalize: Callable[[str], str] | None = None) -> tuple[Outcome, int]:
+    """The first outcome carrying the most frequent answer once normalised (by `normalize`, the
+    task's: HotpotQA's by default), and its vote count.
     With no answer at all: the first outcome (its end reason says why) and 0 votes."""
-    keys = [normalize_answer(o.prediction) if o.prediction is not None else "" for o in outcomes]
+    if normalize is None:
+        from pipeline.tasks import get_task
+
+        normalize = get_task().normalize
+    keys = [normalize(o.prediction) if o.prediction is not None else "" for o in outcomes]
     votes = Counter(k for k in keys if k)
     if not votes:
         return outcomes[0], 0
@@ -41,17 +47,19 @@ def majority(outcomes: list[Outcome]) -> tuple[Outcome, int]:
 class SelfConsistency:
     name = "cot_sc"
 
-    def __init__(self, prefix: PromptPrefix, settings: MethodSettings):
+    def __init__(self, prefix: PromptPrefix, settings: MethodSettings, task: Task | str | None = None):
+        from pipeline.tasks import get_task
+
         if prefix.format != "cot":
             raise ValueError(f"CoT-SC needs a cot prefix, got {prefix.format!r}")
-        self.prefix, self.settings = prefix, settings
+        self.prefix, self.settings, self.task = prefix, settings, get_task(task)
 
     def run(self, ctx: EpisodeContext) -> Program:
-        s = self.settings
-        req = request(direct_prompt(self.prefix, ctx.text), STOP, s, n=s.cot_sc_samples,
+        s, label = self.settings, self.task.question_label
+        req = request(direct_prompt(self.prefix, ctx.text, label), stop_at(label), s, n=s.cot_sc_samples,
                       temperature=s.cot_sc_temperature, seed=episode_seed(ctx.question.id, s.seed))
         [samples] = yield [req]
-        outcome, votes = majority([parse_direct(c, "cot", ctx.text) for c in samples])
+        outcome, votes = majority([parse_direct(c, "cot", ctx.text, label) for c in samples], self.task.normalize)
         return Outcome(outcome.trajectory, outcome.prediction, outcome.end_reason,
                        {"votes": votes, "samples": len(samples)})
 
@@ -62,7 +70,7 @@ class Fallback:
     def __init__(self, name: str, primary: Method, secondary: Method,
                  needs_fallback: Callable[[Outcome], bool]):
         self.name, self.primary, self.secondary, self.needs_fallback = name, primary, secondary, needs_fallback
-        self.settings = primary.settings
+        self.settings, self.task = primary.settings, primary.task
 
     def run(self, ctx: EpisodeContext) -> Program:
         first = yield from self.primary.run(ctx)

@@ -1,8 +1,8 @@
 """Standard and CoT prompting: one generation per question, no environment.
 
-The prompt is prefix + "Question: ...\n" + "Answer:" (Standard) or "Thought:" (CoT); the model
-is stopped at "\nQuestion:" (where it would start inventing the next exemplar) and the answer is
-read from the `Answer:` line.
+The prompt is prefix + the question line ("Question: ...\n"; FEVER's "Claim: ...\n") + "Answer:"
+(Standard) or "Thought:" (CoT); the model is stopped at the next question line ("\nQuestion:",
+where it would start inventing the next exemplar) and the answer is read from the `Answer:` line.
 """
 
 from __future__ import annotations
@@ -17,19 +17,25 @@ from pipeline.methods.base import (
     request,
 )
 from pipeline.methods.prompts import PromptPrefix
-from pipeline.trajectory import COT_PREFIX, Trajectory, one_line, question_line
+from pipeline.tasks import Task
+from pipeline.trajectory import COT_PREFIX, QUESTION_LABEL, Trajectory, one_line, question_line
 
-STOP = ["\nQuestion:"]
+STOP = ["\nQuestion:"]  # HotpotQA's; a task's own is `stop_at(label)`
 CUES = {"standard": "Answer:", "cot": "Thought:"}
 
 
-def direct_prompt(prefix: PromptPrefix, question: str) -> str:
-    return prefix.text + question_line(question) + CUES[prefix.format]
+def stop_at(label: str = QUESTION_LABEL) -> list[str]:
+    """Stop where the model would start the next exemplar's question line."""
+    return [f"\n{label}:"]
 
 
-def parse_direct(c: Completion, fmt: str, question: str) -> Outcome:
+def direct_prompt(prefix: PromptPrefix, question: str, label: str = QUESTION_LABEL) -> str:
+    return prefix.text + question_line(question, label) + CUES[prefix.format]
+
+
+def parse_direct(c: Completion, fmt: str, question: str, label: str = QUESTION_LABEL) -> Outcome:
     """Turn one Standard / CoT completion (the text after the cue) into an Outcome."""
-    traj = Trajectory(question, fmt)
+    traj = Trajectory(question, fmt, question_label=label)
     failure = completion_failure(c)
     if failure:
         return Outcome(traj, None, failure)
@@ -57,14 +63,17 @@ def parse_direct(c: Completion, fmt: str, question: str) -> Outcome:
 
 
 class Direct:
-    """Standard (fmt="standard") or CoT (fmt="cot")."""
+    """Standard (fmt="standard") or CoT (fmt="cot") for `task` (default HotpotQA)."""
 
-    def __init__(self, prefix: PromptPrefix, settings: MethodSettings):
+    def __init__(self, prefix: PromptPrefix, settings: MethodSettings, task: Task | str | None = None):
+        from pipeline.tasks import get_task
+
         if prefix.format not in CUES:
             raise ValueError(f"Direct needs a standard or cot prefix, got {prefix.format!r}")
-        self.prefix, self.settings, self.name = prefix, settings, prefix.format
+        self.prefix, self.settings, self.name, self.task = prefix, settings, prefix.format, get_task(task)
 
     def run(self, ctx: EpisodeContext) -> Program:
-        prompt = direct_prompt(self.prefix, ctx.text)
-        [[completion]] = yield [request(prompt, STOP, self.settings)]
-        return parse_direct(completion, self.name, ctx.text)
+        label = self.task.question_label
+        prompt = direct_prompt(self.prefix, ctx.text, label)
+        [[completion]] = yield [request(prompt, stop_at(label), self.settings)]
+        return parse_direct(completion, self.name, ctx.text, label)

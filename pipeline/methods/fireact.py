@@ -41,9 +41,9 @@ from pipeline.methods.base import (
     MethodSettings,
     Outcome,
     Program,
-    backend_errors,
     completion_failure,
     request,
+    step_env,
 )
 from pipeline.trajectory import Rendered, Step, Trajectory, one_line
 
@@ -153,8 +153,11 @@ class FireActReAct:
     name = "react"
 
     def __init__(self, settings: MethodSettings):
+        from pipeline.tasks import get_task
+
         # Its own iteration limit, whatever the settings say (WikiEnv gets the same limit).
         self.settings = replace(settings, max_steps=MAX_ITERATIONS)
+        self.task = get_task("hotpotqa")  # FireAct's agents were trained on HotpotQA questions
 
     def run(self, ctx: EpisodeContext) -> Program:
         # The question as given (FireAct only strips its end), not our one-line form.
@@ -182,14 +185,10 @@ class FireActReAct:
             traj.steps.append(step)
             if command is None:
                 return Outcome(traj, None, "no_action")
-            try:
-                observation, reward, done, info = env.step(command)
-            except backend_errors() as exc:
-                return Outcome(traj, None, f"backend_error: {type(exc).__name__}: {exc}")
+            observation, ended = step_env(env, traj, command)
+            if observation is None:
+                return ended
             step.observation = fireact_observation(one_line(observation.replace("\\n", "")))
-            if info["finished"]:
-                traj.answer = info["answer"]
-                return Outcome(traj, info["answer"], "finish")
-            if done:
-                break
+            if ended is not None:
+                return ended
         return Outcome(traj, None, "step_limit")

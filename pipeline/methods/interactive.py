@@ -1,6 +1,6 @@
 """Act and ReAct: the original ReAct agent loop, one step per model call.
 
-Per step i (at most `max_steps`, 7 for HotpotQA):
+Per step i (at most `max_steps`, 7 in the paper; 5 inside FEVER's hybrids):
   ReAct: prompt ends with "Thought {i}:", stop at "\nObservation {i}:"; the output is split at
          "\nAction {i}: " into thought and action. Without an action the model is asked again for
          "Action {i}:" alone (stop "\n"), with the first line of its output as the thought.
@@ -34,11 +34,12 @@ from pipeline.methods.base import (
     MethodSettings,
     Outcome,
     Program,
-    backend_errors,
     completion_failure,
     request,
+    step_env,
 )
 from pipeline.methods.prompts import PromptPrefix
+from pipeline.tasks import Task
 from pipeline.trajectory import Step, Trajectory, one_line, render
 
 
@@ -61,15 +62,17 @@ def env_action(action: str) -> str:
 
 
 class Interactive:
-    """ReAct (prefix.format == "react") or Act ("act")."""
+    """ReAct (prefix.format == "react") or Act ("act") for `task` (default HotpotQA)."""
 
-    def __init__(self, prefix: PromptPrefix, settings: MethodSettings):
+    def __init__(self, prefix: PromptPrefix, settings: MethodSettings, task: Task | str | None = None):
+        from pipeline.tasks import get_task
+
         if prefix.format not in ("react", "act"):
             raise ValueError(f"Interactive needs a react or act prefix, got {prefix.format!r}")
-        self.prefix, self.settings, self.name = prefix, settings, prefix.format
+        self.prefix, self.settings, self.name, self.task = prefix, settings, prefix.format, get_task(task)
 
     def run(self, ctx: EpisodeContext) -> Program:
-        traj = Trajectory(ctx.text, self.name)
+        traj = Trajectory(ctx.text, self.name, question_label=self.task.question_label)
         env = ctx.make_env()
         env.reset(ctx.text, ctx.question.answer)
         for i in range(1, self.settings.max_steps + 1):
@@ -85,16 +88,12 @@ class Interactive:
                     traj.steps.append(step)
                 return Outcome(traj, None, reason)
             traj.steps.append(step)
-            try:
-                observation, _, done, info = env.step(env_action(step.action))
-            except backend_errors() as exc:
-                return Outcome(traj, None, f"backend_error: {type(exc).__name__}: {exc}")
+            observation, ended = step_env(env, traj, env_action(step.action))
+            if observation is None:
+                return ended
             step.observation = one_line(observation.replace("\\n", ""))
-            if info["finished"]:
-                traj.answer = info["answer"]
-                return Outcome(traj, info["answer"], "finish")
-            if done:
-                break
+            if ended is not None:
+                return ended
         return Outcome(traj, None, "step_limit")
 
     def _react_step(self, head: str, i: int):

@@ -75,7 +75,10 @@ class OracleMethod:
     """An episode program (pipeline.methods.base) that never asks a model."""
 
     def __init__(self, fmt: str, settings: MethodSettings, style: str = DEFAULT_STYLE):
+        from pipeline.tasks import get_task
+
         self.name, self.settings, self.style = fmt, settings, style
+        self.task = get_task("hotpotqa")  # it reads HotpotQA's gold supporting facts
 
     def run(self, ctx: EpisodeContext) -> Program:
         return self.write(ctx)

@@ -1,9 +1,11 @@
-"""`python -m pipeline data`: fetch or locate the HotpotQA files, show question sets, build splits.
+"""`python -m pipeline data`: fetch or locate the data files, show question sets, build splits.
 
     python -m pipeline data fetch prompts                      # the paper's exemplars -> data/react/
     python -m pipeline data fetch hotpotqa --split dev-distractor
     python -m pipeline data fetch wiki-abstracts               # enwiki-2017 intros (tar.bz2)
+    python -m pipeline data fetch fever                        # FEVER's paper_dev.jsonl (fever-prompts: its exemplars)
     python -m pipeline data show react-dev500 --sample 3
+    python -m pipeline data show offline-eval --task fever
     python -m pipeline data split --seed 0                     # -> splits/offline-v1/
 
 Each file resolves as: explicit path > data/ cache > local mirror (../shared/data) > download.
@@ -28,6 +30,8 @@ FETCH_SOURCES = {
     "prompts": "react-prompts",
     "wiki-abstracts": "wiki-abstracts",
     "wiki-processed": "wiki-processed",
+    "fever": "fever-paper-dev",
+    "fever-prompts": "react-fever-prompts",
 }
 HOTPOT_SPLITS = {
     "train": "hotpotqa-train",
@@ -42,10 +46,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     fetch = sub.add_parser("fetch", help="locate a data file, downloading it into data/ if needed",
                            description="Resolve a file: data/ cache > local mirror > official download.")
-    fetch.add_argument("what", choices=["prompts", "hotpotqa", "wiki-abstracts", "wiki-processed"],
+    fetch.add_argument("what", choices=["prompts", "hotpotqa", "wiki-abstracts", "wiki-processed", "fever",
+                                        "fever-prompts"],
                        help="prompts: ReAct's prompts_naive.json; hotpotqa: an official HotpotQA file; "
                        "wiki-abstracts: HotpotQA's enwiki-2017 intro dump; wiki-processed: its "
-                       "full-article dump (every paragraph)")
+                       "full-article dump (every paragraph); fever: FEVER's paper_dev.jsonl as the ReAct "
+                       "repo ships it; fever-prompts: ReAct's fever.json exemplars")
     fetch.add_argument("--split", choices=list(HOTPOT_SPLITS), default="dev-distractor",
                        help="which HotpotQA file (with `fetch hotpotqa`; default dev-distractor)")
     fetch.add_argument("--force", action="store_true",
@@ -54,7 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     show = sub.add_parser("show", help="print counts and a sample of a question set",
                           description="Counts (split, type, level, context) and a few questions.")
     show.add_argument("name", help="react-dev500, offline-eval, offline-bootstrap, dev, train, "
-                      "hf:distractor:validation, or a path to a HotpotQA file")
+                      "hf:distractor:validation, or a path to a HotpotQA file (with --task fever: "
+                      "paper-dev, react-dev500, dev-bootstrap, offline-eval, offline-bootstrap, a FEVER .jsonl)")
+    show.add_argument("--task", default="hotpotqa", help="the task whose question set it is: hotpotqa (default) or fever")
     show.add_argument("--limit", type=int, default=None, help="only the first N questions")
     show.add_argument("--sample", type=int, default=3, help="how many questions to print (default 3)")
 
@@ -97,22 +105,17 @@ def _check_prompts(path: Path) -> None:
 
 
 def show(args: argparse.Namespace) -> int:
-    from pipeline.hotpotqa import load_question_set
+    from pipeline.tasks import get_task
 
-    questions = load_question_set(args.name, limit=args.limit)
+    task = get_task(args.task)
+    questions = task.load_questions(args.name, limit=args.limit)
     print(f"{args.name}: {len(questions)} questions")
-    for label, values in [
-        ("split", [q.split for q in questions]),
-        ("type", [q.type for q in questions]),
-        ("level", [q.level for q in questions]),
-        ("context", ["yes" if q.context is not None else "no" for q in questions]),
-        ("source", [q.source for q in questions]),
-    ]:
-        counts = Counter(values).most_common()
+    facts = [task.question_facts(q) for q in questions]
+    for label in facts[0] if facts else []:
+        counts = Counter(f[label] for f in facts).most_common()
         print(f"  {label:8s} " + ", ".join(f"{k}: {v}" for k, v in counts))
     for q in questions[: max(args.sample, 0)]:
-        gold = f"  gold: {q.gold_titles}" if q.supporting_facts else ""
-        print(f"- {q.id} [{q.type}] {q.question}\n  answer: {q.answer}{gold}")
+        print(task.describe(q))
     return 0
 
 

@@ -5,6 +5,7 @@
     python -m pipeline eval checkpoint=forestai/fireact_llama_2_7b_lora    # a released agent
     python -m pipeline eval checkpoint=downloads/agent format=react params_b=7.6   # any folder
     python -m pipeline eval --config configs/demo.yaml          # the demo's `eval` section
+    python -m pipeline eval task=fever model.model=smollm2 size_class=135m prompting.exemplars=paper limit=20
 
 A base model is prompted with the method's instruction and exemplars (mode `prompt`); a
 fine-tuned checkpoint of ours runs zero-shot in the format it was trained on (mode `finetune`:
@@ -38,6 +39,7 @@ from pipeline.methods import FORMATS_USED, MethodSettings
 from pipeline.serving import ServeConfig
 from pipeline.shards import parse_shard
 from pipeline.storage import atomic_write_json, check_writable_dir, require_complete, write_manifest
+from pipeline.tasks import DEFAULT_TASK, get_task
 from pipeline.wiki.config import WikiConfig
 
 # Sizes (billions of parameters) of models a config may name without saying params_b.
@@ -49,13 +51,14 @@ KNOWN_SIZES_B = {"smollm2": 0.135, "HuggingFaceTB/SmolLM2-135M-Instruct": 0.135,
 
 
 # Keys whose change makes old records incomparable with new ones (a larger `limit` is fine).
-IDENTITY_KEYS = ("model", "checkpoint", "format", "base_model", "questions", "prompting", "wiki", "shard")
+IDENTITY_KEYS = ("task", "model", "checkpoint", "format", "base_model", "questions", "prompting", "wiki", "shard")
 
 
 @dataclass
 class EvalConfig:
     RENAMED_KEYS: ClassVar[dict[str, str]] = {"method": "prompting"}  # old key -> new (pipeline.config)
 
+    task: str = "hotpotqa"  # hotpotqa | fever (pipeline.tasks): the questions, metric and exemplars
     model: LLMConfig = field(default_factory=LLMConfig)  # a base model to prompt
     checkpoint: Path | None = None  # or a fine-tuned checkpoint: our `final` folder, any model/adapter folder, a hub id
     format: str | None = None  # how a checkpoint without our manifest decodes: standard|cot|act|react|fireact
@@ -63,7 +66,7 @@ class EvalConfig:
     size_class: str | None = None  # e.g. 135m, 8b, 62b; from the checkpoint when not given
     params_b: float | None = None  # billions of parameters (the figure's x axis)
     methods: list[str] = field(default_factory=lambda: ["standard", "cot", "act", "react"])
-    questions: str = "offline-eval"  # react-dev500 needs wiki.backend=live or a full local index
+    questions: str = "offline-eval"  # a set of the task's; react-dev500 needs wiki.backend=live or a full local index
     limit: int | None = None
     out_dir: Path = Path("runs/eval/default")
     prompting: MethodSettings = field(default_factory=MethodSettings)  # mode is set from the model (prompt | zero_shot)
@@ -126,7 +129,8 @@ def run_evaluation(cfg: EvalConfig, target: ModelUnderTest, llm_cfg: LLMConfig, 
     """Evaluate `target` through `llm_cfg` (its own config, or the endpoint of a server started
     for it: `server`, watched for dying mid-run)."""
     settings = replace(cfg.prompting, mode=target.decode_mode if target.mode == "finetune" else "prompt")
-    model = answerer(llm_cfg)
+    task = get_task(cfg.task)
+    model = answerer(llm_cfg, task)
     record = precision_record(target)  # what the model computes in, however it is reached
     questions, backend, llm, _ = start_run(cfg, "eval", model, settings, IDENTITY_KEYS, methods=methods,
                                            check=lambda: check_same_precision(cfg.out_dir, record))
@@ -134,7 +138,7 @@ def run_evaluation(cfg: EvalConfig, target: ModelUnderTest, llm_cfg: LLMConfig, 
         from pipeline.serving import ServedLLM
 
         llm = ServedLLM(llm, server)
-    manifest = dict(stage="eval", config=to_dict(cfg), model=target.label, mode=target.mode,
+    manifest = dict(stage="eval", config=to_dict(cfg), task=task.name, model=target.label, mode=target.mode,
                     n_questions=len(questions), **record)
     try:
         with writing_run(cfg, IDENTITY_KEYS, manifest, check=lambda: check_same_precision(cfg.out_dir, record)):
@@ -144,7 +148,7 @@ def run_evaluation(cfg: EvalConfig, target: ModelUnderTest, llm_cfg: LLMConfig, 
             stats = run_methods(model, llm, methods, questions, settings, backend, cfg.out_dir,
                                 max_in_flight=cfg.max_in_flight, source="eval",
                                 max_error_share=cfg.max_error_share)
-            rows = [summary_row(target, name, cfg.questions, s, record) for name, s in stats.items()]
+            rows = [summary_row(target, name, cfg.questions, s, record, task.name) for name, s in stats.items()]
             if cfg.shard is not None:  # plot merges a shard set's rows into one (pipeline.shards)
                 rows = [dict(row, shard=str(parse_shard(cfg.shard))) for row in rows]
             atomic_write_json(cfg.out_dir / "summary.json", rows)
@@ -155,7 +159,7 @@ def run_evaluation(cfg: EvalConfig, target: ModelUnderTest, llm_cfg: LLMConfig, 
             close()
     for row in rows:
         errors = f"; {row['errors']} ended in a backend error (counted wrong)" if row["errors"] else ""
-        print(f"{target.label} [{target.mode}] {row['method']:>16}: EM {row['em']:.3f} "
+        print(f"{target.label} [{target.mode}] {row['method']:>16}: {task.metric_label} {row['em']:.3f} "
               f"F1 {row['f1']:.3f} over {row['n']} ({row['question_set']}){errors}")
     return rows
 
@@ -235,10 +239,15 @@ def check_finetuned_methods(methods: list[str], target: ModelUnderTest) -> None:
         )
 
 
-def summary_row(target: ModelUnderTest, method: str, question_set: str, stats: dict, record: dict) -> dict:
+def summary_row(target: ModelUnderTest, method: str, question_set: str, stats: dict, record: dict,
+                task: str = "hotpotqa") -> dict:
+    """One row of summary.json; `em` is the task's metric (FEVER: accuracy). `task` is written for
+    a task other than HotpotQA (a row without it is HotpotQA's, as every row before the key)."""
     row = {"model": target.label, "size_class": target.size_class, "params_b": target.params_b,
            "mode": target.mode, "method": method, "question_set": question_set, **stats, **record,
            "source": "ours"}
+    if task != DEFAULT_TASK:
+        row["task"] = task
     if target.released:  # evaluated here, trained elsewhere: plot draws it apart from our students
         row["released"] = target.released
     return row

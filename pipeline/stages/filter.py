@@ -8,9 +8,11 @@ Inputs are generate output folders (`<method>.jsonl` + a complete manifest.json)
 released files (pipeline.importers). The shards of a sharded generation (`shard=i/n`,
 pipeline.shards) are merged into one input, which must hold every shard 0..n-1. A generate
 folder's (or shard set's) episodes are read in question-id order, so a dataset does not depend on
-the order in which concurrent episodes happened to finish, nor on how the questions were sharded. Per method it keeps episodes that finished with EM = 1
-(optionally F1 >= min_f1), drops repeated question ids (the first is kept), caps the rest at
-`max_per_method` by a seeded draw, shuffles them with the same seed (so training batches mix
+the order in which concurrent episodes happened to finish, nor on how the questions were sharded.
+The inputs' task (their manifests' `task`: HotpotQA when older manifests name none; FireAct's
+files are HotpotQA) decides what counts as correct. Per method it keeps episodes that finished
+correct (HotpotQA: EM = 1; FEVER: the gold label; optionally F1 >= min_f1), drops repeated
+question ids (the first is kept), caps the rest at `max_per_method` by a seeded draw, shuffles them with the same seed (so training batches mix
 questions and sources rather than follow the generate order; `shuffle=false` keeps input order),
 and writes `<out_dir>/<method>/` (README, "Formats between stages"): train.jsonl,
 README.md (dataset card), stats.json, manifest.json. The folder appears by one rename, so a reader
@@ -41,11 +43,13 @@ from pipeline.storage import (
     file_fingerprint,
     is_done,
     read_jsonl,
+    read_manifest,
     remove_stale_temps,
     require_complete,
     temp_prefix,
     write_manifest,
 )
+from pipeline.tasks import Task, get_task, task_of
 from pipeline.trajectory import FORMATS, Trajectory, render
 
 REQUIRED_FIELDS = ("id", "method", "em", "finished", "trajectory")
@@ -56,7 +60,7 @@ CONTENT_KEYS = ("min_f1", "require_finished", "max_per_method", "seed", "tokeniz
                 "shuffle")
 # The generate config keys that make shards parts of one run (generate's identity keys, which
 # also decide what a resumed folder may hold, without `shard`; plus `limit`, which cuts the set).
-SHARD_SET_KEYS = ("teacher", "questions", "prompting", "wiki", "limit")
+SHARD_SET_KEYS = ("task", "teacher", "questions", "prompting", "wiki", "limit")
 GLOBAL_BATCH = 64  # the paper's batch size, for the epochs the dataset card reports
 
 
@@ -77,6 +81,16 @@ class FilterConfig:
 
 
 @dataclass
+class Episodes:
+    """What the inputs hold: episodes by method in input order, and the task they answer."""
+
+    by_method: dict[str, list[dict]]
+    fingerprints: list[dict]
+    fireact_reports: list[dict]
+    task: Task
+
+
+@dataclass
 class Selection:
     """One method's outcome: the kept episodes and why the others went."""
 
@@ -89,12 +103,15 @@ class Selection:
 # ---------------------------------------------------------------- reading inputs
 
 
-def collect_episodes(cfg: FilterConfig) -> tuple[dict[str, list[dict]], list[dict], list[dict]]:
-    """(episodes by method in input order, input fingerprints, FireAct import reports)."""
+def collect_episodes(cfg: FilterConfig) -> Episodes:
+    """Every input's episodes by method in input order, the inputs' fingerprints, FireAct import
+    reports, and the one task they all answer."""
     by_method: dict[str, list[dict]] = {}
     fingerprints: list[dict] = []
     reports: list[dict] = []
-    for folders in generate_inputs(cfg.inputs):
+    groups = generate_inputs(cfg.inputs)
+    task = inputs_task(cfg)
+    for folders in groups:
         merged: dict[str, list[dict]] = {}
         for folder in folders:
             for path, episodes in _read_generate_folder(folder):
@@ -113,7 +130,19 @@ def collect_episodes(cfg: FilterConfig) -> tuple[dict[str, list[dict]], list[dic
             reports.append(report.to_dict())
             for episode in episodes:
                 by_method.setdefault(episode["method"], []).append(episode)
-    return by_method, fingerprints, reports
+    return Episodes(by_method, fingerprints, reports, task)
+
+
+def inputs_task(cfg: FilterConfig) -> Task:
+    """The one task the inputs answer: each generate folder's manifest names it (HotpotQA when it
+    is older than the key); FireAct's files are HotpotQA questions."""
+    tasks = {str(folder): task_of(read_manifest(Path(folder) / "manifest.json")) for folder in cfg.inputs}
+    tasks.update({str(path): "hotpotqa" for path in cfg.fireact})
+    if len(set(tasks.values())) > 1:
+        raise PipelineError("filter: the inputs answer different tasks ("
+                            + ", ".join(f"{where}: {name}" for where, name in tasks.items())
+                            + "); build one dataset per task")
+    return get_task(next(iter(tasks.values()), None))
 
 
 def generate_inputs(inputs: list[str]) -> list[list[Path]]:
@@ -167,12 +196,14 @@ def _read_generate_folder(folder: Path) -> list[tuple[Path, list[dict]]]:
 # ---------------------------------------------------------------- selecting
 
 
-def select(method: str, episodes: list[dict], cfg: FilterConfig) -> Selection:
-    """Keep finished EM=1 (and F1 >= min_f1) episodes, first of each question id, at most N."""
+def select(method: str, episodes: list[dict], cfg: FilterConfig, task: Task | None = None) -> Selection:
+    """Keep finished, correct (the task's rule: HotpotQA EM = 1; and F1 >= min_f1) episodes,
+    first of each question id, at most N."""
+    task = get_task(task)
     dropped: Counter = Counter()
     eligible, seen_ids = [], set()
     for episode in episodes:
-        reason = _drop_reason(episode, method, cfg)
+        reason = _drop_reason(episode, method, cfg, task)
         if reason is None and episode["id"] in seen_ids:
             reason = "duplicate"
         if reason:
@@ -201,10 +232,10 @@ def paper_epochs(method: str, examples: int) -> dict[str, float]:
             for size, steps in PAPER_STEPS.items() if method in steps}
 
 
-def _drop_reason(episode: dict, method: str, cfg: FilterConfig) -> str | None:
+def _drop_reason(episode: dict, method: str, cfg: FilterConfig, task: Task) -> str | None:
     if cfg.require_finished and not episode.get("finished"):
         return "unfinished"
-    if float(episode.get("em") or 0.0) != 1.0:
+    if not task.is_correct(episode):
         return "incorrect"
     if cfg.min_f1 is not None and float(episode.get("f1") or 0.0) < cfg.min_f1:
         return "low_f1"
@@ -294,12 +325,13 @@ def stats_line(stats: dict) -> str:
 # ---------------------------------------------------------------- writing
 
 
-def dataset_card(stats: dict, cfg: FilterConfig) -> str:
+def dataset_card(stats: dict, cfg: FilterConfig, task: Task | None = None) -> str:
+    task = get_task(task)
     method = stats["method"]
     sources = ", ".join(f"{s} ({n})" for s, n in stats["sources"].items())
     fireact = any(s.startswith("fireact") for s in stats["sources"])
     lines = [
-        f"# SFT dataset: HotpotQA, {method} trajectories",
+        f"# SFT dataset: {task.title}, {method} trajectories",
         "",
         f"{stats['kept']} training examples kept of {stats['seen']} seen. Sources: {sources}.",
         "",
@@ -308,7 +340,7 @@ def dataset_card(stats: dict, cfg: FilterConfig) -> str:
         "(append the tokenizer's EOS token at tokenization); `observation_spans` are [start, end)",
         "character offsets of observation text inside `completion`, for optional loss masking.",
         "",
-        "Selection (pipeline.stages.filter): finished episodes with exact match 1"
+        f"Selection (pipeline.stages.filter): finished episodes with {task.correct_rule}"
         + (f" and F1 >= {cfg.min_f1}" if cfg.min_f1 is not None else "")
         + f"; repeated question ids dropped (first kept); at most {cfg.max_per_method} by a seeded draw"
         f" (seed {cfg.seed}). Drops: {json.dumps(stats['dropped'])}.",
@@ -325,7 +357,7 @@ def dataset_card(stats: dict, cfg: FilterConfig) -> str:
         lines += ["", "FireAct rows: GPT-4 trajectories released by FireAct (Chen et al. 2023). Their observations",
                   "are Google search snippets, not this project's Wikipedia environment; no gold answers were",
                   "released, so correctness is FireAct's own finish reward."]
-    lines += ["", "Questions and answers: HotpotQA (Yang et al. 2018), CC BY-SA 4.0.", "",
+    lines += ["", f"{task.data_kind.capitalize()}: {task.citation}, {task.licence}.", "",
               "    datasets.load_dataset(\"json\", data_files=\"train.jsonl\")", ""]
     return "\n".join(lines)
 
@@ -384,7 +416,8 @@ def run_filter(cfg: FilterConfig) -> dict:
         raise PipelineError(f"filter: methods {unknown} are not training formats; choose from {list(FORMATS)}")
     check_writable_dir(cfg.out_dir)
     remove_stale_temps(cfg.out_dir)  # a killed run's half-written dataset folders and manifest
-    by_method, inputs, reports = collect_episodes(cfg)
+    episodes = collect_episodes(cfg)
+    by_method, inputs, reports, task = episodes.by_method, episodes.fingerprints, episodes.fireact_reports, episodes.task
     methods = cfg.methods or [m for m in FORMATS if m in by_method]
     missing = [m for m in methods if m not in by_method]
     if missing or not methods:
@@ -399,7 +432,7 @@ def run_filter(cfg: FilterConfig) -> dict:
             results[method] = json.loads((folder / "stats.json").read_text(encoding="utf-8"))
             print(f"{method}: up to date ({folder}/manifest.json matches the inputs); force=true rebuilds")
             continue
-        selection = select(method, by_method[method], cfg)
+        selection = select(method, by_method[method], cfg, task)
         examples = [sft_example(e) for e in selection.kept]
         if not examples:
             empty.append(method)
@@ -414,10 +447,11 @@ def run_filter(cfg: FilterConfig) -> dict:
         files = {
             "train.jsonl": "".join(json.dumps(e, ensure_ascii=False) + "\n" for e in examples),
             "stats.json": json.dumps(stats, indent=2) + "\n",
-            "README.md": dataset_card(stats, cfg),
+            "README.md": dataset_card(stats, cfg, task),
         }
         write_dataset_dir(folder, files, {"stage": "filter", "config": to_dict(cfg), "complete": True,
-                                          "method": method, "inputs": inputs, "settings": content_key(cfg),
+                                          "task": task.name, "method": method, "inputs": inputs,
+                                          "settings": content_key(cfg),
                                           "counts": {"seen": stats["seen"], "kept": stats["kept"]},
                                           "fireact_imports": reports})
         print(stats_line(stats))
@@ -425,7 +459,7 @@ def run_filter(cfg: FilterConfig) -> dict:
     if not results:
         raise PipelineError(f"filter: no method kept any episode ({', '.join(empty)}); check the inputs' em/finished fields")
     write_manifest(out_dir / "manifest.json", stage="filter", config=to_dict(cfg), complete=True,
-                   inputs=inputs, methods=sorted(results), empty_methods=empty,
+                   task=task.name, inputs=inputs, methods=sorted(results), empty_methods=empty,
                    counts={m: {"seen": s["seen"], "kept": s["kept"]} for m, s in results.items()})
     written = ", ".join(f"{m} {s['kept']}" for m, s in results.items())
     print(f"datasets in {out_dir}/<method>/train.jsonl: {written}")

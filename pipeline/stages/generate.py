@@ -3,17 +3,19 @@
     python -m pipeline generate --config configs/demo.yaml                 # the demo's section
     python -m pipeline generate teacher.backend=oracle methods=[react,act] limit=20 out_dir=runs/gen/x
     python -m pipeline generate teacher.model=smollm2 questions=offline-bootstrap limit=8
+    python -m pipeline generate --config configs/fever.yaml        # FEVER claims (task: fever)
 
 One record per finished episode is appended (flushed, fsynced) as it finishes; a re-run skips the
 question ids already written, so a killed run resumes where it stopped.
 
 Target mode (`target_correct=N`, as the paper keeps 3,000 correct trajectories per method): the
 question pool (the set, cut to `limit` if given) is shuffled with `order_seed`, and each method
-draws questions in that order, a batch at a time, until it has N correct (finished, EM 1)
-episodes or the pool is exhausted; it reports how many questions it needed. A re-run recomputes
+draws questions in that order, a batch at a time, until it has N correct (finished, and correct
+by the task's metric: HotpotQA EM 1, FEVER the gold label) episodes or the pool is exhausted; it reports how many questions it needed. A re-run recomputes
 everything from the records, so it resumes too (and a larger N continues where a smaller stopped). `teacher.backend=oracle`
 is a stand-in teacher that writes correct trajectories from HotpotQA's gold supporting facts
-(NOT the paper's PaLM-540B); any transformers / vllm / openai model is a real teacher.
+(NOT the paper's PaLM-540B; FEVER's replays ReAct's released trajectories, pipeline.tasks.fever);
+any transformers / vllm / openai model is a real teacher.
 `teacher.oracle_style=agent` makes the oracle search names as the question writes them, miss and
 recover (`exact`, the default, searches the gold titles). The stats (manifest, summary lines) say
 how often Act / ReAct episodes missed a search, recovered, and used Lookup.
@@ -40,6 +42,7 @@ from pipeline.errors import PipelineError
 from pipeline.llm.config import LLMConfig
 from pipeline.methods import MethodSettings
 from pipeline.storage import check_writable_dir, write_manifest
+from pipeline.tasks import Task, get_task
 from pipeline.wiki.config import WikiConfig
 
 
@@ -47,9 +50,10 @@ from pipeline.wiki.config import WikiConfig
 class GenerateConfig:
     RENAMED_KEYS: ClassVar[dict[str, str]] = {"method": "prompting"}  # old key -> new (pipeline.config)
 
+    task: str = "hotpotqa"  # hotpotqa | fever (pipeline.tasks): the questions, metric and exemplars
     teacher: LLMConfig = field(default_factory=LLMConfig)  # backend: transformers|vllm|openai|oracle
     methods: list[str] = field(default_factory=lambda: ["standard", "cot", "act", "react"])
-    questions: str = "offline-bootstrap"  # a question-set name (pipeline.hotpotqa) or a file
+    questions: str = "offline-bootstrap"  # a question-set name of the task (pipeline.tasks) or a file
     limit: int | None = None  # the first N questions of the set
     out_dir: Path = Path("runs/generate/default")
     prompting: MethodSettings = field(default_factory=MethodSettings)  # how the teacher is prompted
@@ -64,7 +68,7 @@ class GenerateConfig:
 
 
 # Keys whose change makes old records incomparable with new ones (a larger `limit` is fine).
-IDENTITY_KEYS = ("teacher", "questions", "prompting", "wiki", "shard")
+IDENTITY_KEYS = ("task", "teacher", "questions", "prompting", "wiki", "shard")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -79,10 +83,11 @@ def main(args: argparse.Namespace) -> int:
 def generate(cfg: GenerateConfig) -> dict[str, dict]:
     """Run every method; return per-method stats. Validates everything before writing."""
     check_writable_dir(cfg.out_dir)  # before any model is loaded or episode run
-    teacher = answerer(cfg.teacher)
+    task = get_task(cfg.task)
+    teacher = answerer(cfg.teacher, task)
     keys = IDENTITY_KEYS if cfg.target_correct is None else (*IDENTITY_KEYS, "order_seed")
     questions, backend, llm, exemplar_sources = start_run(cfg, "generate", teacher, cfg.prompting, keys)
-    manifest = dict(stage="generate", config=to_dict(cfg), teacher=teacher.label,
+    manifest = dict(stage="generate", config=to_dict(cfg), task=task.name, teacher=teacher.label,
                     exemplar_sources=exemplar_sources, n_questions=len(questions))
     with writing_run(cfg, keys, manifest) as manifest_path:
         if cfg.target_correct is None:
@@ -91,10 +96,10 @@ def generate(cfg: GenerateConfig) -> dict[str, dict]:
                                 max_error_share=cfg.max_error_share)
         else:
             stats = run_to_target(teacher, llm, cfg, questions, backend)
-        add_search_stats(stats, cfg.out_dir, questions)
+        add_search_stats(stats, cfg.out_dir, questions, task)
         write_manifest(manifest_path, complete=True, stats=stats, **manifest)
     for name, s in stats.items():
-        print(f"{name:>16}: {s['n']} episodes, EM {s['em']:.3f}, F1 {s['f1']:.3f}, "
+        print(f"{name:>16}: {s['n']} episodes, {task.metric_label} {s['em']:.3f}, F1 {s['f1']:.3f}, "
               f"finished {s['finish_rate']:.0%} -> {cfg.out_dir / (name + '.jsonl')}")
         if "target" in s:
             t = s["target"]
@@ -116,18 +121,19 @@ def draw_order(questions: list, seed: int) -> list:
     return order
 
 
-def is_correct(record: dict) -> bool:
-    return bool(record.get("finished")) and float(record.get("em") or 0.0) == 1.0
+def is_correct(record: dict, task: Task | None = None) -> bool:
+    """What target mode counts: a finished episode, correct by the task's rule (pipeline.tasks)."""
+    return bool(record.get("finished")) and get_task(task).is_correct(record)
 
 
-def target_progress(order: list, records: dict[str, dict], target: int) -> dict:
+def target_progress(order: list, records: dict[str, dict], target: int, task: Task | None = None) -> dict:
     """Correct episodes so far and, once there are `target`, how many questions of the order
     it took to reach them (counting in draw order, so it does not depend on which episode of a
     batch happened to finish first)."""
     correct, needed = 0, None
     for position, q in enumerate(order, 1):
         record = records.get(str(q.id))
-        if record is not None and is_correct(record):
+        if record is not None and is_correct(record, task):
             correct += 1
             if correct == target and needed is None:
                 needed = position
@@ -159,7 +165,7 @@ def run_to_target(teacher, llm, cfg: GenerateConfig, questions: list, backend) -
         while True:
             records = {str(r["id"]): r for r in (read_jsonl(path) if path.exists() else [])
                        if str(r["id"]) in pool_ids}
-            progress = target_progress(order, records, target)
+            progress = target_progress(order, records, target, teacher.task)
             todo = [q for q in order if str(q.id) not in records]
             if progress["reached"] or not todo:
                 break
@@ -172,7 +178,7 @@ def run_to_target(teacher, llm, cfg: GenerateConfig, questions: list, backend) -
     return stats
 
 
-def add_search_stats(stats: dict[str, dict], out_dir: Path, questions: list) -> None:
+def add_search_stats(stats: dict[str, dict], out_dir: Path, questions: list, task: Task | None = None) -> None:
     """For Act / ReAct files: how the episodes searched (pipeline.search_stats), over all of them
     (`search`) and over the correct ones the filter keeps for training (`search_correct`)."""
     from pipeline.search_stats import search_stats
@@ -184,7 +190,7 @@ def add_search_stats(stats: dict[str, dict], out_dir: Path, questions: list) -> 
         records = [r for r in read_jsonl(path) if str(r["id"]) in ids and r.get("steps")] if path.exists() else []
         if records:
             s["search"] = search_stats(records)
-            s["search_correct"] = search_stats(r for r in records if float(r.get("em") or 0) == 1.0)
+            s["search_correct"] = search_stats(r for r in records if get_task(task).is_correct(r))
 
 
 def search_line(s: dict) -> str:

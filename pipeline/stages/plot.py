@@ -6,11 +6,12 @@ a Markdown table, and a check of the five orderings the paper states about that 
     python -m pipeline plot summaries=[a.json,b.json] fireact_runs=[../shared/data/fireact/trajs]
 
 Two panels (prompting, fine-tuning); x = model size in billions of parameters (log scale);
-y = HotpotQA EM (%); one line per method (Standard, CoT, Act, ReAct), CoT-SC and the hybrids as
+y = the task's metric (%: HotpotQA EM, FEVER accuracy; every summary must be of one task, a
+row without `task` is HotpotQA's); one line per method (Standard, CoT, Act, ReAct), CoT-SC and the hybrids as
 markers; each of our points carries its 95% Wilson interval over its n questions (an error bar,
 and `EM [low, high]` in the table), and the orderings check calls a gap within noise when
-Newcombe's 95% interval for it (built from the same two intervals) contains 0. Reference points (ReAct paper Table 1 at 540B, FireAct's Llama-2 numbers, and FireAct's
-released runs when `fireact_runs` is set) are drawn hollow and labelled; they are not "our" data
+Newcombe's 95% interval for it (built from the same two intervals) contains 0. Reference points (the task's: ReAct paper Table 1 at 540B, and for HotpotQA FireAct's Llama-2
+numbers and FireAct's released runs when `fireact_runs` is set) are drawn hollow and labelled; they are not "our" data
 and never enter the orderings check except where it says so. Rows of released checkpoints
 evaluated here (`released` in the row: eval of a checkpoint trained elsewhere) are drawn as
 filled plus markers labelled with their own name, apart from our students' lines, and are not judged
@@ -39,7 +40,7 @@ from pathlib import Path
 from pipeline.config import add_config_arguments, stage_config, to_dict
 from pipeline.errors import PipelineError
 from pipeline.intervals import difference_interval, rate_interval
-from pipeline.reference import ORDERINGS, reference_rows
+from pipeline.reference import ORDERINGS
 from pipeline.storage import (
     atomic_path,
     atomic_write_json,
@@ -51,6 +52,7 @@ from pipeline.storage import (
     require_complete,
     write_manifest,
 )
+from pipeline.tasks import Task, get_task, task_of
 
 FOUR = ("standard", "cot", "act", "react")
 MARKER_METHODS = ("cot_sc", "react_to_cot_sc", "cot_sc_to_react")
@@ -217,6 +219,16 @@ def label_precisions(rows: list[dict]) -> None:
         row["model"] = f"{row['model']} [{precision_of(row)}]"
 
 
+def check_task(rows: list[dict]) -> Task:
+    """The one task every row answers (a row older than the `task` key: HotpotQA)."""
+    tasks = sorted({task_of(r) for r in rows})
+    if len(tasks) > 1:
+        where = {t: next(r["origin"] for r in rows if task_of(r) == t) for t in tasks}
+        raise PipelineError("plot: summaries of different tasks in one figure ("
+                            + "; ".join(f"{t} e.g. {w}" for t, w in where.items()) + "); plot each task separately")
+    return get_task(tasks[0] if tasks else None)
+
+
 def check_duplicates(rows: list[dict]) -> None:
     seen: dict[tuple, str] = {}
     for row in rows:
@@ -374,8 +386,11 @@ def _pct_ci(row: dict) -> str:
     return _pct(row) + (f" [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]" if ci else "")
 
 
-def orderings_text(results: list[OrderingResult]) -> str:
+def orderings_text(results: list[OrderingResult], task: Task | None = None) -> str:
     lines = ["# The paper's figure-3 orderings, checked on these results", ""]
+    task = get_task(task)
+    if not task.states_orderings:
+        lines.append(f"The paper's figure 3 is HotpotQA's; it states no orderings for {task.title}: none checked.")
     for r in results:
         caveats = f" ({'; '.join(r.caveats)})" if r.caveats else ""
         lines.append(f"{r.number}. {r.statement} -> **{r.verdict}**{caveats}")
@@ -408,9 +423,12 @@ def results_csv(rows: list[dict], references: list[dict]) -> str:
     return out.getvalue()
 
 
-def results_markdown(rows: list[dict], references: list[dict], question_sets: list[str]) -> str:
-    lines = [f"# HotpotQA EM (%) by model size: {', '.join(question_sets)}", "",
-             "Each cell: EM [95% Wilson interval over the n questions] (n=questions).", ""]
+def results_markdown(rows: list[dict], references: list[dict], question_sets: list[str],
+                     task: Task | None = None) -> str:
+    task = get_task(task)
+    metric = task.metric_label
+    lines = [f"# {task.title} {metric} (%) by model size: {', '.join(question_sets)}", "",
+             f"Each cell: {metric} [95% Wilson interval over the n questions] (n=questions).", ""]
     for mode, title in MODES.items():
         mode_rows = [r for r in rows if r["mode"] == mode]
         if not mode_rows:
@@ -429,7 +447,7 @@ def results_markdown(rows: list[dict], references: list[dict], question_sets: li
         lines.append("")
     if references:
         lines += ["## Reference points (published, not run here)", "",
-                  "| source | model | mode | method | EM | reference |", "|---|---|---|---|---:|---|"]
+                  f"| source | model | mode | method | {metric} | reference |", "|---|---|---|---|---:|---|"]
         lines += [f"| {r['source']} | {r['model']} | {r['mode']} | {_label(r)} | {_pct(r)} | "
                   f"{r.get('reference') or r.get('note') or ''} |" for r in _sorted(references)]
         lines.append("")
@@ -444,8 +462,9 @@ def _sorted(rows: list[dict]) -> list[dict]:
 # ---------------------------------------------------------------- the figure
 
 
-def draw_figure(rows: list[dict], references: list[dict], title: str):
+def draw_figure(rows: list[dict], references: list[dict], title: str, task: Task | None = None):
     """The two-panel figure; returns the matplotlib Figure (Agg backend, no display needed)."""
+    task = get_task(task)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -487,7 +506,7 @@ def draw_figure(rows: list[dict], references: list[dict], title: str):
         ax.grid(alpha=0.3)
         if not mode_rows and not mode_released:
             ax.text(0.5, 0.5, "no runs", transform=ax.transAxes, ha="center", color="gray")
-    axes[0].set_ylabel("HotpotQA EM (%)")
+    axes[0].set_ylabel(f"{task.title} {task.metric_label} (%)")
     axes[0].set_ylim(-1.5, top * 1.15 + 2)  # below 0 so points at EM 0 are not cut
     shown = {r["method"] for r in [*rows, *references]}
     handles = [Line2D([], [], color=COLORS[m], marker="o", label=METHOD_LABELS[m]) for m in FOUR if m in shown]
@@ -578,9 +597,12 @@ def save_figure(fig, path: Path, fmt: str) -> None:
 # ---------------------------------------------------------------- the stage
 
 
-def collect_references(cfg: PlotConfig) -> list[dict]:
-    references = reference_rows() if cfg.reference_points else []
+def collect_references(cfg: PlotConfig, task: Task | None = None) -> list[dict]:
+    task = get_task(task)
+    references = task.reference_rows() if cfg.reference_points else []
     if cfg.fireact_runs:
+        if task.name != "hotpotqa":
+            raise PipelineError(f"plot: fireact_runs are HotpotQA evaluations; these summaries are {task.title}'s")
         from pipeline.importers import read_fireact_eval_runs
 
         for path in cfg.fireact_runs:
@@ -598,17 +620,20 @@ def run_plot(cfg: PlotConfig) -> dict[str, Path]:
     check_writable_dir(cfg.out_dir)
     rows = load_summaries(cfg.summaries)
     question_sets = check_question_sets(rows, cfg.allow_mixed_question_sets)
+    task = check_task(rows)
     label_precisions(rows)
     check_duplicates(rows)
-    references = collect_references(cfg)
-    # The paper's orderings are about students trained by this recipe: released agents are plotted, not judged.
-    results = check_orderings([r for r in rows if not r.get("released")], references, cfg.clear_margin)
+    references = collect_references(cfg, task)
+    # The paper's orderings are about students trained by this recipe: released agents are plotted, not
+    # judged; they are stated about HotpotQA only.
+    ours = [r for r in rows if not r.get("released")]
+    results = check_orderings(ours, references, cfg.clear_margin) if task.states_orderings else []
     out = Path(cfg.out_dir)
     paths = {"png": out / f"{cfg.name}.png", "svg": out / f"{cfg.name}.svg", "csv": out / "results.csv",
              "md": out / "results.md", "orderings": out / "orderings.md", "orderings_json": out / "orderings.json"}
     remove_stale_temps(out)  # a killed run's half-written figure or tables
-    title = cfg.title or f"HotpotQA EM: prompting vs fine-tuning ({', '.join(question_sets)})"
-    fig = draw_figure(rows, references, title)
+    title = cfg.title or f"{task.title} {task.metric_label}: prompting vs fine-tuning ({', '.join(question_sets)})"
+    fig = draw_figure(rows, references, title, task)
     try:
         save_figure(fig, paths["png"], "png")
         save_figure(fig, paths["svg"], "svg")
@@ -617,15 +642,15 @@ def run_plot(cfg: PlotConfig) -> dict[str, Path]:
 
         plt.close(fig)
     atomic_write_text(paths["csv"], results_csv(rows, references))
-    atomic_write_text(paths["md"], results_markdown(rows, references, question_sets))
-    text = orderings_text(results)
+    atomic_write_text(paths["md"], results_markdown(rows, references, question_sets, task))
+    text = orderings_text(results, task)
     atomic_write_text(paths["orderings"], text)
     atomic_write_json(paths["orderings_json"], [r.to_dict() for r in results])
-    write_manifest(out / "manifest.json", stage="plot", config=to_dict(cfg), complete=True,
+    write_manifest(out / "manifest.json", stage="plot", config=to_dict(cfg), complete=True, task=task.name,
                    inputs=[file_fingerprint(p) for p in cfg.summaries], rows=len(rows),
                    references=len(references), outputs={k: str(v) for k, v in paths.items()},
                    orderings={r.number: r.verdict for r in results})
-    print(results_markdown(rows, [], question_sets))
+    print(results_markdown(rows, [], question_sets, task))
     print(text)
     print(f"figure: {paths['png']} and {paths['svg']}; table: {paths['md']}, {paths['csv']}")
     return paths

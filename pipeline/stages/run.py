@@ -3,8 +3,8 @@
     python -m pipeline run --config configs/demo.yaml          # the CPU demo (scripts/demo.sh)
     python -m pipeline run --config configs/paper.yaml         # the full-scale grid (GPUs)
 
-The experiment YAML names the teacher, the methods, the students by size class, the question
-sets and each stage's settings (sections `generate`, `filter`, `train`, `eval`, `plot`, with
+The experiment YAML names the task (`task: fever`; default hotpotqa), the teacher, the methods,
+the students by size class, the question sets and each stage's settings (sections `generate`, `filter`, `train`, `eval`, `plot`, with
 `students:` a list; a student given as `checkpoint:` is already fine-tuned, e.g. a released agent,
 and is only evaluated). Every unit (a generate run, a dataset, a student x method training run, an
 evaluation) is skipped when its manifest says it is complete with the same config; an interrupted
@@ -54,6 +54,7 @@ from pipeline.stages.generate import GenerateConfig, generate
 from pipeline.stages.plot import PlotConfig, run_plot
 from pipeline.stages.train import gpu_count, pick_accelerate_config, processes_for, train
 from pipeline.storage import check_writable_dir, is_done, read_manifest
+from pipeline.tasks import DEFAULT_TASK
 
 
 @dataclass
@@ -79,6 +80,7 @@ class Student:
 class RunConfig:
     experiment: str = "default"
     out_dir: Path = Path("runs/default")
+    task: str = "hotpotqa"  # hotpotqa | fever (pipeline.tasks), for generate and every eval
     methods: list[str] = field(default_factory=lambda: ["standard", "cot", "act", "react"])
     wiki: dict = field(default_factory=dict)  # WikiConfig keys shared by generate and eval
     generate: dict = field(default_factory=dict)  # GenerateConfig keys
@@ -388,12 +390,20 @@ def skip_or(action, identity=None):
     """Run a generate/eval unit unless its manifest says it is complete with this config (and
     the same `identity(config)`: an eval run in another precision is not this one)."""
     def run_unit(config):
-        manifest = Path(config.out_dir) / "manifest.json"
-        if is_done(manifest, config=to_dict(config), **(identity(config) if identity else {})):
+        if unit_done(Path(config.out_dir) / "manifest.json", config, identity(config) if identity else {}):
             print(f"[run] skip: {config.out_dir} is complete")
             return None
         return action(config)
     return run_unit
+
+
+def unit_done(manifest: Path, config, expected: dict) -> bool:
+    """`is_done` with this config; a manifest written before configs had `task` was a HotpotQA run's."""
+    wanted = to_dict(config)
+    if is_done(manifest, config=wanted, **expected):
+        return True
+    older = {k: v for k, v in wanted.items() if k != "task"}
+    return wanted.get("task") == DEFAULT_TASK and is_done(manifest, config=older, **expected)
 
 
 def with_model_card(final: Path, action):
@@ -453,7 +463,7 @@ def relay_stderr(proc: subprocess.Popen) -> str | None:
 
 
 def generate_config(cfg: RunConfig):
-    layers = merged({"methods": cfg.methods, "wiki": cfg.wiki}, cfg.generate,
+    layers = merged({"task": cfg.task, "methods": cfg.methods, "wiki": cfg.wiki}, cfg.generate,
                     {"out_dir": str(cfg.out_dir / "generate")})
     return build(GenerateConfig, layers, where="generate")
 
@@ -534,7 +544,8 @@ def eval_config(cfg: RunConfig, student: Student, final: Path | None, fmt: str |
         name, layer = f"{student.name}-ft-{fmt}", {
             "checkpoint": str(final), "methods": [fmt],
             "size_class": student.size_class, "params_b": student.params_b}
-    layers = merged({"wiki": cfg.wiki}, cfg.eval, student.eval, layer, {"out_dir": str(cfg.out_dir / "eval" / name)})
+    layers = merged({"task": cfg.task, "wiki": cfg.wiki}, cfg.eval, student.eval, layer,
+                    {"out_dir": str(cfg.out_dir / "eval" / name)})
     ev = build(EvalConfig, layers, where=f"eval ({name})")
     check_serving(ev, f"eval ({name})")
     return ev
@@ -562,7 +573,8 @@ def checkpoint_eval_config(cfg: RunConfig, student: Student):
     name = f"{student.name}-checkpoint"
     layer = {"checkpoint": student.checkpoint, "format": student.format, "methods": EvalConfig().methods,
              "size_class": student.size_class, "params_b": student.params_b}
-    layers = merged({"wiki": cfg.wiki}, cfg.eval, student.eval, layer, {"out_dir": str(cfg.out_dir / "eval" / name)})
+    layers = merged({"task": cfg.task, "wiki": cfg.wiki}, cfg.eval, student.eval, layer,
+                    {"out_dir": str(cfg.out_dir / "eval" / name)})
     ev = build(EvalConfig, layers, where=f"eval ({name})")
     check_serving(ev, f"eval ({name})")
     return ev

@@ -3,6 +3,8 @@
     python -m pipeline wiki build                                   # the offline corpus -> data/wiki/
     python -m pipeline wiki build --corpus ../shared/data/wiki/corpus.jsonl --out data/wiki/hotpotqa-local.sqlite
     python -m pipeline wiki build --corpus enwiki-20171001-pages-meta-current-withlinks-abstracts.tar.bz2 --out data/wiki/enwiki-2017.sqlite
+    python -m pipeline wiki build --corpus ../shared/data/react/fever_react_davinci002_500_trajs.jsonl \
+        --out data/wiki/fever-observed.sqlite                      # FEVER's offline pages (pipeline/wiki/observed.py)
     python -m pipeline wiki step 'Search[Milhouse Van Houten]' 'Lookup[Matt Groening]' 'Finish[Simpson]' \
         --question "Who named Milhouse?" --answer "Richard Nixon"
     python -m pipeline wiki search "Adam Clayton Powell"            # the page, or the similar titles
@@ -45,7 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _add_index(step)
     step.add_argument("actions", nargs="+", metavar="ACTION", help="e.g. 'Search[Milhouse]' 'Lookup[Nixon]'")
     step.add_argument("--question", default="", help="the question (only echoed by reset)")
-    step.add_argument("--answer", default=None, help="gold answer: Finish[...] then scores EM/F1")
+    step.add_argument("--answer", default=None, help="gold answer: Finish[...] then scores it (the task's metric)")
+    step.add_argument("--task", default="hotpotqa", help="whose metric scores a Finish: hotpotqa (EM/F1, default) or fever")
     step.add_argument("--max-steps", type=int, default=MethodSettings.max_steps, help="step limit (default 7)")
     step.add_argument("--style", choices=["clean", "original"], default=DEFAULTS.observation_style,
                       help="observation style (default clean; original = wikienv.py's text and rules)")
@@ -98,13 +101,15 @@ def build(args: argparse.Namespace) -> int:
 
 
 def step(args: argparse.Namespace) -> int:
+    from pipeline.tasks import get_task
     from pipeline.wiki.env import WikiEnv
     from pipeline.wiki.index import LocalIndex
 
     if args.max_steps < 1:
         raise PipelineError(f"--max-steps must be at least 1, got {args.max_steps}")
+    score = get_task(args.task).scores
     with LocalIndex(args.index) as index:
-        env = WikiEnv(index, max_steps=args.max_steps, style=args.style)
+        env = WikiEnv(index, max_steps=args.max_steps, style=args.style, score=score)
         env.reset(args.question, args.answer)
         for action in args.actions:
             observation, reward, done, info = env.step(action)

@@ -4,7 +4,9 @@
 
 Containers (chosen by the path) and records (recognised by their keys):
 - `.jsonl`: one record per line, either a page `{"title", "sentences": [...]}` / `{"title",
-  "text": ...}`, or a HotpotQA question record with `context` (our `with_context.jsonl`);
+  "text": ...}`, or a HotpotQA question record with `context` (our `with_context.jsonl`); or
+  released ReAct trajectories (`traj` per record): pages rebuilt from their observations
+  (pipeline.wiki.observed; FEVER's offline corpus);
 - `.json`: a JSON list of such records, parsed incrementally (the official HotpotQA files,
   `hotpot_train_v1.1.json` is 540 MB);
 - the HotpotQA enwiki-2017 dump, `enwiki-20171001-pages-meta-current-withlinks-abstracts.tar.bz2`:
@@ -49,10 +51,11 @@ from typing import IO, Any
 
 from pipeline.errors import PipelineError
 from pipeline.wiki.backend import Page, paragraph_sizes
+from pipeline.wiki.observed import is_trajectory_file, observed_pages
 
 FORMATS_HELP = (
     "corpus JSONL ({title, sentences} or {title, text} per line), HotpotQA JSON/JSONL with "
-    "context paragraphs, or the HotpotQA enwiki dump (.tar.bz2 of .bz2 JSON-lines shards, its "
+    "context paragraphs, released ReAct trajectories (.jsonl with traj), or the HotpotQA enwiki dump (.tar.bz2 of .bz2 JSON-lines shards, its "
     "unpacked folder, or one .bz2 shard; the processed full-article dump alike), a local "
     "wikimedia/wikipedia .parquet/.arrow file, or redirects (.xml[.bz2] pages-articles dump, "
     "from<TAB>to .tsv)"
@@ -294,6 +297,9 @@ def read_source(path: str | Path, stats: SourceStats | None = None) -> Iterator[
     reader = _Reader(stats)
     if container in REDIRECT_CONTAINERS:
         raise PipelineError(f"{path}: a redirect source, not pages; read it with read_redirects")
+    if container == "jsonl" and is_trajectory_file(path):  # released trajectories: pages from observations
+        yield from observed_pages(path, stats)
+        return
     if container in ("parquet", "arrow"):
         for where, record in _dataset_records(path, container):
             yield from reader.pages(record, where)

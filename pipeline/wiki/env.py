@@ -1,8 +1,14 @@
-"""WikiEnv: the paper's HotpotQA environment, text in, text out.
+"""WikiEnv: the paper's Wikipedia environment, text in, text out.
 
-    env = WikiEnv(LocalIndex("data/wiki.sqlite"))
+    env = WikiEnv(LocalIndex("data/wiki.sqlite"), score=get_task("hotpotqa").scores)
     env.reset(question, gold_answer)
     observation, reward, done, info = env.step("Search[Milhouse]")
+
+It knows Search, Lookup and Finish, and nothing of a task: no question line, no metric. A task
+(pipeline.tasks) gives it `score(answer, gold) -> {"em", "f1"}`, which decides the reward a
+Finish reports (`em`: 1 when correct) and the `em` / `f1` of `info`; a gold answer without one
+is refused at `reset`, and without a gold answer (replay, benchmarks) a Finish is scored 0.
+`info["answer"]` is what the episode answered.
 
 Two observation styles (`style=`, or the `observation_style` the config put on the backend):
 
@@ -26,9 +32,9 @@ Both: a miss reads `Could not find X. Similar: [...]`; Lookup walks the matching
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from pipeline.metrics import exact_match, f1_score
 from pipeline.wiki.actions import Action, parse_action, parse_action_original
 from pipeline.wiki.backend import DISAMBIGUATION_MARK, Page, WikiBackend
 
@@ -36,6 +42,7 @@ SENTENCES_SHOWN = 5
 SIMILAR_SHOWN = 5
 MAX_ARGUMENT_CHARS = 500  # a 10,000-character Search[...] is answered, not sent to the backend
 OBSERVATION_STYLES = ("clean", "original")
+Scorer = Callable[[str, str], dict[str, float]]  # (answer, gold) -> {"em", "f1"}: a task's `scores`
 
 
 def original_page_text(page: Page) -> str:
@@ -68,18 +75,24 @@ class EpisodeState:
 
 
 class WikiEnv:
-    def __init__(self, backend: WikiBackend, max_steps: int = 7, style: str | None = None):
+    def __init__(self, backend: WikiBackend, max_steps: int = 7, style: str | None = None,
+                 score: Scorer | None = None):
         self.backend = backend
         self.max_steps = max_steps
+        self.score = score
         self.style = style or getattr(backend, "observation_style", "clean")
         if self.style not in OBSERVATION_STYLES:
             raise ValueError(f"observation style {self.style!r}: expected one of {OBSERVATION_STYLES}")
         self.original = self.style == "original"
         self.state = EpisodeState()
 
-    def reset(self, question: str, gold_answer: str | None = None) -> str:
+    def reset(self, question: str, gold_answer: str | None = None) -> None:
+        """A new episode (the question is kept for the record only; the task's question line
+        is the method's to write). A gold answer needs the task's `score` to mean anything."""
+        if gold_answer is not None and self.score is None:
+            raise ValueError("WikiEnv.reset got a gold answer but the env has no score=: pass the task's "
+                             "(e.g. WikiEnv(backend, score=get_task('hotpotqa').scores))")
         self.state = EpisodeState(question=question, gold_answer=gold_answer)
-        return f"Question: {question}"
 
     def step(self, action_text: str) -> tuple[str, float, bool, dict]:
         """Apply one action. Never raises on bad model text: it becomes an observation."""
@@ -168,18 +181,15 @@ class WikiEnv:
         needle = keyword.lower()
         return [s.strip() for s in page.sentences if needle in s.lower()]
 
+    def scores(self) -> dict[str, float]:
+        s = self.state
+        if self.score is None or s.gold_answer is None or s.answer is None:
+            return {"em": 0.0, "f1": 0.0}
+        return self.score(s.answer, s.gold_answer)
+
     def reward(self) -> float:
-        if self.state.gold_answer is None:
-            return 0.0
-        return exact_match(self.state.answer, self.state.gold_answer)
+        return self.scores()["em"]
 
     def info(self) -> dict:
         s = self.state
-        gold = s.gold_answer
-        return {
-            "steps": s.steps,
-            "answer": s.answer,
-            "em": exact_match(s.answer, gold) if gold is not None and s.answer is not None else 0.0,
-            "f1": f1_score(s.answer, gold) if gold is not None and s.answer is not None else 0.0,
-            "finished": s.answer is not None,
-        }
+        return {"steps": s.steps, "answer": s.answer, **self.scores(), "finished": s.answer is not None}

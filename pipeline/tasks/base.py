@@ -1,0 +1,95 @@
+"""What a task owns, and nothing else: its questions and splits, the question line, its answer
+space, its metric and what counts as correct, its exemplars, its stand-in teacher and its published
+reference points (the original ReAct code's `wrappers.py`: one wrapper per task, around one
+Wikipedia environment that knows only Search, Lookup and Finish).
+
+The stages, the methods and the episode runner are given a task and ask it; the environment is
+given only `task.scores` (the metric is injected, as DSPy's `BootstrapFinetune` takes one), so a
+new task is a new subclass in its own folder plus one line in `pipeline.tasks.TASK_MODULES`.
+
+    task = get_task("fever")
+    task.score("not enough info", "NOT ENOUGH INFO")   # 1.0: the reward of a Finish, RL's reward too
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import PipelineError
+
+
+class Task:
+    name: str = ""  # the config value: `task: fever`
+    title: str = ""  # how figures, cards and tables name it: "FEVER"
+    question_label: str = "Question"  # the question line's first word: "Question: ..." / "Claim: ..."
+    metric_label: str = "EM"  # what the records' `em` field means for this task: "EM" | "accuracy"
+    correct_rule: str = "exact match 1"  # how cards state `is_correct`
+    answer_space: tuple[str, ...] | None = None  # the closed set of answers, or None (free text)
+    question_sets: tuple[str, ...] = ()  # the named sets `load_questions` knows (for messages)
+    # ReAct's step limit inside the two hybrids (the paper: 7 for HotpotQA, 5 for FEVER); None:
+    # `prompting.max_steps`, as for plain ReAct and Act.
+    hybrid_react_steps: int | None = None
+    # The paper's exemplars: a data source (pipeline.paths) and its key per trajectory format.
+    paper_prompts: str = ""
+    paper_keys: dict[str, str] = {}
+    exemplar_dir: Path | None = None  # our own exemplars (`exemplars: ours`), if the task has any
+    # Where the questions come from, for cards: "<citation>: <what>, <licence>"
+    citation: str = ""  # "HotpotQA (Yang et al. 2018)"
+    data_kind: str = "questions and answers"
+    licence: str = ""  # "CC BY-SA 4.0"
+    hub_dataset: str | None = None  # the questions on the Hugging Face hub, for card metadata
+    oracle_source: str = ""  # what the stand-in teacher (`teacher.backend=oracle`) reads, for manifests
+    states_orderings: bool = False  # whether the paper states figure-3 orderings for this task
+
+    def load_questions(self, name: str, limit: int | None = None) -> list[Any]:
+        """A named question set (or a file): objects with `id`, `question`, `answer`."""
+        raise NotImplementedError
+
+    def normalize(self, answer: str | None) -> str:
+        """The form in which two answers are compared (the CoT-SC vote too)."""
+        raise NotImplementedError
+
+    def scores(self, prediction: str | None, gold: str) -> dict[str, float]:
+        """The record's `em` (1.0 when correct by this task's metric) and `f1` for one answer."""
+        raise NotImplementedError
+
+    def score(self, prediction: str | None, gold: str) -> float:
+        """One answer's score: 1.0 when correct. A Finish's reward; a reward for RL."""
+        return self.scores(prediction, gold)["em"] if prediction is not None else 0.0
+
+    def is_correct(self, record: dict) -> bool:
+        """Whether an episode record answered correctly: the one rule generate's target mode and
+        filter keep trajectories by (each also asks that the episode finished)."""
+        return float(record.get("em") or 0.0) == 1.0
+
+    def data_line(self) -> str:
+        """The questions' source and licence, as cards state it."""
+        return f"{self.citation}: {self.data_kind}, {self.licence}"
+
+    def paper_instruction(self, fmt: str) -> str:
+        """What precedes the paper's exemplars of `fmt` (where the released text has none of its own)."""
+        return ""
+
+    def our_instruction(self, fmt: str) -> str:
+        """What precedes our own exemplars of `fmt`."""
+        raise PipelineError(f"the {self.title} task has no exemplars of ours; set prompting.exemplars=paper")
+
+    def reference_rows(self) -> list[dict]:
+        """The published points as summary rows (pipeline.reference), for plot."""
+        return []
+
+    def oracle(self, fmt: str, settings: Any, style: str) -> Any:
+        """The stand-in teacher's episode program for `fmt` (labelled `teacher: oracle`)."""
+        raise PipelineError(f"the {self.title} task has no stand-in teacher; use a language model as the teacher")
+
+    def question_facts(self, question: Any) -> dict[str, Any]:
+        """What `data show` counts about a question set."""
+        return {"split": getattr(question, "split", None), "source": getattr(question, "source", None)}
+
+    def describe(self, question: Any) -> str:
+        """One question as `data show` prints it."""
+        return f"- {question.id} {question.question}\n  answer: {question.answer}"
+
+    def __repr__(self) -> str:
+        return f"<task {self.name}>"

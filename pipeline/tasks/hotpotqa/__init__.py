@@ -1,0 +1,115 @@
+"""HotpotQA (Yang et al. 2018), the task of the paper's figure 3: multi-hop questions, free-text
+answers, exact match (and token F1) after the official normalisation.
+
+    task = get_task("hotpotqa")
+    task.load_questions("offline-eval")      # pipeline.hotpotqa: every file format, the named sets
+    task.scores("the Eiffel Tower", "Eiffel Tower")   # {"em": 1.0, "f1": 1.0} (pipeline.metrics)
+
+Its instructions and the keys of the paper's exemplars are here; its other pieces still live where
+they were written (pipeline/hotpotqa.py, pipeline/metrics.py, our exemplars in
+pipeline/methods/exemplars/, the gold-facts oracle in pipeline/methods/oracle.py): this class is
+what the rest of the pipeline sees of them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pipeline import hotpotqa, metrics
+from pipeline.tasks.base import Task
+
+# Our 6 exemplars per format (pipeline/methods/build_exemplars.py writes them), and the keys of
+# the paper's in prompts_naive.json.
+EXEMPLAR_DIR = Path(__file__).resolve().parents[2] / "methods" / "exemplars"
+PAPER_KEYS = {"react": "webthink_simple6", "act": "webact_simple6", "cot": "cotqa_simple6",
+              "standard": "webqa_simple6"}
+
+# Our own wording of the task description that precedes the exemplars (same content as the
+# paper's: what each action does).
+_ACTIONS = (
+    "(1) Search[entity] searches Wikipedia for the exact entity and returns the first paragraph "
+    "of its page if there is one; otherwise it lists similar entities to search instead.\n"
+    "(2) Lookup[keyword] returns the next sentence of the current page that contains the keyword.\n"
+    "(3) Finish[answer] gives the answer and ends the task.\n"
+)
+# hotpotqa.ipynb's `instruction`, verbatim (trailing space on the first line included): the
+# prefix of the paper's ReAct exemplars. The release has no instruction for the other formats,
+# so they keep ours.
+NOTEBOOK_INSTRUCTION = (
+    "Solve a question answering task with interleaving Thought, Action, Observation steps. "
+    "Thought can reason about the current situation, and Action can be three types: \n"
+    "(1) Search[entity], which searches the exact entity on Wikipedia and returns the first "
+    "paragraph if it exists. If not, it will return some similar entities to search.\n"
+    "(2) Lookup[keyword], which returns the next sentence containing keyword in the current passage.\n"
+    "(3) Finish[answer], which returns the answer and finishes the task.\n"
+    "Here are some examples.\n"
+)
+INSTRUCTIONS = {
+    "react": "Answer a question by interleaving Thought, Action and Observation steps. A Thought "
+             "reasons about the situation so far; an Action is one of three kinds:\n" + _ACTIONS
+             + "Here are some examples.\n",
+    "act": "Answer a question by taking Action steps, each followed by its Observation. An Action "
+           "is one of three kinds:\n" + _ACTIONS + "Here are some examples.\n",
+    "cot": "Answer a question by thinking step by step, then giving the answer. Here are some "
+           "examples.\n",
+    "standard": "Answer a question directly. Here are some examples.\n",
+}
+
+
+class HotpotQA(Task):
+    name = "hotpotqa"
+    title = "HotpotQA"
+    question_label = "Question"
+    metric_label = "EM"
+    correct_rule = "exact match 1"
+    question_sets = hotpotqa.QUESTION_SETS
+    hybrid_react_steps = None  # 7, the paper's and prompting.max_steps's default
+    paper_prompts = "react-prompts"
+    paper_keys = PAPER_KEYS
+    exemplar_dir = EXEMPLAR_DIR
+    citation = "HotpotQA (Yang et al. 2018)"
+    licence = "CC BY-SA 4.0"
+    hub_dataset = "hotpotqa/hotpot_qa"
+    oracle_source = "oracle (gold supporting facts)"
+    states_orderings = True
+
+    def load_questions(self, name: str, limit: int | None = None) -> list[hotpotqa.Question]:
+        return hotpotqa.load_question_set(name, limit=limit)
+
+    def normalize(self, answer: str | None) -> str:
+        return metrics.normalize_answer(answer or "")
+
+    def scores(self, prediction: str | None, gold: str) -> dict[str, float]:
+        if prediction is None:
+            return {"em": 0.0, "f1": 0.0}
+        return {"em": metrics.exact_match(prediction, gold), "f1": metrics.f1_score(prediction, gold)}
+
+    def paper_instruction(self, fmt: str) -> str:
+        # hotpotqa.ipynb's instruction precedes the paper's ReAct exemplars; the release has none
+        # for the other formats, so they keep ours.
+        return NOTEBOOK_INSTRUCTION if fmt == "react" else INSTRUCTIONS[fmt]
+
+    def our_instruction(self, fmt: str) -> str:
+        return INSTRUCTIONS[fmt]
+
+    def reference_rows(self) -> list[dict]:
+        from pipeline.reference import reference_rows
+
+        return reference_rows()
+
+    def oracle(self, fmt: str, settings: Any, style: str) -> Any:
+        from pipeline.methods.oracle import oracle_method
+
+        return oracle_method(fmt, settings, style)
+
+    def question_facts(self, question: hotpotqa.Question) -> dict[str, Any]:
+        return {"split": question.split, "type": question.type, "level": question.level,
+                "context": "yes" if question.context is not None else "no", "source": question.source}
+
+    def describe(self, question: hotpotqa.Question) -> str:
+        gold = f"  gold: {question.gold_titles}" if question.supporting_facts else ""
+        return f"- {question.id} [{question.type}] {question.question}\n  answer: {question.answer}{gold}"
+
+
+TASK = HotpotQA()
