@@ -11,9 +11,14 @@ get_data_types), and the JSONs say fp32.
 from __future__ import annotations
 
 import os
+from importlib import resources
 from pathlib import Path
 
 from pipeline.errors import PipelineError
+
+# Shipped inside the package (pipeline/accelerate_configs links to the repository's
+# accelerate_configs/), so a non-editable install finds them too.
+ACCELERATE_CONFIGS = Path(str(resources.files("pipeline") / "accelerate_configs"))
 
 
 def check_deepspeed_device(deepspeed: bool, cuda: bool, on_cpu: bool, processes: int) -> None:
@@ -53,8 +58,6 @@ def settle_deepspeed_config(env: dict | None = None) -> tuple[Path, dict] | None
         return None
     path = Path(named)
     if not path.is_absolute() and not path.is_file():
-        # the stage imports this module, so not at the top
-        from pipeline.stages.train import ACCELERATE_CONFIGS
         if (ACCELERATE_CONFIGS / path.name).is_file():
             path = ACCELERATE_CONFIGS / path.name
     try:

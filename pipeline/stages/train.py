@@ -36,21 +36,17 @@ import signal
 import subprocess
 import sys
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 import yaml
 
 from pipeline.config import add_config_arguments, read_yaml, stage_config, to_dict
-from pipeline.deepspeed_setup import check_deepspeed_device
+from pipeline.deepspeed_setup import ACCELERATE_CONFIGS, check_deepspeed_device
 from pipeline.errors import PipelineError
 from pipeline.finetune import FinetuneConfig, batch_split, resolve
 from pipeline.relay import pieces
 from pipeline.storage import atomic_write_text
 
-# Shipped inside the package (pipeline/accelerate_configs links to the repository's
-# accelerate_configs/), so a non-editable install finds them too.
-ACCELERATE_CONFIGS = Path(str(resources.files("pipeline") / "accelerate_configs"))
 FINETUNE_MODULE = "pipeline.finetune"
 RESOLVED_CONFIG = "finetune_config.yaml"  # the resolved config, beside the checkpoints
 
