@@ -1,7 +1,7 @@
 """How Act / ReAct episodes searched, read from their records' steps: hits and misses, recoveries
-from a miss, Lookups (report their rates with pipeline.intervals.wilson).
+from a miss, Lookups (report their rates with pipeline.report.intervals.wilson).
 
-    from pipeline.intervals import wilson
+    from pipeline.report.intervals import wilson
     from pipeline.search_stats import search_stats
     s = search_stats(records)              # records: episode records (generate or eval)
     s["search_hit_rate"], wilson(s["search_hits"], s["searches"])

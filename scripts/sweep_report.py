@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from pipeline.intervals import rate_interval  # noqa: E402
+from pipeline.report.intervals import rate_interval  # noqa: E402
 
 
 def last_checkpoint(folder: Path) -> Path | None:

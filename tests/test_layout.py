@@ -59,3 +59,32 @@ def test_the_environment_imports_no_task_metric_and_writes_no_question_line():
         assert not reached, f"{path.name} imports {reached}"
     env = PACKAGE / "wiki" / "env.py"
     assert not [s for s in string_constants(env) if "Question:" in s or "Claim:" in s]
+
+
+# Training and inference libraries: the report reads summaries and draws, where no model can run.
+HEAVY = ("torch", "transformers", "vllm", "trl", "peft", "accelerate", "deepspeed")
+
+
+def test_report_imports_no_stage_and_no_training_or_inference_library():
+    """pipeline/report/ (summaries, orderings, tables, figure, intervals, references) never drives a
+    stage, and imports none of HEAVY anywhere in its source (module level or inside a function)."""
+    files = sorted((PACKAGE / "report").glob("*.py"))
+    assert {p.stem for p in files} >= {"summaries", "orderings", "tables", "figure", "intervals", "references"}
+    for path in files:
+        imported = imported_modules(path)
+        assert not {m for m in imported if m.split(".")[0] in HEAVY}, path
+        assert not {m for m in imported if m.startswith("pipeline.stages")}, path
+
+
+def test_importing_the_report_loads_no_training_or_inference_library():
+    """What the source check cannot see: nothing the report imports (methods, tasks, storage)
+    pulls one in either."""
+    import subprocess
+    import sys
+
+    modules = ", ".join(f"pipeline.report.{p.stem}" for p in sorted((PACKAGE / "report").glob("*.py")))
+    code = f"import sys, {modules}; print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"

@@ -144,3 +144,21 @@ def test_majority_vote_normalises_answers():
     assert (winner.prediction, votes) == ("The Beatles", 3)
     loser, none = majority([o(None), o(None)])
     assert (loser.end_reason, none) == ("no_action", 0)
+
+
+def test_the_registry_has_one_distinct_row_per_method(shared_data):
+    """One row per method (pipeline.methods.registry): a unique name, label and look in the
+    figure, formats a student can be trained on, and a row the method is really built from."""
+    from pipeline.methods.registry import METHODS, method_spec
+    from pipeline.trajectory import FORMATS
+
+    assert METHOD_NAMES == tuple(spec.name for spec in METHODS)
+    for key in (lambda s: s.name, lambda s: s.label, lambda s: (s.color, s.marker)):
+        assert len({key(spec) for spec in METHODS}) == len(METHODS)
+    paper = str(shared_data / "react" / "prompts_naive.json")
+    for spec in METHODS:
+        assert spec.formats and set(spec.formats) <= set(FORMATS), spec.name
+        assert set(prompt_prefixes(spec.name, MethodSettings(exemplars=paper))) == set(spec.formats)
+        assert method_spec(spec.name) is spec
+    with pytest.raises(PipelineError, match="unknown method 'nope'; expected one of standard, cot, cot_sc"):
+        method_spec("nope")

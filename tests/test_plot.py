@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import PipelineError
-from pipeline.reference import TABLE1_HOTPOTQA_EM, reference_rows
-from pipeline.stages.plot import PlotConfig, check_orderings, load_summaries, run_plot, validate_row
+from pipeline.report.orderings import check_orderings
+from pipeline.report.references import TABLE1_HOTPOTQA_EM, reference_rows
+from pipeline.report.summaries import load_summaries, validate_row
+from pipeline.stages.plot import PlotConfig, run_plot
 
 REPO = Path(__file__).resolve().parents[1]
 FIREACT_TRAJS = REPO.parent / "shared" / "data" / "fireact" / "trajs"
@@ -153,6 +155,64 @@ def test_run_plot_writes_valid_files(tmp_path, capsys):
     before = paths["svg"].read_bytes()
     run_plot(PlotConfig(summaries=[str(summary)], out_dir=str(out)))
     assert paths["svg"].read_bytes() == before
+
+
+def drawn_colors(ax) -> set[str]:
+    """Every colour an axes draws in: its lines (error-bar lines too) and its point collections."""
+    from matplotlib.colors import to_hex
+
+    colors = {to_hex(line.get_color()) for line in ax.get_lines()}
+    for collection in ax.collections:
+        colors |= {to_hex(c) for c in [*collection.get_facecolors(), *collection.get_edgecolors()]}
+    return colors
+
+
+def test_every_registered_method_is_drawn_and_tabled(tmp_path):
+    """No fixed list in the report: each registry row present in the summaries is drawn in both
+    panels, named in the legend and given a table line; a name without a row is an error."""
+    import matplotlib.pyplot as plt
+
+    from pipeline.methods.registry import METHODS
+    from pipeline.report.figure import draw_figure
+    from pipeline.report.tables import results_markdown
+
+    rows = load_summaries([write_summary(tmp_path / "s.json", [
+        row("M-8B", "8b", 8.0, mode, spec.name, 0.1 + 0.05 * i)
+        for mode in ("prompt", "finetune") for i, spec in enumerate(METHODS)])])
+    fig = draw_figure(rows, [], "t")
+    for ax in fig.axes:
+        assert drawn_colors(ax) >= {spec.color for spec in METHODS}
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert legend == [s.label for s in METHODS if s.line] + [s.label for s in METHODS if not s.line]
+    plt.close(fig)
+    table = results_markdown(rows, [], ["offline-eval"])
+    assert all(table.count(f"\n| {spec.label} | ") == 2 for spec in METHODS)
+    stray = [dict(rows[0], method="unregistered")]
+    with pytest.raises(PipelineError, match="unknown method 'unregistered'"):
+        draw_figure(stray, [], "t")
+    with pytest.raises(PipelineError, match="unknown method 'unregistered'"):
+        results_markdown(stray, [], ["offline-eval"])
+    plt.close("all")
+
+
+def test_a_new_method_is_one_registry_row_from_the_figure_and_refused_without_it(tmp_path, monkeypatch):
+    from pipeline.methods import registry
+    from pipeline.report.figure import draw_figure
+
+    summary = write_summary(tmp_path / "summary.json", PAPER_LIKE + [row("M-8B", "8b", 8.0, "prompt", "react_x", 0.30)])
+    with pytest.raises(PipelineError, match=r"row 16: unknown method 'react_x'; expected one of standard, .*registry"):
+        run_plot(PlotConfig(summaries=[str(summary)], out_dir=str(tmp_path / "refused")))
+    assert not (tmp_path / "refused").exists()
+    new = registry.MethodSpec("react_x", ("react",), registry.Interactive, "ReAct-X", "#17becf", "^", line=False)
+    monkeypatch.setattr(registry, "METHODS", (*registry.METHODS, new))
+    paths = run_plot(PlotConfig(summaries=[str(summary)], out_dir=str(tmp_path / "plot")))
+    assert "| ReAct-X | 30.0 [27.2, 32.9] (n=1000) | – |" in paths["md"].read_text()
+    assert "ReAct-X" in paths["svg"].read_text()
+    fig = draw_figure(load_summaries([summary]), [], "t")
+    assert "#17becf" in drawn_colors(fig.axes[0]) and "#17becf" not in drawn_colors(fig.axes[1])
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
 
 
 def test_reference_points_off(tmp_path):

@@ -232,7 +232,7 @@ def test_eval_records_the_precision_it_ran_in(native):
 
 
 def test_plot_labels_mixed_precisions(capsys):
-    from pipeline.stages.plot import check_duplicates, label_precisions
+    from pipeline.report.summaries import check_duplicates, label_precisions
 
     def row(p, t=None):
         return {"model": "SmolLM2", "mode": "prompt", "size_class": "135m", "method": "react",

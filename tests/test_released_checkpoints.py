@@ -207,7 +207,9 @@ def test_the_prompts_a_released_checkpoint_receives(tiny, tmp_path, index, quest
 
 
 def test_a_released_checkpoint_is_plotted_as_its_own_labelled_point(tmp_path):
-    from pipeline.stages.plot import PlotConfig, draw_figure, load_summaries, run_plot
+    from pipeline.report.figure import draw_figure
+    from pipeline.report.summaries import load_summaries
+    from pipeline.stages.plot import PlotConfig, run_plot
 
     def row(model, mode, method, em, **extra):
         return {"model": model, "size_class": "7b", "params_b": 7.0, "mode": mode, "method": method,

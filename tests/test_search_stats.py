@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.intervals import difference_interval, wilson
+from pipeline.report.intervals import difference_interval, wilson
 from pipeline.search_stats import episode_searches, search_stats
 
 REPO = Path(__file__).resolve().parents[1]
@@ -119,7 +119,7 @@ def test_probe_report_prints_em_and_search_hit_rate_with_intervals(tmp_path):
 
 
 def test_difference_interval_is_newcombes():
-    from pipeline.intervals import rate_interval
+    from pipeline.report.intervals import rate_interval
     # Newcombe (1998), Table II, example (a): 56/70 - 48/80 = 0.2000, method 10: 0.0524 to 0.3339
     lo, hi = difference_interval(56, 70, 48, 80)
     assert lo == pytest.approx(0.0524, abs=1e-4) and hi == pytest.approx(0.3339, abs=1e-4)

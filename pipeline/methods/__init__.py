@@ -4,7 +4,8 @@
     method = build_method("react", MethodSettings(exemplars="paper"), "fever")   # FEVER's 3-shot prompts
     records = pipeline.agent.run_episodes(llm, make_backend, questions, method, on_record)
 
-Names: standard, cot, cot_sc, act, react, react_to_cot_sc, cot_sc_to_react.
+Names: standard, cot, cot_sc, act, react, react_to_cot_sc, cot_sc_to_react, one row each in
+pipeline.methods.registry (its formats, how it is built, how the figure draws it).
 `settings.mode == "zero_shot"` drops instruction and exemplars (fine-tuned students);
 `settings.mode == "fireact"` runs ReAct in FireAct's format (pipeline.methods.fireact: the
 Alpaca wrapper, unnumbered lines), the way FireAct's released agents decode.
@@ -12,26 +13,20 @@ Alpaca wrapper, unnumbered lines), the way FireAct's released agents decode.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from pipeline.errors import PipelineError
 from pipeline.methods.base import EpisodeContext, Method, MethodSettings, Outcome, Program
-from pipeline.methods.composed import Fallback, SelfConsistency, no_answer, weak_majority
-from pipeline.methods.direct import Direct
-from pipeline.methods.interactive import Interactive
 from pipeline.methods.prompts import PromptPrefix, load_prompt, zero_shot
+from pipeline.methods.registry import METHODS, MethodSpec, method_spec
 from pipeline.tasks import Task
 
-METHOD_NAMES = ("standard", "cot", "cot_sc", "act", "react", "react_to_cot_sc", "cot_sc_to_react")
+# Read from the registry (pipeline.methods.registry), for callers that ask by name.
+METHOD_NAMES = tuple(spec.name for spec in METHODS)
+FORMATS_USED = {spec.name: spec.formats for spec in METHODS}  # the formats each method prompts with
 MODES = ("prompt", "zero_shot", "fireact")
 LOOPS = ("ours", "original")
-# The trajectory formats (pipeline.trajectory.FORMATS) each method prompts with.
-FORMATS_USED = {"standard": ("standard",), "cot": ("cot",), "cot_sc": ("cot",), "act": ("act",),
-                "react": ("react",), "react_to_cot_sc": ("react", "cot"),
-                "cot_sc_to_react": ("cot", "react")}
 
-__all__ = ["METHOD_NAMES", "EpisodeContext", "Method", "MethodSettings", "Outcome", "Program",
-           "build_method", "prompt_prefixes"]
+__all__ = ["METHODS", "METHOD_NAMES", "EpisodeContext", "Method", "MethodSettings", "MethodSpec", "Outcome",
+           "Program", "build_method", "method_spec", "prompt_prefixes"]
 
 
 def prompt_prefixes(name: str, settings: MethodSettings, task: Task | str | None = None) -> dict[str, PromptPrefix]:
@@ -45,9 +40,10 @@ def prompt_prefixes(name: str, settings: MethodSettings, task: Task | str | None
         from pipeline.methods.fireact import SOURCE
 
         return {"react": PromptPrefix("react", "", "", SOURCE)}
+    formats = method_spec(name).formats
     if settings.mode == "zero_shot":
-        return {fmt: zero_shot(fmt) for fmt in FORMATS_USED[name]}
-    return {fmt: load_prompt(fmt, settings.exemplars, task) for fmt in FORMATS_USED[name]}
+        return {fmt: zero_shot(fmt) for fmt in formats}
+    return {fmt: load_prompt(fmt, settings.exemplars, task) for fmt in formats}
 
 
 def build_method(name: str, settings: MethodSettings | None = None, task: Task | str | None = None) -> Method:
@@ -60,22 +56,12 @@ def build_method(name: str, settings: MethodSettings | None = None, task: Task |
         from pipeline.methods.fireact import FireActReAct
 
         return FireActReAct(settings)
-    if name in ("standard", "cot"):
-        return Direct(p[name], settings, task)
-    if name in ("act", "react"):
-        return Interactive(p[name], settings, task)
-    if name == "cot_sc":
-        return SelfConsistency(p["cot"], settings, task)
-    # Inside a hybrid, ReAct has the task's step limit (the paper's FEVER: 5), if it sets one.
-    react = Interactive(p["react"], replace(settings, max_steps=task.hybrid_react_steps or settings.max_steps), task)
-    if name == "react_to_cot_sc":
-        return Fallback(name, react, SelfConsistency(p["cot"], settings, task), no_answer)
-    return Fallback(name, SelfConsistency(p["cot"], settings, task), react, weak_majority)
+    spec = method_spec(name)
+    return spec.build(*(p[fmt] for fmt in spec.formats), settings, task)
 
 
 def check_method(name: str, settings: MethodSettings, task: Task | None = None) -> None:
-    if name not in METHOD_NAMES:
-        raise PipelineError(f"unknown method '{name}'; expected one of {', '.join(METHOD_NAMES)}")
+    method_spec(name)  # an unknown name: an error listing the known ones
     if settings.mode not in MODES:
         raise PipelineError(f"unknown mode '{settings.mode}'; expected one of {', '.join(MODES)}")
     if settings.loop not in LOOPS:

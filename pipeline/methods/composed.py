@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 
 from pipeline.methods.base import (
     EpisodeContext,
@@ -24,6 +25,7 @@ from pipeline.methods.base import (
     request,
 )
 from pipeline.methods.direct import direct_prompt, parse_direct, stop_at
+from pipeline.methods.interactive import Interactive
 from pipeline.methods.prompts import PromptPrefix
 from pipeline.tasks import Task
 
@@ -92,3 +94,20 @@ def no_answer(outcome: Outcome) -> bool:
 def weak_majority(outcome: Outcome) -> bool:
     """Fewer than n/2 of the n samples agree with the majority answer."""
     return outcome.details["votes"] < outcome.details["samples"] / 2
+
+
+def hybrid_react(prefix: PromptPrefix, settings: MethodSettings, task: Task) -> Interactive:
+    """ReAct inside a hybrid: the task's step limit (the paper's FEVER: 5), if it sets one."""
+    return Interactive(prefix, replace(settings, max_steps=task.hybrid_react_steps or settings.max_steps), task)
+
+
+def react_then_cot_sc(react: PromptPrefix, cot: PromptPrefix, settings: MethodSettings, task: Task) -> Fallback:
+    """ReAct -> CoT-SC (the module docstring)."""
+    return Fallback("react_to_cot_sc", hybrid_react(react, settings, task), SelfConsistency(cot, settings, task),
+                    no_answer)
+
+
+def cot_sc_then_react(cot: PromptPrefix, react: PromptPrefix, settings: MethodSettings, task: Task) -> Fallback:
+    """CoT-SC -> ReAct (the module docstring)."""
+    return Fallback("cot_sc_to_react", SelfConsistency(cot, settings, task), hybrid_react(react, settings, task),
+                    weak_majority)

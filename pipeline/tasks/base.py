@@ -76,7 +76,7 @@ class Task:
         raise PipelineError(f"the {self.title} task has no exemplars of ours; set prompting.exemplars=paper")
 
     def reference_rows(self) -> list[dict]:
-        """The published points as summary rows (pipeline.reference), for plot."""
+        """The published points as summary rows (pipeline.report.references), for plot."""
         return []
 
     def oracle(self, fmt: str, settings: Any, style: str) -> Any:

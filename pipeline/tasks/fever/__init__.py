@@ -148,7 +148,7 @@ class Fever(Task):
     # that SUPPORTS or REFUTES a Claim, ..."): nothing goes before them (Task.paper_instruction).
 
     def reference_rows(self) -> list[dict]:
-        from pipeline.reference import fever_reference_rows
+        from pipeline.report.references import fever_reference_rows
 
         return fever_reference_rows()
 

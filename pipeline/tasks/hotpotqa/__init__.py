@@ -94,7 +94,7 @@ class HotpotQA(Task):
         return INSTRUCTIONS[fmt]
 
     def reference_rows(self) -> list[dict]:
-        from pipeline.reference import reference_rows
+        from pipeline.report.references import reference_rows
 
         return reference_rows()
 

@@ -7,12 +7,19 @@ Sources (figures as printed in the papers below):
     Llama-2 on the ReAct 500-question HotpotQA dev sample with a Google-search tool.
 
 Figure 3 of the ReAct paper (PaLM-8B/62B prompted vs fine-tuned) printed no values, so none are
-here; its five orderings are in `ORDERINGS` and checked by the plot stage.
+here; its five orderings are in `ORDERINGS` and checked by pipeline.report.orderings. Each task
+serves its own points (`Task.reference_rows`, which reads these); `collect_references` adds
+FireAct's released runs, recomputed.
 
-    python -c "from pipeline.reference import reference_rows; print(reference_rows())"
+    python -c "from pipeline.report.references import reference_rows; print(reference_rows())"
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pipeline.errors import PipelineError
+from pipeline.tasks import Task, get_task
 
 REACT_PAPER = "Yao et al. 2023 (ReAct, ICLR), Table 1: PaLM-540B prompting"
 FIREACT_PAPER = "Chen et al. 2023 (FireAct, arXiv 2310.05915), HotpotQA EM, Google search tool"
@@ -43,7 +50,7 @@ FIREACT_POINTS = [
     {"model": "Llama-2-13B", "params_b": 13.0, "mode": "finetune", "method": "react", "em_pct": 34.4},
 ]
 
-# The orderings the ReAct paper's text states about figure 3 (checked by pipeline.stages.plot).
+# The orderings the ReAct paper's text states about figure 3 (checked by pipeline.report.orderings).
 ORDERINGS = {
     1: "Prompted at 8B and 62B, ReAct is the worst of the four methods.",
     2: "Fine-tuned, ReAct is the best of the four at both sizes.",
@@ -84,3 +91,24 @@ def _row(model: str, size_class: str, params_b: float, mode: str, method: str, e
         "f1": None, "finish_rate": None, "mean_steps": None, "prompt_tokens": None,
         "completion_tokens": None, "seconds": None, "source": source, "reference": reference,
     }
+
+
+def collect_references(task: Task | None = None, published: bool = True, fireact_runs: Sequence[str] = ()) -> list[dict]:
+    """The reference points a figure of `task` shows: the task's published ones (unless
+    `published` is off) and FireAct's released HotpotQA runs (trajs/*.json files or folders),
+    their EM recomputed; a run without a published model size cannot be placed and is left out, said."""
+    task = get_task(task)
+    references = task.reference_rows() if published else []
+    if fireact_runs:
+        if task.name != "hotpotqa":
+            raise PipelineError(f"plot: fireact_runs are HotpotQA evaluations; these summaries are {task.title}'s")
+        from pipeline.importers import read_fireact_eval_runs
+
+        for path in fireact_runs:
+            for row in read_fireact_eval_runs(path):
+                if row["params_b"] is None:
+                    print(f"note: {row['model']} ({row['file']}) has no published size; not plotted")
+                    continue
+                row["model"] = f"{row['model']} run"
+                references.append(row)
+    return references

@@ -1,0 +1,164 @@
+"""The figure: two panels (prompting, fine-tuning); x = model size in billions of parameters (log
+scale); y = the task's metric (%). Each method is drawn as its registry row says
+(pipeline.methods.registry: a line across sizes with each point's 95% Wilson interval as an error
+bar, or points), in its colour and marker; every method in the rows is drawn (one without a row
+is an error, never left out). Reference points are hollow and labelled; released checkpoints
+evaluated here are filled plus markers labelled with their own name, apart from our lines.
+matplotlib (Agg backend) is imported only when drawing.
+
+    fig = draw_figure(rows, references, "HotpotQA EM", task); save_figure(fig, Path("f.png"), "png")
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from pathlib import Path
+
+from pipeline.methods.registry import METHODS, in_figure_order, method_spec
+from pipeline.report.summaries import MODES, em_interval, method_label
+from pipeline.storage import atomic_path
+from pipeline.tasks import Task, get_task
+
+
+def draw_figure(rows: list[dict], references: list[dict], title: str, task: Task | None = None):
+    """The two-panel figure; returns the matplotlib Figure (Agg backend, no display needed)."""
+    task = get_task(task)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.6), sharey=True)
+    top = max([100 * (em_interval(r) or (0, r["em"]))[1] for r in [*rows, *references]] + [10.0])
+    released = [r for r in rows if r.get("released")]
+    for ax, (mode, panel) in zip(axes, MODES.items(), strict=True):
+        mode_rows = [r for r in rows if r["mode"] == mode and not r.get("released")]
+        _draw_methods(ax, mode_rows)
+        mode_refs = [r for r in references if r["mode"] == mode]
+        _draw_references(ax, mode_refs)
+        mode_released = [r for r in released if r["mode"] == mode]
+        _draw_released(ax, mode_released)
+        ours = sorted({r["params_b"] for r in mode_rows} | {r["params_b"] for r in mode_released})
+        everything = sorted({*ours, *(r["params_b"] for r in mode_refs)})
+        ax.set_xscale("log")
+        if everything:
+            # ticks name our sizes only; a reference point's label carries its own size
+            ax.set_xticks(ours, [_tick(x) for x in ours])
+            ax.minorticks_off()
+            ax.set_xlim(everything[0] / 1.8, everything[-1] * 2.5)
+        ax.set_title(panel)
+        ax.set_xlabel("model size (parameters, log scale)")
+        ax.grid(alpha=0.3)
+        if not mode_rows and not mode_released:
+            ax.text(0.5, 0.5, "no runs", transform=ax.transAxes, ha="center", color="gray")
+    axes[0].set_ylabel(f"{task.title} {task.metric_label} (%)")
+    axes[0].set_ylim(-1.5, top * 1.15 + 2)  # below 0 so points at EM 0 are not cut
+    handles = _legend_handles(rows, references, bool(released))
+    fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 0.03), ncol=min(len(handles), 6),
+               fontsize=8, frameon=False)
+    if references:
+        fig.text(0.995, 0.005, "hollow/x markers: published results on other question sets and tools "
+                 "(ReAct: PaLM + Wikipedia API; FireAct: Google search), not runs of this pipeline",
+                 ha="right", va="bottom", fontsize=6, color="gray")
+    fig.suptitle(title)
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
+    return fig
+
+
+def _draw_methods(ax, rows: list[dict]) -> None:
+    """Every method of `rows` (our students and prompted models), as its registry row says."""
+    lines = [spec for spec in METHODS if spec.line]
+    for spec in in_figure_order(r["method"] for r in rows):
+        method_rows = [r for r in rows if r["method"] == spec.name]
+        if spec.line:
+            method_rows.sort(key=lambda r: r["params_b"])  # a line runs left to right
+            # a small multiplicative offset per line keeps equal EMs at one size visible
+            dodge = 1.07 ** (lines.index(spec) - (len(lines) - 1) / 2)
+            xs, ys = [r["params_b"] * dodge for r in method_rows], [100 * r["em"] for r in method_rows]
+            ax.errorbar(xs, ys, yerr=_error_bars(method_rows), marker=spec.marker, color=spec.color,
+                        label=spec.label, capsize=3, elinewidth=1)
+        else:
+            points = [(r["params_b"], 100 * r["em"]) for r in method_rows]
+            ax.scatter(*zip(*points, strict=True), marker=spec.marker, s=45, color=spec.color,
+                       label=spec.label, zorder=3)
+
+
+def _legend_handles(rows: list[dict], references: list[dict], any_released: bool) -> list:
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([], [], color=spec.color, marker=spec.marker, label=spec.label,
+                      **({} if spec.line else {"linestyle": "none"}))
+               for spec in in_figure_order(r["method"] for r in [*rows, *references])]
+    if any_released:
+        handles.append(Line2D([], [], color="black", marker=RELEASED_MARKER, linestyle="none",
+                              label="released fine-tuned agent, evaluated here"))
+    kinds = {_ref_kind(r) for r in references}
+    handles += [Line2D([], [], color="black", marker=mk, markerfacecolor="none", linestyle="none", label=lab)
+                for src, mk, lab in REFERENCE_STYLES if src in kinds]
+    return handles
+
+
+def _error_bars(rows: list[dict]) -> list[list[float]]:
+    """[below, above] distances (EM points) to each row's 95% Wilson interval; 0 where n is unknown."""
+    below, above = [], []
+    for row in rows:
+        ci = em_interval(row) or (row["em"], row["em"])
+        below.append(max(0.0, 100 * (row["em"] - ci[0])))  # em * n may round: never a negative bar
+        above.append(max(0.0, 100 * (ci[1] - row["em"])))
+    return [below, above]
+
+
+# (kind, marker, legend text); a released run recomputed here is kind "fireact-run"
+REFERENCE_STYLES = (("paper", "*", "ReAct paper, published"), ("fireact", "D", "FireAct, published"),
+                    ("fireact-run", "x", "FireAct released run, EM recomputed"))
+
+
+def _ref_kind(ref: dict) -> str:
+    return "fireact-run" if ref.get("file") else ref["source"]
+
+
+def _draw_references(ax, refs: list[dict]) -> None:
+    """Hollow markers in the method's colour; one label per reference model, beside its top point."""
+    markers = {kind: marker for kind, marker, _ in REFERENCE_STYLES}
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for ref in refs:
+        kind = _ref_kind(ref)
+        color = method_spec(ref["method"]).color
+        style = {"color": color} if markers[kind] == "x" else {"facecolors": "none", "edgecolors": color}
+        ax.scatter([ref["params_b"]], [100 * ref["em"]], marker=markers[kind], s=80, linewidths=1.4, zorder=4, **style)
+        groups[(ref["params_b"], _base_model(ref["model"]))].append(ref)
+    for (params_b, model), members in groups.items():
+        top = max(members, key=lambda r: r["em"])
+        label = model if len(members) > 1 and len({m["method"] for m in members}) > 1 else f"{model} {method_label(top)}"
+        ax.annotate(label, (params_b, 100 * top["em"]), textcoords="offset points", xytext=(7, 4), fontsize=7)
+
+
+RELEASED_MARKER = "P"  # filled plus: a checkpoint trained elsewhere, run through our environment here
+
+
+def _draw_released(ax, rows: list[dict]) -> None:
+    """Each released checkpoint's point, in its method's colour, labelled with its own name;
+    never joined into our students' lines."""
+    for row in rows:
+        ax.scatter([row["params_b"]], [100 * row["em"]], marker=RELEASED_MARKER, s=90, zorder=5,
+                   color=method_spec(row["method"]).color, edgecolors="black", linewidths=0.6)
+        ax.annotate(row["model"], (row["params_b"], 100 * row["em"]), textcoords="offset points",
+                    xytext=(7, -10), fontsize=7)
+
+
+def _base_model(model: str) -> str:
+    """"Llama-2-7B (FireAct LoRA) run" -> "Llama-2-7B": a published point and a recomputed run share a label."""
+    return re.sub(r"\s*\(.*$", "", model)
+
+
+def _tick(params_b: float) -> str:
+    return f"{params_b * 1000:g}M" if params_b < 1 else f"{params_b:g}B"
+
+
+def save_figure(fig, path: Path, fmt: str) -> None:
+    import matplotlib
+
+    # no timestamps and fixed SVG ids, so a re-plot of the same data gives the same bytes
+    with atomic_path(path) as tmp, matplotlib.rc_context({"svg.hashsalt": "react-pipeline"}):
+        fig.savefig(tmp, format=fmt, dpi=150, metadata={"Date": None} if fmt == "svg" else {"Software": None})

@@ -1,0 +1,66 @@
+"""The results as tables: results.csv (one line per row, ours then the references) and results.md
+(per mode, one line per method, one column per model: `EM [95% Wilson interval] (n=...)`).
+Methods are listed in the registry's figure order (pipeline.methods.registry)."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+from pipeline.methods.registry import figure_rank, in_figure_order
+from pipeline.report.summaries import MODES, em_interval, method_label, pct, pct_ci
+from pipeline.tasks import Task, get_task
+
+CSV_COLUMNS = ("source", "mode", "model", "size_class", "params_b", "method", "question_set", "n",
+               "em_pct", "em_lo_pct", "em_hi_pct", "f1_pct", "finish_rate", "mean_steps", "reference")
+
+
+def results_csv(rows: list[dict], references: list[dict]) -> str:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=CSV_COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    for row in [*_sorted(rows), *_sorted(references)]:
+        ci = em_interval(row) or (None, None)
+        writer.writerow({
+            **{k: row.get(k) for k in CSV_COLUMNS},
+            "em_lo_pct": None if ci[0] is None else round(100 * ci[0], 2),
+            "em_hi_pct": None if ci[1] is None else round(100 * ci[1], 2),
+            "source": row.get("source") or "ours",
+            "em_pct": round(100 * row["em"], 2),
+            "f1_pct": None if row.get("f1") is None else round(100 * row["f1"], 2),
+            "reference": row.get("reference") or row.get("note") or "",
+        })
+    return out.getvalue()
+
+
+def results_markdown(rows: list[dict], references: list[dict], question_sets: list[str],
+                     task: Task | None = None) -> str:
+    task = get_task(task)
+    metric = task.metric_label
+    lines = [f"# {task.title} {metric} (%) by model size: {', '.join(question_sets)}", "",
+             f"Each cell: {metric} [95% Wilson interval over the n questions] (n=questions).", ""]
+    for mode, title in MODES.items():
+        mode_rows = [r for r in rows if r["mode"] == mode]
+        if not mode_rows:
+            lines += [f"## {title}", "", "(no rows)", ""]
+            continue
+        columns = sorted({(r["params_b"], r["size_class"], r["model"]) for r in mode_rows})
+        cell = {(r["params_b"], r["size_class"], r["model"], r["method"]): r for r in mode_rows}
+        lines += [f"## {title}", "", "| method | " + " | ".join(f"{m} ({s})" for _, s, m in columns) + " |",
+                  "|---|" + "---:|" * len(columns)]
+        for spec in in_figure_order(r["method"] for r in mode_rows):
+            cells = [cell.get((*c, spec.name)) for c in columns]
+            lines.append(f"| {spec.label} | "
+                         + " | ".join(f"{pct_ci(r)} (n={r.get('n')})" if r else "–" for r in cells) + " |")
+        lines.append("")
+    if references:
+        lines += ["## Reference points (published, not run here)", "",
+                  f"| source | model | mode | method | {metric} | reference |", "|---|---|---|---|---:|---|"]
+        lines += [f"| {r['source']} | {r['model']} | {r['mode']} | {method_label(r)} | {pct(r)} | "
+                  f"{r.get('reference') or r.get('note') or ''} |" for r in _sorted(references)]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _sorted(rows: list[dict]) -> list[dict]:
+    return sorted(rows, key=lambda r: (r["mode"] != "prompt", r["params_b"], r["model"], figure_rank(r["method"])))
