@@ -23,7 +23,7 @@ from episode_testdata import CORPUS, read_records, run_pipeline, write_questions
 
 from pipeline.errors import PipelineError
 from pipeline.llm.config import LLMConfig
-from pipeline.serving import ServeConfig, max_lora_rank, serve_command
+from pipeline.serving import ServeConfig, max_lora_rank, serve_command, unit_server
 
 pytestmark = pytest.mark.skipif(not CORPUS.is_file(), reason=f"offline corpus not found at {CORPUS}")
 
@@ -96,7 +96,8 @@ def test_a_lora_student_is_served_by_name_with_a_rank_vllm_accepts(tmp_path):
     final = lora_checkpoint(tmp_path / "final", rank=4)
     llm = LLMConfig(backend="vllm", model="org/base", adapter=str(final), tensor_parallel_size=8,
                     gpu_memory_utilization=0.85, max_context=8192, extra={"enforce_eager": True, "max_num_seqs": 64})
-    cmd, name = serve_command(llm, ServeConfig(command=["/opt/vllm/bin/vllm", "serve"]), 8123)
+    base, adapters, name = unit_server(llm)
+    cmd = serve_command(base, ServeConfig(command=["/opt/vllm/bin/vllm", "serve"]), 8123, adapters)
     assert cmd[:3] == ["/opt/vllm/bin/vllm", "serve", "org/base"]
     flags = " ".join(cmd[3:])
     for expected in ("--port 8123", "--tensor-parallel-size 8", "--gpu-memory-utilization 0.85",
@@ -120,8 +121,8 @@ def test_an_adapter_above_vllms_largest_rank_or_without_a_config_is_refused(tmp_
 
 
 def test_a_full_finetune_is_served_from_its_final_folder(tmp_path):
-    cmd, name = serve_command(LLMConfig(backend="vllm", model=str(tmp_path / "final"), name="s (fine-tuned)"),
-                              ServeConfig(), 8100)
+    base, adapters, name = unit_server(LLMConfig(backend="vllm", model=str(tmp_path / "final"), name="s (fine-tuned)"))
+    cmd = serve_command(base, ServeConfig(command=["vllm", "serve"]), 8100, adapters)
     assert cmd[:3] == ["vllm", "serve", str(tmp_path / "final")] and "--enable-lora" not in cmd
     assert cmd[cmd.index("--served-model-name") + 1] == name == "s (fine-tuned)"
 
