@@ -167,7 +167,57 @@ def free_port(host: str) -> int:
         return sock.getsockname()[1]
 
 
-class ManagedServer:
+class ServerView:
+    """What a unit needs to know of the server it uses: where it is, whether it is alive and
+    healthy, and why it exited (the last error line of its log)."""
+
+    def __init__(self, host: str, port: int, log_path: Path):
+        self.host, self.port, self.log_path = host, port, Path(log_path)
+        self._health, self._health_lock = (0.0, True), threading.Lock()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    def exit_code(self) -> int | None:
+        raise NotImplementedError
+
+    def _get(self, path: str) -> tuple[int | None, bytes]:
+        try:
+            with urllib.request.urlopen(f"http://{self.host}:{self.port}{path}", timeout=5) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, b""
+        except (OSError, ValueError):  # not listening yet, reset, timed out
+            return None, b""
+
+    def healthy(self) -> bool:
+        """Alive and answering GET /health (asked at most every few seconds, from any thread)."""
+        now = time.monotonic()
+        with self._health_lock:
+            if now - self._health[0] > 5:
+                ok = self.exit_code() is None and self._get("/health")[0] == 200
+                self._health = (now, ok)
+            return self._health[1]
+
+    def failure_reason(self) -> str:
+        """The server's own reason for exiting: the last error line of its log, else its last line."""
+        try:
+            lines = self.log_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
+        except OSError:
+            return "(no log)"
+        for line in reversed(lines[-300:]):
+            if ERROR_LINE.search(line):
+                return line.strip()[-300:]
+        return lines[-1][-300:] if lines else "(empty log)"
+
+
+# A line of a server's log that says why it failed: a logged ERROR, an `error:` of its argument
+# parser, or the last line of a traceback (`ValueError: ...`).
+ERROR_LINE = re.compile(r"\bERROR\b|\berror: |^\s*(\(\w+ pid=\d+\) )?[\w.]*(Error|Exception)\b(: |$)")
+
+
+class ManagedServer(ServerView):
     """One server process, watched by a guardian process (pipeline/guardian.py) that ends its
     whole tree when this process closes the guardian's pipe, or dies: `start()` returns once GET
     /health answers 200 and /v1/models lists the served names; `stop()` closes the pipe and waits
@@ -175,19 +225,14 @@ class ManagedServer:
 
     def __init__(self, cmd: list[str], host: str, port: int, served_names: list[str], log_path: Path,
                  serve: ServeConfig):
-        self.cmd, self.host, self.port, self.served_names = cmd, host, port, served_names
-        self.log_path, self.serve = log_path, serve
+        super().__init__(host, port, log_path)
+        self.cmd, self.served_names, self.serve = cmd, served_names, serve
         self.proc: subprocess.Popen | None = None  # the guardian
         self.server_pid: int | None = None
         self._status = b""
         self._status_fd: int | None = None
         self._exit: int | None = None
-        self._health, self._health_lock = (0.0, True), threading.Lock()
         self._status_lock = threading.Lock()
-
-    @property
-    def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}/v1"
 
     def start(self) -> None:
         check_port_free(self.host, self.port)
@@ -255,16 +300,7 @@ class ManagedServer:
             time.sleep(0.2)
         raise PipelineError(f"serve: the server at {self.base_url} was not healthy within "
                             f"{self.serve.startup_timeout_s:g} s (serve.startup_timeout_s); it was stopped; "
-                            f"last log line: {self.last_log_line()} (log: {self.log_path})")
-
-    def _get(self, path: str) -> tuple[int | None, bytes]:
-        try:
-            with urllib.request.urlopen(f"http://{self.host}:{self.port}{path}", timeout=5) as response:
-                return response.status, response.read()
-        except urllib.error.HTTPError as exc:
-            return exc.code, b""
-        except (OSError, ValueError):  # not listening yet, reset, timed out
-            return None, b""
+                            f"its log says: {self.failure_reason()} (log: {self.log_path})")
 
     def _served_models(self) -> list[str]:
         status, body = self._get("/v1/models")
@@ -292,15 +328,6 @@ class ManagedServer:
             self._exit = self.proc.wait()  # the guardian itself is gone (killed)
         return self._exit
 
-    def healthy(self) -> bool:
-        """Alive and answering GET /health (asked at most every few seconds, from any thread)."""
-        now = time.monotonic()
-        with self._health_lock:
-            if now - self._health[0] > 5:
-                ok = self.exit_code() is None and self._get("/health")[0] == 200
-                self._health = (now, ok)
-            return self._health[1]
-
     def stop(self) -> None:
         """Close the guardian's pipe: it sends SIGTERM to the server's tree, SIGKILL after
         `stop_grace_s`, and exits once every process of it has exited (its GPU memory is free
@@ -320,32 +347,65 @@ class ManagedServer:
         print(f"[serve] stopped (exit code {self._exit})", flush=True)
         self.proc = None
 
-    def failure_reason(self) -> str:
-        """The server's own reason for exiting: the last error line of its log, else its last line."""
-        try:
-            lines = self.log_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
-        except OSError:
-            return "(no log)"
-        for line in reversed(lines[-200:]):
-            text = line.strip()
-            if re.match(r"^(\(\w+ pid=\d+\) )?(ERROR|[A-Za-z_.]*(Error|Exception)\b:?|error:)", text) \
-                    or re.search(r"\b\w+(Error|Exception): ", text):
-                return text[-300:]
-        return lines[-1][-300:] if lines else "(empty log)"
 
-    def last_log_line(self) -> str:
+# `run` -> its eval children: the server they share (JSON of SharedServer), so that one start-up
+# serves the prompted methods of a model and the LoRA students of the same base (pipeline.serve_groups).
+SHARED_SERVER_ENV = "PIPELINE_SHARED_SERVER"
+
+
+@dataclass
+class SharedServer:
+    """A running server as its owner (`run`) describes it to the units that use it."""
+
+    host: str
+    port: int
+    model: str  # the base model's folder or hub id, resolved (pipeline.llm.models.resolve_model_path)
+    name: str  # the name the base model answers to
+    adapters: dict[str, str]  # LoRA name -> adapter folder
+    pid: int  # the server's process
+    log: str
+
+    def name_for(self, llm: LLMConfig) -> str | None:
+        """The name `llm` (a base model, or a base with an adapter) is served under here, or None."""
+        from pipeline.llm.models import resolve_model_path
+
+        if resolve_model_path(llm.model) != self.model:
+            return None
+        if not llm.adapter:
+            return self.name
+        wanted = Path(llm.adapter).expanduser().resolve()
+        return next((n for n, p in self.adapters.items() if Path(p).expanduser().resolve() == wanted), None)
+
+
+class AttachedServer(ServerView):
+    """A server this process uses but did not start: alive while its process is (its owner's
+    guardian reaps it as soon as it exits)."""
+
+    def __init__(self, shared: SharedServer):
+        super().__init__(shared.host, shared.port, Path(shared.log))
+        self.pid = shared.pid
+
+    def exit_code(self) -> int | None:
+        import psutil
+
         try:
-            lines = self.log_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
-        except OSError:
-            return "(no log)"
-        return lines[-1][-300:] if lines else "(empty log)"
+            alive = psutil.Process(self.pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            alive = False
+        return None if alive else -1  # its exit code is its owner's to know
+
+
+def shared_server() -> SharedServer | None:
+    """The shared server this process was handed by its `run` (SHARED_SERVER_ENV), if any."""
+    text = os.environ.get(SHARED_SERVER_ENV)
+    return SharedServer(**json.loads(text)) if text else None
 
 
 class ServedLLM:
     """The OpenAI-compatible backend over a managed server, checking after each call that the
     server is still alive: if it died, the call's error completions are not handed on."""
 
-    def __init__(self, inner, server: ManagedServer):
+    def __init__(self, inner, server: ServerView):
         self.inner, self.server, self.name = inner, server, inner.name
         client = getattr(inner, "client", None)  # the OpenAI-compatible backend's HTTP client
         if client is not None:  # a busy server is waited for, never asked twice (pipeline/transport.py)
@@ -360,7 +420,8 @@ class ServedLLM:
     def _check_alive(self) -> None:
         code = self.server.exit_code()
         if code is not None:
-            raise ServerGone(f"the served model's server exited (code {code}) mid-run: "
+            how = f"exited (code {code})" if code >= 0 else "is gone"
+            raise ServerGone(f"the served model's server {how} mid-run: "
                              f"{self.server.failure_reason()} (log: {self.server.log_path}); finished episodes "
                              "are kept: re-run the same command to resume")
 
@@ -369,13 +430,21 @@ class ServedLLM:
 
 
 @contextlib.contextmanager
-def served(llm: LLMConfig, serve: ServeConfig, log_path: Path) -> Iterator[tuple[LLMConfig, ManagedServer]]:
+def served(llm: LLMConfig, serve: ServeConfig, log_path: Path) -> Iterator[tuple[LLMConfig, ServerView]]:
     """Start `vllm serve` for `llm` (backend vllm or transformers: a model to load), yield the
     OpenAI-compatible LLMConfig that reaches it and the server; stop it on the way out (a SIGTERM
-    to this process included: it is turned into KeyboardInterrupt meanwhile, so the way out runs)."""
+    to this process included: it is turned into KeyboardInterrupt meanwhile, so the way out runs).
+    A server shared by this process's `run` (SHARED_SERVER_ENV) that serves `llm` is used instead."""
     if llm.backend == "openai":
         raise PipelineError(f"serve: model '{llm.model}' is already an OpenAI-compatible endpoint "
                             f"({llm.base_url}); drop `serve` or set model.backend: vllm")
+    shared = shared_server()
+    name = shared.name_for(llm) if shared else None
+    if shared and name:
+        attached = AttachedServer(shared)
+        print(f"[serve] using the shared server at {attached.base_url} as {name!r} (log: {shared.log})", flush=True)
+        yield client_config(llm, attached.base_url, name), attached
+        return
     base, adapters, name = unit_server(llm)
     with sigterm_as_interrupt():
         port = serve.port or free_port(serve.host)

@@ -48,6 +48,7 @@ from pipeline.config import (
 )
 from pipeline.errors import PipelineError
 from pipeline.finetune import FinetuneConfig, resolve
+from pipeline.serve_groups import plan_groups, running
 from pipeline.stages.eval import EvalConfig, model_under_test, precision_record
 from pipeline.stages.filter import FilterConfig, run_filter
 from pipeline.stages.generate import GenerateConfig, generate
@@ -169,6 +170,10 @@ class Unit:
     phase: str = ""  # a PHASES name
     needs: str = ""  # the model it needs and where (the plan prints it)
     selected: bool = True  # False: listed in the plan, never run
+    # An eval unit with `serve:`: the model its server loads, (base model, LoRA adapter or None);
+    # units that need the same server share one (pipeline/serve_groups.py sets `group`)
+    serves: tuple[str, str | None] | None = None
+    group: Any = None
 
 
 def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
@@ -190,7 +195,7 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
             ev = eval_config(cfg, student, None)
             phase = "teacher" if teacher is not None and same_model(ev.model, teacher) else "eval"
             units.append(Unit(f"eval: {student.name} prompted", ev, skip_or(evaluate_in_child, eval_precision),
-                              phase, needs_eval(ev)))
+                              phase, needs_eval(ev), serves=(ev.model.model, None)))
         if student.checkpoint:
             ev = checkpoint_eval_config(cfg, student)
             units.append(Unit(f"eval: {student.name} (already fine-tuned: {student.checkpoint})",
@@ -205,11 +210,14 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
             ev = eval_config(cfg, student, final, method)
             check_adapter_reachable(ev, ft)
             units.append(Unit(f"eval: {student.name} fine-tuned on {method}", ev,
-                              with_model_card(final, skip_or(evaluate_in_child, eval_precision)), "eval", needs_eval(ev)))
+                              with_model_card(final, skip_or(evaluate_in_child, eval_precision)), "eval", needs_eval(ev),
+                              serves=(str(final), None) if ft.finetuning == "full" else (ft.student, str(final))))
     summaries = [u.config.out_dir / "summary.json" for u in units if u.title.startswith("eval")]
     units.append(Unit("plot: figure 3 and the table", plot_config(cfg, summaries), run_plot, "plot", "no model: CPU only"))
     order = list(PHASES)
-    return sorted(units, key=lambda u: order.index(u.phase))  # stable: the grid's order within a phase
+    units = sorted(units, key=lambda u: order.index(u.phase))  # stable: the grid's order within a phase
+    plan_groups(units, done=lambda unit: unit_done(unit.config, eval_precision))
+    return units
 
 
 def check_serving(ev, where: str) -> None:
@@ -281,10 +289,12 @@ def run(cfg: RunConfig, students: list[Student], phases: list[str] | None = None
     check_outputs(cfg, [u for u in units if u.selected])
     show_plan(units)
     outputs: dict = {}
-    for i, unit in enumerate(units, start=1):
-        if unit.selected:
-            stage(f"[{i}/{len(units)}] {unit.title}")
-            outputs = unit.action(unit.config) or {}
+    with running(units) as after:  # the servers units share (pipeline/serve_groups.py)
+        for i, unit in enumerate(units, start=1):
+            if unit.selected:
+                stage(f"[{i}/{len(units)}] {unit.title}")
+                outputs = unit.action(unit.config) or {}
+                after(unit)
     if "png" not in outputs:
         chosen = [p for p in PHASES if any(u.selected and u.phase == p for u in units)]
         print(f"[run] phases {', '.join(chosen) or '(none)'} done in {time.monotonic() - started:.0f} s")
@@ -333,12 +343,20 @@ def skip_or(action, identity=None):
     """Run a generate/eval unit unless its manifest says it is complete with this config (and
     the same `identity(config)`: an eval run in another precision is not this one)."""
     def run_unit(config):
-        manifest = Path(config.out_dir) / "manifest.json"
-        if is_done(manifest, config=to_dict(config), **(identity(config) if identity else {})):
+        if unit_done(config, identity):
             print(f"[run] skip: {config.out_dir} is complete")
             return None
         return action(config)
     return run_unit
+
+
+def unit_done(config, identity=None) -> bool:
+    """Whether a generate/eval unit's manifest says it is complete with this config (and identity)."""
+    try:
+        extra = identity(config) if identity else {}
+    except PipelineError:  # e.g. a fine-tuned checkpoint not trained yet: not done
+        return False
+    return is_done(Path(config.out_dir) / "manifest.json", config=to_dict(config), **extra)
 
 
 def with_model_card(final: Path, action):

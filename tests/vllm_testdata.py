@@ -1,0 +1,96 @@
+"""What the real-vLLM tests share: the project's vLLM environment (.venv-vllm, made by
+scripts/setup_vllm.sh; without it the tests skip with one line saying so), a rank-64 LoRA
+adapter of the embedded SmolLM2 built here with PEFT, the settings that keep a CPU start-up
+short, and a way to find every process a server started (an environment tag they all inherit).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+from pipeline.serving import VLLM_VENV
+
+VLLM_PYTHON = VLLM_VENV / "bin" / "python"
+INSTALL_LINE = ("vLLM is not installed for this checkout (.venv-vllm); bash scripts/setup_vllm.sh "
+                "installs it (about 3 min; .ci/run does)")
+TAG_VAR = "REACT_PIPELINE_TEST_SERVER"  # set in a test server's environment; its processes inherit it
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# Served on 2 CPU cores: eager mode skips torch.compile's warm-up; 1 GiB of KV cache is
+# 23k fp32 tokens of SmolLM2-135M, room for 8 ReAct episodes at once.
+MODEL_SETTINGS = {"dtype": "float32", "max_context": 4096, "extra": {"enforce_eager": True}}
+SERVER_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+def require_vllm() -> None:
+    if not VLLM_PYTHON.is_file():
+        pytest.skip(INSTALL_LINE)
+
+
+def new_tag() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def tagged_processes(tag: str) -> list[psutil.Process]:
+    """Every live (not zombie) process whose environment carries `tag`: a server and its tree,
+    wherever they were re-parented."""
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if process.environ().get(TAG_VAR) == tag and process.status() != psutil.STATUS_ZOMBIE:
+                found.append(process)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def wait_until_gone(tag: str, timeout_s: float) -> list[str]:
+    """Wait until no tagged process is left; return what is still there after `timeout_s`
+    (name and pid), having killed it so no test leaves a server behind."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not tagged_processes(tag):
+            return []
+        time.sleep(0.5)
+    left = tagged_processes(tag)
+    names = [f"{p.pid} {p.name()}" for p in left]
+    for process in left:
+        process.kill()
+    return names
+
+
+def build_lora_adapter(smollm2_dir: Path, folder: Path, rank: int = 64) -> Path:
+    """A PEFT LoRA adapter of SmolLM2-135M, r=64 on q/k/v/o/gate/up/down (the 70B student's
+    settings), with non-zero weights (PEFT starts B at zero: an adapter that changes nothing would
+    prove nothing), in a `final` folder with the manifest pipeline/finetune.py writes, so that
+    `eval checkpoint=` takes it."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from pipeline.storage import write_manifest
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32)
+    config = LoraConfig(r=rank, lora_alpha=rank, target_modules=LORA_TARGETS, init_lora_weights=False,
+                        task_type="CAUSAL_LM")
+    peft_model = get_peft_model(model, config)
+    with torch.no_grad():  # small enough to keep the model fluent, large enough to change its answers
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:
+                param.mul_(0.05)
+    folder.mkdir(parents=True, exist_ok=True)
+    peft_model.save_pretrained(folder)
+    adapter_config = folder / "adapter_config.json"
+    config_json = json.loads(adapter_config.read_text())
+    config_json["base_model_name_or_path"] = str(smollm2_dir)
+    adapter_config.write_text(json.dumps(config_json, indent=2))
+    write_manifest(folder / "manifest.json", stage="train", config={}, complete=True, student="smollm2-lora",
+                   base_model=str(smollm2_dir), adapter=True, finetuning="lora", format="react",
+                   size_class="135m", params_b=0.135, steps=1, max_steps=1)
+    return folder
