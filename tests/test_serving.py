@@ -120,6 +120,17 @@ def test_an_adapter_above_vllms_largest_rank_or_without_a_config_is_refused(tmp_
         max_lora_rank(tmp_path)
 
 
+def test_serve_command_defaults_to_the_projects_vllm_venv_when_there_is_one(tmp_path, monkeypatch):
+    from pipeline import serving
+
+    monkeypatch.setattr(serving, "VLLM_VENV", tmp_path / ".venv-vllm")
+    assert ServeConfig().command == ["vllm", "serve"]
+    python = tmp_path / ".venv-vllm" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text("")
+    assert ServeConfig().command == [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model"]
+
+
 def test_a_full_finetune_is_served_from_its_final_folder(tmp_path):
     base, adapters, name = unit_server(LLMConfig(backend="vllm", model=str(tmp_path / "final"), name="s (fine-tuned)"))
     cmd = serve_command(base, ServeConfig(command=["vllm", "serve"]), 8100, adapters)
@@ -226,8 +237,9 @@ def test_an_in_process_vllm_engine_is_shut_down_when_closed(monkeypatch):
 
 
 def test_a_killed_eval_takes_its_server_with_it(tmp_path, question_file, index):
-    """kill -9 of the eval process: the server gets SIGTERM from the kernel (PR_SET_PDEATHSIG), so
-    no orphan keeps the GPUs and the port."""
+    """kill -9 of the eval process: its guardian (pipeline/guardian.py) sees its pipe close and ends
+    the server, so no orphan keeps the GPUs and the port (tests/test_vllm_server.py does the same
+    to a real vLLM's process tree)."""
     import subprocess
     import time
 

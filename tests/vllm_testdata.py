@@ -94,3 +94,57 @@ def build_lora_adapter(smollm2_dir: Path, folder: Path, rank: int = 64) -> Path:
                    base_model=str(smollm2_dir), adapter=True, finetuning="lora", format="react",
                    size_class="135m", params_b=0.135, steps=1, max_steps=1)
     return folder
+
+
+def grid_config(tmp_path: Path, index: Path, questions: Path, model: dict, serve: dict,
+                max_in_flight: int = 2) -> Path:
+    """A tiny `run` grid whose eval phase has three units needing one base model served: SmolLM2
+    prompted (Act, ReAct) and two LoRA students of it (Act, ReAct): one server can serve them all."""
+    import yaml
+
+    student = tmp_path / "student.yaml"
+    student.write_text(yaml.safe_dump({"student": "smollm2", "size_class": "135m", "finetuning": "lora",
+                                       "lora": {"r": 64, "alpha": 64}, "output_root": str(tmp_path / "ckpt")}))
+    config = {"experiment": "shared", "out_dir": str(tmp_path / "run"), "methods": ["act", "react"],
+              "wiki": {"index": str(index)},
+              "generate": {"teacher": {"backend": "oracle"}, "questions": "offline-bootstrap", "limit": 4},
+              "filter": {"tokenizer": "smollm2"},
+              "eval": {"questions": str(questions), "max_in_flight": max_in_flight, "model": model, "serve": serve,
+                       "prompting": {"max_new_tokens": 24, "max_steps": 2}},
+              "plot": {"reference_points": False},
+              "students": [{"name": "tiny", "config": str(student), "size_class": "135m", "params_b": 0.135,
+                            "prompt_model": {**model, "model": "smollm2", "name": "SmolLM2"}}]}
+    path = tmp_path / "grid.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def mark_trained(config_path: Path, adapter: Path | None = None) -> list[Path]:
+    """Each LoRA student of the grid as its training would leave it (complete, with this config),
+    so that `run` skips training and evaluates: the adapter's files copied from `adapter` (or
+    only an adapter_config.json of rank 64, for a stand-in server that loads no weights)."""
+    import shutil
+
+    from pipeline.config import build, load_config, to_dict
+    from pipeline.llm.models import resolve_model_path
+    from pipeline.stages.run import RunConfig, Student, plan, training_precision
+    from pipeline.storage import write_manifest
+
+    cfg = load_config(RunConfig, config_path, [])
+    finals = []
+    for unit in plan(cfg, [build(Student, s) for s in cfg.students]):
+        if unit.phase != "train":
+            continue
+        ft = unit.config
+        final = Path(ft.output_dir) / "final"
+        if adapter is not None:
+            shutil.copytree(adapter, final, dirs_exist_ok=True)
+        else:
+            final.mkdir(parents=True, exist_ok=True)
+            (final / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 64}))
+        write_manifest(final / "manifest.json", stage="train", config=to_dict(ft), complete=True,
+                       student=ft.student_name, base_model=resolve_model_path(ft.student), adapter=True,
+                       finetuning="lora", format=ft.format, size_class=ft.size_class, params_b=0.135,
+                       steps=1, max_steps=1, precision=training_precision(ft))
+        finals.append(final)
+    return finals
