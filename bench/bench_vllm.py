@@ -30,6 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
+from bench_server import identical_share  # noqa: E402
 from machine import load_average, spread  # noqa: E402
 
 from pipeline.serving import VLLM_VENV  # noqa: E402
@@ -108,14 +109,6 @@ def build_wiki_index(path: Path) -> str:
     return str(path)
 
 
-def identical(a: list[dict], b: list[dict]) -> tuple[int, int]:
-    def key(records):
-        return {r["id"]: {k: v for k, v in r.items() if k != "seconds"} for r in records}
-
-    ka, kb = key(a), key(b)
-    return sum(ka[i] == kb.get(i) for i in ka), len(ka)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if not (VLLM_VENV / "bin" / "python").is_file():
@@ -146,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     for kind in ("with start-up", "without"):
         ratio = statistics.median(speed["vllm"][kind]) / statistics.median(speed["transformers"][kind])
         print(f"vllm / transformers, {kind}: {ratio:.2f}x episodes/min")
-    same, total = identical(runs["transformers"][-1]["records"], runs["vllm"][-1]["records"])
+    same, total = identical_share(runs["transformers"][-1]["records"], runs["vllm"][-1]["records"])
     print(f"identical records (last repeat): {same}/{total}; {load_average()}; runs in {root}")
     return 0
 
