@@ -264,3 +264,22 @@ def test_a_killed_eval_takes_its_server_with_it(tmp_path, question_file, index):
     finally:
         with contextlib.suppress(psutil.NoSuchProcess):  # never leave an orphan behind a failure
             server.kill()
+
+
+@pytest.mark.parametrize("tail, reason", [
+    (["usage: api_server.py [-h] ...", "api_server.py: error: unrecognized arguments: --bogus",
+      "/usr/lib/python3.11/multiprocessing/resource_tracker.py:254: UserWarning: resource_tracker: leaked"],
+     "api_server.py: error: unrecognized arguments: --bogus"),
+    (["(APIServer pid=7) INFO 12-02 [api_utils.py:286] non-default args: {}", "Traceback (most recent call last):",
+      '  File "x.py", line 1, in <module>', "(APIServer pid=7) ValueError: Loading lora student-lora failed",
+      "nanobind: leaked 3 instances!"],
+     "(APIServer pid=7) ValueError: Loading lora student-lora failed"),
+    (["(EngineCore pid=9) ERROR 12-02 [core.py:1] EngineCore failed to start.", "(EngineCore pid=9) INFO bye"],
+     "(EngineCore pid=9) ERROR 12-02 [core.py:1] EngineCore failed to start."),
+    (["INFO: loading", "INFO: still loading"], "INFO: still loading"),
+])
+def test_a_failed_servers_reason_is_the_last_error_line_of_its_log(tmp_path, tail, reason):
+    from pipeline.serving import ServerView
+
+    (tmp_path / "serve.log").write_text("\n".join(tail) + "\n")
+    assert ServerView("127.0.0.1", 1, tmp_path / "serve.log").failure_reason() == reason

@@ -6,6 +6,7 @@ short, and a way to find every process a server started (an environment tag they
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
@@ -37,30 +38,42 @@ def new_tag() -> str:
 
 
 def tagged_processes(tag: str) -> list[psutil.Process]:
-    """Every live (not zombie) process whose environment carries `tag`: a server and its tree,
-    wherever they were re-parented."""
-    found = []
+    """Every live (not zombie) process of a test server: those whose environment carries `tag`,
+    and every descendant of those (vLLM renames its engine core and worker processes, and the
+    rename overwrites what /proc shows of their environment), wherever they were re-parented."""
+    found: dict[int, psutil.Process] = {}
     for process in psutil.process_iter():
         try:
-            if process.environ().get(TAG_VAR) == tag and process.status() != psutil.STATUS_ZOMBIE:
-                found.append(process)
+            if process.environ().get(TAG_VAR) == tag:
+                for p in [process, *process.children(recursive=True)]:
+                    found[p.pid] = p
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
-    return found
+    return [p for p in found.values() if _live(p)]
 
 
-def wait_until_gone(tag: str, timeout_s: float) -> list[str]:
-    """Wait until no tagged process is left; return what is still there after `timeout_s`
-    (name and pid), having killed it so no test leaves a server behind."""
+def _live(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def wait_until_gone(tag: str, timeout_s: float, seen: list[psutil.Process] = ()) -> list[str]:
+    """Wait until no process of the tagged server is left, nor any of `seen` (a snapshot taken
+    while it ran: a process that lost its tagged parent is found this way); return what is still
+    there after `timeout_s` (pid and name), having killed it so no test leaves a server behind."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not tagged_processes(tag):
-            return []
+    while True:
+        left = {p.pid: p for p in [*tagged_processes(tag), *seen] if _live(p)}
+        if not left or time.monotonic() > deadline:
+            break
         time.sleep(0.5)
-    left = tagged_processes(tag)
-    names = [f"{p.pid} {p.name()}" for p in left]
-    for process in left:
-        process.kill()
+    names = []
+    for process in left.values():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            names.append(f"{process.pid} {process.name()}")
+            process.kill()
     return names
 
 
