@@ -116,7 +116,7 @@ def test_greedy_completions_of_the_served_model_and_adapter_match_transformers_a
                                                                                        adapter):
     from pipeline.llm.openai_http import OpenAICompatibleLLM
 
-    requests = first_step_prompts(12)
+    requests = first_step_prompts(8)
     shares = {}
     for name, folder in ((BASE, None), (LORA_NAME, adapter)):
         served_texts = texts(OpenAICompatibleLLM(replace(server.client, model=name)), requests)
@@ -144,12 +144,12 @@ def test_the_teacher_role_generate_continuously_against_vllm_matches_the_round_b
     from pipeline.methods import MethodSettings, build_method
     from pipeline.wiki.index import LocalIndex
 
-    questions = load_question_set("offline-eval", limit=8)
+    questions = load_question_set("offline-eval", limit=6)
     qfile = write_questions(tmp_path / "q.jsonl", questions)
     teacher = {"backend": "openai", "base_url": server.client.base_url, "model": BASE, "api_key_env": "",
                "max_concurrency": 8, "timeout_s": 600}
     config = {"teacher": teacher, "methods": ["react"], "questions": str(qfile), "wiki": {"index": str(index)},
-              "max_in_flight": 8, "prompting": {"max_new_tokens": 48, "max_steps": 4},
+              "max_in_flight": 6, "prompting": {"max_new_tokens": 48, "max_steps": 3},
               "out_dir": str(tmp_path / "gen")}
     (tmp_path / "gen.yaml").write_text(yaml.safe_dump({"generate": config}))
     proc = run_pipeline("generate", "--config", str(tmp_path / "gen.yaml"), timeout=900)
@@ -157,10 +157,10 @@ def test_the_teacher_role_generate_continuously_against_vllm_matches_the_round_b
     continuous = {r["id"]: r for r in read_records(tmp_path / "gen" / "react.jsonl")}
 
     llm = OpenAICompatibleLLM(replace(server.client, model=BASE))
-    settings = MethodSettings(max_new_tokens=48, max_steps=4)
+    settings = MethodSettings(max_new_tokens=48, max_steps=3)
     local = LocalIndex(index)
     rounds = {r["id"]: r for r in run_episodes(llm, lambda: local, questions, build_method("react", settings),
-                                               max_in_flight=8, schedule="rounds")}
+                                               max_in_flight=6, schedule="rounds")}
     assert set(continuous) == set(rounds) == {q.id for q in questions}
     fields = [k for k in rounds[questions[0].id] if k in continuous[questions[0].id] and k != "seconds"]
     same = sum({k: continuous[i][k] for k in fields} == {k: without_timing(rounds[i])[k] for k in fields}
@@ -187,21 +187,21 @@ def total(counts: dict[str, float]) -> int:
 
 
 def test_a_busy_managed_server_is_waited_for_and_never_asked_twice(server):
-    """8 long requests at once on 2 cores take far longer than the client's 2 s timeout. A plain
+    """8 long requests at once on 2 cores take far longer than the client's 1 s timeout. A plain
     client times out and re-sends them (the server computes them again); the managed server's
     client keeps waiting while the server is alive and healthy: each request reaches vLLM once."""
     from pipeline.llm.openai_http import OpenAICompatibleLLM
 
     requests = [GenerationRequest(f"Count from {k} to 500, one number after another: {k}, {k + 1},",
-                                  max_new_tokens=160) for k in range(1, 9)]
-    cfg = replace(server.client, model=BASE, timeout_s=2.0, max_retries=2)
+                                  max_new_tokens=96) for k in range(1, 9)]
+    cfg = replace(server.client, model=BASE, timeout_s=1.0, max_retries=2)
     before = finished_requests(server)
     started = time.monotonic()
     plain = OpenAICompatibleLLM(cfg).generate(requests)
     time.sleep(3)  # let requests the plain client gave up on finish or be aborted
     middle = finished_requests(server)
     plain_errors = sum(c[0].finish_reason == "error" for c in plain)
-    print(f"[test] plain client, timeout 2 s, 2 retries: {plain_errors}/8 failed, vLLM finished "
+    print(f"[test] plain client, timeout 1 s, 2 retries: {plain_errors}/8 failed, vLLM finished "
           f"{total(middle) - total(before)} requests for 8 sent ({time.monotonic() - started:.0f} s; {load()})")
     started = time.monotonic()
     patient = ServedLLM(OpenAICompatibleLLM(cfg), server.managed).generate(requests)
@@ -210,7 +210,7 @@ def test_a_busy_managed_server_is_waited_for_and_never_asked_twice(server):
     print(f"[test] managed client, same settings: vLLM finished {total(after) - total(middle)} requests "
           f"for 8 sent in {took:.0f} s ({load()})")
     assert took > 2 * cfg.timeout_s, "the server was not slow enough for this test to mean anything"
-    assert all(c[0].finish_reason == "length" and c[0].completion_tokens == 160 for c in patient), \
+    assert all(c[0].finish_reason == "length" and c[0].completion_tokens == 96 for c in patient), \
         [(c[0].finish_reason, c[0].error) for c in patient]
     assert total(after) - total(middle) == 8
     assert plain_errors or total(middle) - total(before) > 8  # what the managed client is spared
@@ -222,7 +222,7 @@ def test_a_busy_managed_server_is_waited_for_and_never_asked_twice(server):
 def eval_config(tmp_path: Path, adapter: Path, index: Path, tag: str, **serve) -> Path:
     from pipeline.hotpotqa import load_question_set
 
-    qfile = write_questions(tmp_path / "q.jsonl", load_question_set("offline-eval", limit=6))
+    qfile = write_questions(tmp_path / "q.jsonl", load_question_set("offline-eval", limit=4))
     config = {"checkpoint": str(adapter), "model": {"backend": "vllm", **MODEL_SETTINGS},
               "methods": ["react"], "questions": str(qfile), "wiki": {"index": str(index)},
               "max_in_flight": 1, "prompting": {"max_new_tokens": 24, "max_steps": 2},
@@ -321,32 +321,32 @@ def in_process_config(tmp_path: Path, name: str, index: Path, **keys) -> Path:
 
 
 @pytest.mark.parametrize("student", ["full model, prompted", "rank-64 LoRA adapter"])
-def test_the_in_process_vllm_backend_evaluates_in_venv_vllm_like_transformers(tmp_path, student, adapter,
-                                                                            smollm2_dir, index):
+def test_the_in_process_vllm_backend_evaluates_in_venv_vllm(tmp_path, student, adapter, index):
     """`.venv-vllm/bin/python -m pipeline eval model.backend=vllm`: SmolLM2 prompted 6-shot, and the
-    rank-64 adapter (vLLM's default max_lora_rank, 16, would refuse it), each against the same
-    eval through the transformers backend (PEFT for the adapter), fp32 both."""
+    rank-64 adapter (vLLM's default max_lora_rank, 16, would refuse it), fp32; the adapter's
+    records against the same eval through the transformers backend with PEFT (the base model's
+    completions are compared with transformers above, through the server)."""
     from vllm_testdata import VLLM_PYTHON
 
     keys = {"checkpoint": str(adapter)} if "LoRA" in student else {"model": {"model": "smollm2"}}
-    model = {"dtype": "float32", "max_context": 4096}
-    vllm_keys = {**keys, "model": {**keys.get("model", {}), **model, "backend": "vllm",
-                                   "extra": {"enforce_eager": True}}}
-    hf_keys = {**keys, "model": {**keys.get("model", {}), **model, "backend": "transformers"}}
+    model = {**keys.get("model", {}), "dtype": "float32", "max_context": 4096}
+    vllm_keys = {**keys, "model": {**model, "backend": "vllm", "extra": {"enforce_eager": True}}}
     started = time.monotonic()
     proc = subprocess.run([str(VLLM_PYTHON), "-m", "pipeline", "eval", "--config",
                            str(in_process_config(tmp_path, "vllm", index, **vllm_keys))],
                           env=child_env(SERVER_ENV), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     took = time.monotonic() - started
+    ours = {r["id"]: without_timing(r) for r in read_records(tmp_path / "vllm" / "react.jsonl")}
+    manifest = json.loads((tmp_path / "vllm" / "manifest.json").read_text())
+    assert len(ours) == 4 and manifest["complete"] and manifest["precision"] == "fp32"
+    print(f"[test] in-process vLLM, {student}: eval {took:.0f} s with start-up ({load()})")
+    if "LoRA" not in student:
+        return
+    hf_keys = {**keys, "model": {**model, "backend": "transformers"}}
     proc = run_pipeline("eval", "--config", str(in_process_config(tmp_path, "hf", index, **hf_keys)), timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    ours = {r["id"]: without_timing(r) for r in read_records(tmp_path / "vllm" / "react.jsonl")}
     theirs = {r["id"]: without_timing(r) for r in read_records(tmp_path / "hf" / "react.jsonl")}
-    assert set(ours) == set(theirs) and len(ours) == 4
-    same = sum(ours[i] == theirs[i] for i in ours)
-    print(f"[test] in-process vLLM, {student}: {same}/4 records identical to transformers "
-          f"(eval {took:.0f} s with start-up; {load()})")
-    manifest = json.loads((tmp_path / "vllm" / "manifest.json").read_text())
-    assert manifest["complete"] and manifest["precision"] == "fp32"
+    same = sum(ours[i] == theirs.get(i) for i in ours)
+    print(f"[test] in-process vLLM + LoRA: {same}/4 records identical to transformers + PEFT ({load()})")
     assert same >= 3
