@@ -98,6 +98,7 @@ def test_one_server_serves_the_grid_a_killed_one_stops_it_in_one_line_and_the_ne
 
 
 @pytest.mark.slow
+@pytest.mark.vllm
 def test_one_real_vllm_start_up_serves_a_prompted_model_and_two_lora_students(tmp_path, index, questions,
                                                                               smollm2_dir):
     require_vllm()

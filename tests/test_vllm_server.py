@@ -52,7 +52,7 @@ from pipeline.llm.base import GenerationRequest
 from pipeline.llm.config import LLMConfig
 from pipeline.serving import LORA_NAME, ServeConfig, ServedLLM, served
 
-pytestmark = [pytest.mark.slow,
+pytestmark = [pytest.mark.slow, pytest.mark.vllm,
               pytest.mark.skipif(not CORPUS.is_file(), reason=f"offline corpus not found at {CORPUS}")]
 
 BASE = "smollm2-base"  # the base model's served name
