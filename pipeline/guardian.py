@@ -4,9 +4,10 @@ no server outlives the eval that started it, however the eval ends (SIGKILL incl
     python -m pipeline.guardian --status-fd FD --log serve.log --grace 60 -- CMD [ARGS...]
 
 Why a process of its own: vLLM's server is a process tree (the API server, its engine core, the
-engine's workers, a resource tracker), and a signal to the API server alone is not enough to
-take it down: killed during start-up or by SIGKILL of its parent, the real server left its
-engine core running, re-parented to init. The guardian
+engine's workers, a resource tracker). With only PR_SET_PDEATHSIG on the direct child, an eval
+killed during start-up (SIGTERM) or mid-run (SIGKILL) left the API server and its engine core
+running, re-parented to init; and while starting, vLLM may not exit for long after a SIGTERM.
+The guardian
 
   - is a child subreaper (Linux): every process of the server's tree that loses its parent is
     re-parented to the guardian, not to init, so the guardian can always find and end it;
