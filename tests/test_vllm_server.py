@@ -93,7 +93,7 @@ def first_step_prompts(n: int) -> list[GenerationRequest]:
 
     prefix = prompt_prefixes("react", MethodSettings())["react"]
     return [GenerationRequest(f"{prefix.text}Question: {q.question}\nThought 1:", stop=["\nObservation 1:"],
-                              max_new_tokens=48) for q in load_question_set("offline-eval", limit=n)]
+                              max_new_tokens=32) for q in load_question_set("offline-eval", limit=n)]
 
 
 def texts(llm, requests: list[GenerationRequest]) -> list[str]:
@@ -116,7 +116,7 @@ def test_greedy_completions_of_the_served_model_and_adapter_match_transformers_a
                                                                                        adapter):
     from pipeline.llm.openai_http import OpenAICompatibleLLM
 
-    requests = first_step_prompts(8)
+    requests = first_step_prompts(6)
     shares = {}
     for name, folder in ((BASE, None), (LORA_NAME, adapter)):
         served_texts = texts(OpenAICompatibleLLM(replace(server.client, model=name)), requests)
@@ -131,8 +131,8 @@ def test_greedy_completions_of_the_served_model_and_adapter_match_transformers_a
     for name, (same, total, _) in shares.items():
         assert same / total >= MIN_IDENTICAL_SHARE, (name, same, total)
     base, lora = shares[BASE][2], shares[LORA_NAME][2]
-    # measured: the adapter changed 3 of the 8 completions (and vLLM and PEFT agreed on all 8)
-    assert sum(a != b for a, b in zip(base, lora, strict=True)) >= len(requests) // 4, "the adapter changed nothing"
+    # measured with 8 prompts and 48 tokens: the adapter changed 3 of the 8 (vLLM and PEFT agreed on all 8)
+    assert sum(a != b for a, b in zip(base, lora, strict=True)) >= 1, "the adapter changed nothing"
 
 
 def test_the_teacher_role_generate_continuously_against_vllm_matches_the_round_based_runner(
