@@ -24,7 +24,8 @@ schedule and in a one-at-a-time loop (`run_one_at_a_time`, or bench/original_rea
 original notebook's loop shape); only the order in which records finish may differ.
 
 A model failure (an error completion, or generate() raising) or a page-source failure ends only
-the episodes it touched, with the reason in `end_reason`; the others go on. Anything else that
+the episodes it touched, with the reason in `end_reason`; the others go on (generate and eval
+stop a run once too many end so: `max_error_share`, pipeline.episodes). Anything else that
 raises (a backend bug, a record that cannot be written) ends the run with that error; the records
 written so far stay, and a re-run resumes after them.
 """

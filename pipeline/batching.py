@@ -12,8 +12,15 @@ trajectories as in every other mode and the collator packs each micro-batch:
                   continue the row's last trajectory, so it starts no new sequence
     padded        one row per trajectory, right-padded (TRL's collator)
 
-In the packed modes position_ids restart at 0 at each trajectory, from which transformers
-builds the block-diagonal attention (SDPA) or the varlen boundaries (flash attention).
+In the packed modes position_ids restart at 0 at each trajectory. SDPA and eager attention build
+the block-diagonal mask from them in any number of rows (transformers' masking_utils
+find_packed_sequence_indices). Flash attention infers sequence boundaries from position_ids only
+for a batch of ONE row (modeling_flash_attention_utils._is_packed_sequence: `batch_size != 1`
+returns False) and otherwise runs plain causal attention over each whole row, so the trajectories
+of a row would attend to each other. A packed batch therefore also carries the boundaries
+themselves, `cu_seq_lens_q/k` and `max_length_q/k` over the rows laid end to end (what
+transformers' own DataCollatorWithFlattening passes with return_flash_attn_kwargs): the flash path
+uses them as given (one varlen call over all rows), SDPA and eager ignore them.
 """
 
 from __future__ import annotations
@@ -56,7 +63,9 @@ class PackingCollator:
             for i in row:
                 n = len(examples[i]["input_ids"])
                 row_ids += examples[i]["input_ids"]
-                row_labels += examples[i]["labels"]
+                # a first token is never predicted within its trajectory; in a row, the label there
+                # would be the previous trajectory's last token's target: never train across the seam
+                row_labels += [IGNORE_INDEX] + examples[i]["labels"][1:]
                 row_pos += list(range(n))
             tail = self.max_length - len(row_ids)
             row_ids += [self.pad_token_id] * tail
@@ -65,8 +74,22 @@ class PackingCollator:
             ids.append(row_ids)
             labels.append(row_labels)
             positions.append(row_pos)
-        return {"input_ids": torch.tensor(ids), "labels": torch.tensor(labels),
-                "position_ids": torch.tensor(positions)}
+        position_ids = torch.tensor(positions)
+        return {"input_ids": torch.tensor(ids), "labels": torch.tensor(labels), "position_ids": position_ids,
+                **flash_boundaries(position_ids)}
+
+
+def flash_boundaries(position_ids) -> dict:
+    """The flash varlen kwargs for packed rows: every sequence start (position 0) over the rows
+    laid end to end, the total as the last bound, the longest sequence. A row always starts a
+    sequence, so no sequence spans two rows; a row's padding tail continues its last trajectory
+    (labels -100), as its position ids say."""
+    import torch
+    flat = position_ids.reshape(-1)
+    starts = (flat == 0).nonzero().view(-1)
+    bounds = torch.cat([starts, torch.tensor([flat.numel()])]).to(torch.int32)
+    longest = int(bounds.diff().max())
+    return {"cu_seq_lens_q": bounds, "cu_seq_lens_k": bounds, "max_length_q": longest, "max_length_k": longest}
 
 
 def count_trajectories(batch: dict) -> int:

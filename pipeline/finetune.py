@@ -28,6 +28,13 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from pipeline.config import add_config_arguments, stage_config, to_dict
+from pipeline.deepspeed_setup import (
+    check_deepspeed_device,
+    deepspeed_line,
+    deepspeed_record,
+    settle_deepspeed_config,
+    under_deepspeed,
+)
 from pipeline.errors import PipelineError, os_error_message
 from pipeline.llm import models
 from pipeline.llm.models import model_label, resolve_model_path
@@ -46,6 +53,7 @@ from pipeline.train_checks import (  # noqa: F401  (is_complete_checkpoint: re-e
     check_devices,
     check_resume_layout,
     checkpoint_step,
+    incomplete_reason,
     is_complete_checkpoint,
     launch_strategy,
     layout_callback,
@@ -99,6 +107,7 @@ class FinetuneConfig:
     output_dir: Path | None = None  # default: <output_root>/<experiment>/<student_name>/<format>
     accelerate_config: str = "auto"  # for `python -m pipeline train`: auto | cpu | cpu_ddp | multi_gpu | ... | a path
     num_processes: int | None = None  # for `train`: override the accelerate config's process count
+    deepspeed_on_cpu: bool = False  # true: run a deepspeed_* accelerate config on CPU processes on purpose (tests; fp32 only)
     global_batch_size: int = 64
     per_device_batch_size: int | None = None  # default: the largest divisor <= max_per_device_batch_size (1 for padding_free without a varlen flash kernel: pipeline/train_speed.py)
     max_per_device_batch_size: int = 8
@@ -174,15 +183,17 @@ def latest_complete_checkpoint(output_dir: Path) -> Path | None:
     return complete[-1] if complete else None
 
 
-def set_aside_incomplete(output_dir: Path) -> list[Path]:
+def set_aside_incomplete(output_dir: Path) -> list[tuple[Path, str]]:
     """Rename incomplete checkpoint folders (a run killed mid-save) so that neither resume nor the
-    trainer's rotation mistakes them for real ones; returns their new paths. Rank 0 only."""
+    trainer's rotation mistakes them for real ones; returns their new paths, each with what it
+    lacked. Rank 0 only."""
     moved = []
     for path in list_checkpoints(output_dir):
-        if not is_complete_checkpoint(path):
+        why = incomplete_reason(path)
+        if why is not None:
             target = path.with_name(f"incomplete-{path.name}-{int(time.time())}")
             path.rename(target)
-            moved.append(target)
+            moved.append((target, why))
     return moved
 
 
@@ -245,6 +256,12 @@ def precision_choice(cfg: FinetuneConfig):
     return precision.training(cfg.precision, deepspeed=under_deepspeed())
 
 
+def weights_choice(cfg: FinetuneConfig):
+    """The dtype the student loads in and why (pipeline/precision.py: weights)."""
+    from pipeline import precision
+    return precision.weights(precision_choice(cfg).precision, cfg.finetuning, launch_strategy())
+
+
 def use_bf16(cfg: FinetuneConfig) -> bool:
     return precision_choice(cfg).precision == "bf16"
 
@@ -261,15 +278,12 @@ def load_student(cfg: FinetuneConfig, tokenizer):
         config = LlamaConfig(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
                              eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **dims)
         config._attn_implementation = attention_choice(cfg)[0]
-        return LlamaForCausalLM(config)
+        return LlamaForCausalLM(config).to(weights_choice(cfg).torch_dtype)
     kwargs: dict[str, Any] = {"trust_remote_code": cfg.trust_remote_code}
     kwargs["attn_implementation"] = attention_choice(cfg)[0]
-    bf16 = use_bf16(cfg)
     if cfg.finetuning == "qlora":
-        kwargs["quantization_config"] = qlora_quantization(bf16)
-    # Adapters train on a frozen base: keep it in bf16 on GPU. Full fine-tuning keeps fp32 master
-    # weights (bf16 autocast), as mixed precision requires.
-    kwargs["dtype"] = torch.bfloat16 if bf16 and cfg.finetuning != "full" else torch.float32
+        kwargs["quantization_config"] = qlora_quantization(use_bf16(cfg))
+    kwargs["dtype"] = weights_choice(cfg).torch_dtype
     name = resolve_model_path(cfg.student)
     try:
         return AutoModelForCausalLM.from_pretrained(name, **kwargs)
@@ -458,12 +472,9 @@ def check_launch(cfg: FinetuneConfig) -> None:
 
     import torch
     check_devices()
+    check_deepspeed_device(under_deepspeed(), torch.cuda.is_available(), cfg.deepspeed_on_cpu, count_processes())
     check_config(cfg.finetuning, cfg.optim, launch_strategy(), torch.cuda.is_available(),
                  importlib.util.find_spec("bitsandbytes") is not None)
-
-
-def under_deepspeed() -> bool:
-    return os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() in ("1", "true")
 
 
 def count_processes() -> int:
@@ -475,6 +486,7 @@ def run(cfg: FinetuneConfig) -> dict:
     from pipeline.sft import tokenize_records
 
     cfg = resolve(cfg)
+    deepspeed = settle_deepspeed_config()  # before anything reads the launch's strategy
     final = cfg.output_dir / FINAL_DIR
     done = read_manifest(final / "manifest.json") if final.is_dir() else None
     choice = precision_choice(cfg)
@@ -494,6 +506,9 @@ def run(cfg: FinetuneConfig) -> dict:
     rank0 = int(os.environ.get("RANK", "0")) == 0
     if rank0:
         print(choice.line("training"))
+        print(weights_choice(cfg).line("weights"))
+        if deepspeed:
+            print(deepspeed_line(*deepspeed))
         print(f"[finetune] {cfg.format} on {cfg.student_name}: {report.summary()}")
         print(f"[finetune] batch {cfg.global_batch_size} = {per_device} per device x {grad_accum} accumulation "
               f"x {num_processes} processes; {cfg.max_steps} steps; output {cfg.output_dir}")
@@ -505,8 +520,8 @@ def run(cfg: FinetuneConfig) -> dict:
     trainer = build_trainer(cfg, examples, tokenizer, per_device, grad_accum, report.max_length,
                             callbacks=[layout_callback(layout)])
     if rank0:
-        for path in set_aside_incomplete(cfg.output_dir):
-            print(f"[finetune] set aside an incomplete checkpoint: {path}")
+        for path, why in set_aside_incomplete(cfg.output_dir):
+            print(f"[finetune] set aside an incomplete checkpoint: {path} ({why})")
     trainer.accelerator.wait_for_everyone()
     resume = choose_resume(cfg)
     # every rank reads the same files, so every rank refuses alike (no rank left waiting)
@@ -559,7 +574,8 @@ def save_final(trainer, cfg: FinetuneConfig, tokenizer, dataset_path: Path, repo
             gradient_accumulation_steps=grad_accum, num_processes=num_processes,
             dataset={**file_fingerprint(dataset_path), "examples": report.n_kept}, lengths=report.to_dict(),
             train_loss=getattr(result, "training_loss", None), seconds=round(time.time() - started, 1),
-            precision=precision_choice(cfg).precision,
+            precision=precision_choice(cfg).precision, weights=weights_choice(cfg).precision,
+            deepspeed=deepspeed_record(trainer),
         )
         from pipeline.cards import model_card
 

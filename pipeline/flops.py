@@ -78,13 +78,19 @@ def attention_length(lengths: list[int]) -> float:
 class ThroughputMeter:
     """Times the training steps (not saves or evaluation) and turns the tokens trained between
     two logs into TFLOP/s per GPU, MFU and HFU. A TrainerCallback; the trainer's `log` asks it
-    for the figures of each logged step (see pipeline.finetune)."""
+    for the figures of each logged step (see pipeline.finetune).
+
+    A launch's first step is left out of the figures, its time and its tokens alike: it carries
+    the warm-up (CUDA context and kernel selection, the allocator's first growth, DeepSpeed's and
+    FSDP's first gathers, a resume's state loading), so the first logged step (logging_first_step)
+    has no figures and every later one measures steady training only."""
 
     def __init__(self, per_token: FlopsPerToken, processes: int, peak: float | None):
         self.per_token, self.processes, self.peak = per_token, processes, peak
         self._seconds = 0.0
         self._started: float | None = None
         self._tokens_at_last_log: int | None = None
+        self._warming_up = True
 
     def callback(self):
         from transformers import TrainerCallback
@@ -93,14 +99,17 @@ class ThroughputMeter:
         class ThroughputCallback(TrainerCallback):
             def on_train_begin(self, args, state, control, **kwargs):
                 meter._tokens_at_last_log, meter._seconds = state.num_input_tokens_seen, 0.0  # restored on resume
+                meter._warming_up = True
 
             def on_step_begin(self, args, state, control, **kwargs):
                 meter._started = time.perf_counter()
 
             def on_step_end(self, args, state, control, **kwargs):
-                if meter._started is not None:
+                if meter._warming_up:  # the figures start after it (class docstring)
+                    meter._tokens_at_last_log, meter._warming_up = state.num_input_tokens_seen, False
+                elif meter._started is not None:
                     meter._seconds += time.perf_counter() - meter._started
-                    meter._started = None
+                meter._started = None
 
         return ThroughputCallback()
 

@@ -7,7 +7,9 @@
 `REACT_PIPELINE_PRECISION=auto|bf16|fp32` replaces `auto` wherever it stands (a whole test
 suite or demo in one precision); an explicit config value still wins over it. Training keeps
 fp32 master weights and runs the forward/backward under bf16 autocast (the Trainer's
-`bf16=True`); inference loads the weights in the chosen dtype. Every choice prints one line
+`bf16=True`), except under DeepSpeed, which keeps the fp32 master copy in its optimizer and
+the model in bf16 (`weights` says what the student loads in); inference loads the weights in
+the chosen dtype. Every choice prints one line
 (`Choice.line`) saying what was chosen and why, and the outputs record it (manifests, summary
 rows), so runs in different precisions are never mixed silently.
 
@@ -104,6 +106,29 @@ def training(value: str, *, deepspeed: bool = False) -> Choice:
     if want == "auto":
         return Choice("bf16" if native else "fp32", why)
     return Choice(want, who if want == "fp32" or native else f"{who}; {why}")
+
+
+def weights(training_precision: str, finetuning: str, strategy: str) -> Choice:
+    """The dtype the student's weights load in, for a run training in `training_precision`.
+
+    Full fine-tuning under the Trainer's own mixed precision (one process, DDP, FSDP) needs fp32
+    weights: they are the master copy that autocast computes from and the optimizer updates.
+    DeepSpeed (strategy zero2 / zero3) keeps that fp32 copy itself, in its optimizer's partitions,
+    made from the model's half-precision parameters: the engine casts an fp32 model to bf16 before
+    anything else (engine._configure_distributed_model), and ZeRO-3's zero.Init creates the
+    parameters in the config's dtype, so loading fp32 only costs host memory on every rank (8B:
+    ~32 GB per rank, ~256 GB per 8-GPU node) for a cast that follows at once. Adapters (LoRA,
+    QLoRA) train on a frozen base, kept in the training precision."""
+    half = training_precision in ("bf16", "fp16")
+    if finetuning != "full":
+        return (Choice("bf16", "adapters train on a frozen base, kept in bf16") if training_precision == "bf16"
+                else Choice("fp32", f"adapters on a frozen base, trained in {training_precision}"))
+    if half and strategy.startswith("zero"):
+        return Choice(training_precision, f"{strategy} keeps the fp32 master weights in its optimizer and trains "
+                                          f"the model in {training_precision}; fp32 weights would only be cast on load")
+    if half:
+        return Choice("fp32", f"{training_precision} mixed precision: autocast over fp32 master weights ({strategy})")
+    return Choice("fp32", f"{training_precision} training")
 
 
 def inference(dtype: str, device_type: str) -> Choice:

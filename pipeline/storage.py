@@ -99,6 +99,11 @@ def read_jsonl(path: str | os.PathLike, *, tolerate_torn_tail: bool = True) -> l
     return records
 
 
+def jsonl_line(record: dict) -> str:
+    """One record as the line a JSONL file of ours holds (newline included)."""
+    return json.dumps(record, ensure_ascii=False, default=str) + "\n"
+
+
 class JsonlAppender:
     """Append records one per line, flushed and fsynced, after cutting off a torn tail.
 
@@ -124,7 +129,7 @@ class JsonlAppender:
     def append(self, record: dict) -> None:
         """Write one whole line or nothing: on a failed write (a full disk) the part that got out
         is cut off again, so the file still ends with the last complete record."""
-        data = (json.dumps(record, ensure_ascii=False, default=str) + "\n").encode("utf-8")
+        data = jsonl_line(record).encode("utf-8")
         fd = self._fh.fileno()
         start = os.fstat(fd).st_size
         try:

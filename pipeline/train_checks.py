@@ -2,14 +2,22 @@
 resume on this launch's layout, can this config work here at all. Each check fails in one line.
 
 Called from pipeline/finetune.py at three points: config time (`check_config`, before any model
-is loaded), checkpoint choice (`is_complete_checkpoint`), and resume (`check_resume_layout`).
+is loaded), checkpoint choice (`is_complete_checkpoint`; `incomplete_reason` says what a torn one
+lacks), and resume (`check_resume_layout`).
 
 What each strategy writes into checkpoint-N/ (transformers' Trainer._save_checkpoint, accelerate's
 fsdp_utils, DeepSpeed's engine.save_checkpoint); trainer_state.json is always written last:
 
     plain / DDP   model.safetensors (or adapter_model.safetensors), optimizer.pt, scheduler.pt
-    ZeRO-2 / -3   latest -> global_stepN/ with one *optim_states.pt per rank (+ model states);
-                  model.safetensors only where 16-bit weights are gathered on save
+    ZeRO-2 / -3   latest -> global_stepN/ holding one optimizer shard per data-parallel rank,
+                  [bf16_]zero_pp_rank_{r}_mp_rank_00_optim_states.pt ("bf16_" when DeepSpeed runs
+                  bf16), and the model states: ZeRO-2 one mp_rank_00_model_states.pt, ZeRO-3 one
+                  zero_pp_rank_{r}_mp_rank_00_model_states.pt per rank (engine.py _get_ckpt_name,
+                  _get_rank_zero_ckpt_name); model.safetensors only where 16-bit weights are
+                  gathered on save. Rank 0 writes `latest` after its OWN files only (the other
+                  ranks' may still be in flight); the Trainer writes trainer_state.json after
+                  DeepSpeed's closing barrier, and a resume loads every rank's shard, so a
+                  checkpoint must hold one per rank of the world size recorded with it (Layout)
     FSDP          pytorch_model_fsdp.bin + optimizer.bin (FULL_STATE_DICT) or the folders
                   pytorch_model_fsdp_0/ + optimizer_0/ (SHARDED_STATE_DICT, torch.distributed.checkpoint,
                   whose .metadata is written last), or per-rank *_rank{i}.bin files
@@ -20,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -65,28 +74,76 @@ def read_trainer_state(path: Path) -> dict | None:
 
 
 def is_complete_checkpoint(path: Path) -> bool:
-    """A checkpoint is usable only when the trainer finished writing it: trainer_state.json is
-    written last (and must parse, for this folder's step), and the weights and the optimizer
-    state of whichever strategy wrote it must be there."""
+    return incomplete_reason(path) is None
+
+
+def incomplete_reason(path: Path) -> str | None:
+    """Why `path` is not a usable checkpoint, or None when it is: the trainer finished writing it
+    (trainer_state.json is written last, and must parse, for this folder's step), and the weights
+    and the optimizer state of whichever strategy wrote it are there."""
     state = read_trainer_state(path)
     if state is None or not isinstance(state.get("global_step"), int):
-        return False
+        return "no readable trainer_state.json (the trainer writes it last)"
     if path.name != f"{CHECKPOINT_PREFIX}{state['global_step']}":
-        return False
-    deepspeed = deepspeed_state(path)
-    has_weights = any((path / name).is_file() for name in HF_WEIGHT_FILES) or fsdp_model_state(path) or deepspeed
-    has_optimizer = (path / "optimizer.pt").is_file() or fsdp_optimizer_state(path) or deepspeed
-    return bool(has_weights and has_optimizer)
+        return f"its trainer_state.json is for step {state['global_step']}"
+    if (path / "latest").is_file():  # DeepSpeed's: a resume loads its states, nothing else
+        return deepspeed_gap(path, saved_layout(path))
+    if not (any((path / name).is_file() for name in HF_WEIGHT_FILES) or fsdp_model_state(path)):
+        return "no model weights"
+    if not ((path / "optimizer.pt").is_file() or fsdp_optimizer_state(path)):
+        return "no optimizer state"
+    return None
 
 
-def deepspeed_state(path: Path) -> bool:
-    """DeepSpeed writes `latest` (-> global_stepN/) after its own states; the ZeRO optimizer
-    states are one file per data-parallel rank."""
-    latest = path / "latest"
-    if not latest.is_file():
-        return False
-    tag = path / latest.read_text(encoding="utf-8").strip()
-    return tag.is_dir() and any(tag.glob("*optim_states.pt"))
+# engine.py: f"{'bf16_' if bf16 else ''}zero_pp_rank_{dp}_mp_rank_{mp:02d}_optim_states.pt" and, under
+# ZeRO-3, f"zero_pp_rank_{dp}_mp_rank_{mp:02d}_model_states.pt" per rank
+DEEPSPEED_SHARD = re.compile(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_\d+_(optim|model)_states\.pt")
+
+
+def deepspeed_gap(path: Path, layout: Layout | None) -> str | None:
+    """What a DeepSpeed checkpoint lacks for a resume, or None. `layout` (saved with the trainer
+    state) gives the number of processes that wrote it: one optimizer shard each (this project
+    runs DeepSpeed data-parallel only, so data-parallel ranks = processes), and under ZeRO-3
+    one model-state shard each. A checkpoint from before layouts were saved is checked for gaps.
+    (DeepSpeed records the number too, as dp_world_size inside its pickled model states, and
+    refuses another on load; but under ZeRO-2 that file holds the whole module, 16 GB for the 8B,
+    and unpickling it is no check to run on every checkpoint folder.)"""
+    tag = (path / "latest").read_text(encoding="utf-8").strip()
+    folder = path / tag
+    if not tag or not folder.is_dir():
+        return f"`latest` names {tag!r}, which is not a folder in it"
+    ranks: dict[str, set[int]] = {"optim": set(), "model": set()}
+    for file in folder.iterdir():
+        match = DEEPSPEED_SHARD.fullmatch(file.name)
+        if match:
+            ranks[match[2]].add(int(match[1]))
+    if not ranks["optim"]:
+        return f"{tag}/ holds no ZeRO optimizer states"
+    zero3 = layout.strategy == "zero3" if layout else bool(ranks["model"])
+    if not zero3 and not any(folder.glob("mp_rank_*_model_states.pt")):
+        return f"{tag}/ holds no model states (mp_rank_00_model_states.pt)"
+    world = layout.num_processes if layout else max(ranks["optim"]) + 1
+    for kind in ("optim", "model") if zero3 else ("optim",):
+        missing = sorted(set(range(world)) - ranks[kind])
+        if missing:
+            return (f"{tag}/ holds the {kind}_states.pt of {world - len(missing)} of the {world} ranks that wrote it "
+                    f"(missing rank {spans(missing)}): each rank writes its own shard, so with several nodes "
+                    "output_root must be one filesystem that all of them write to")
+    return None
+
+
+def spans(numbers: list[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> "0-2, 5, 7-8": rank lists of a 64-GPU run stay short."""
+    out: list[str] = []
+    start = prev = numbers[0]
+    for n in [*numbers[1:], None]:
+        if n is not None and n == prev + 1:
+            prev = n
+            continue
+        out.append(str(start) if start == prev else f"{start}-{prev}")
+        if n is not None:
+            start = prev = n
+    return ", ".join(out)
 
 
 def _dcp_dir(path: Path) -> bool:

@@ -6,8 +6,10 @@ Each returns what it chose and one line saying why, which pipeline/finetune.py p
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pipeline.errors import PipelineError
@@ -23,16 +25,50 @@ class Kernels:
     hopper: bool = False  # compute capability 9.x: FlashAttention 3
     flash_attn_2: bool = False  # the flash_attn package
     flash_attn_3: bool = False  # flash_attn_interface (FlashAttention 3, Hopper)
-    kernels_hub: bool = False  # the `kernels` package: transformers loads kernels-community/flash-attn2
+    kernels_hub: bool = False  # transformers loads kernels-community/flash-attn2 through the `kernels` package
+    kernels_hub_error: str | None = None  # why it cannot, where `kernels` is installed
 
 
 def installed_kernels() -> Kernels:
     import torch
     cuda = torch.cuda.is_available()
-    found = lambda name: importlib.util.find_spec(name) is not None  # noqa: E731
-    return Kernels(cuda=cuda, hopper=cuda and torch.cuda.get_device_capability()[0] == 9,
-                   flash_attn_2=cuda and found("flash_attn"), flash_attn_3=cuda and found("flash_attn_interface"),
-                   kernels_hub=cuda and found("kernels"))
+    major = torch.cuda.get_device_capability()[0] if cuda else 0
+    return kernels_on(cuda, major, lambda name: importlib.util.find_spec(name) is not None)
+
+
+def kernels_on(cuda: bool, major: int, found: Callable[[str], bool]) -> Kernels:
+    """The kernels usable with `cuda` and this compute capability, `found(package)` telling what
+    is installed. The hub build is what `auto` falls back to when no flash package is there;
+    only then is it loaded now (hub_flash_error), so that a kernel that cannot be loaded turns
+    `auto` into SDPA with the reason instead of failing at model load."""
+    fa2, fa3 = cuda and found("flash_attn"), cuda and found("flash_attn_interface")
+    hub, hub_error = False, None
+    if cuda and found("kernels") and not fa2 and not (fa3 and major == 9):
+        hub_error = hub_flash_error()
+        hub = hub_error is None
+    return Kernels(cuda=cuda, hopper=major == 9, flash_attn_2=fa2, flash_attn_3=fa3, kernels_hub=hub,
+                   kernels_hub_error=hub_error)
+
+
+@functools.cache
+def hub_flash_error() -> str | None:
+    """None when transformers can load the kernels hub's flash attention, else why not (one line).
+    It is transformers' own loader, the call from_pretrained makes for flash_attention_2 without
+    flash_attn (modeling_utils._check_and_adjust_attn_implementation): it refuses a `kernels`
+    version outside the range it supports, and offline (HF_HUB_OFFLINE=1, as the SLURM script
+    sets) it fails on a kernel not in the hub cache. A success fetches (or finds) the kernel,
+    so the model load that follows reuses it."""
+    from transformers.modeling_flash_attention_utils import (
+        FLASH_ATTN_KERNEL_FALLBACK,
+        lazy_import_flash_attention,
+    )
+
+    try:
+        lazy_import_flash_attention(FLASH_ATTN_KERNEL_FALLBACK["flash_attention_2"])
+    except Exception as exc:  # whatever the loader raises is the reason to fall back
+        text = str(exc).strip()
+        return f"{type(exc).__name__}: {text.splitlines()[0] if text else 'no message'}"
+    return None
 
 
 def choose_attention(requested: str | None, kernels: Kernels, half_precision: bool) -> tuple[str, str]:
@@ -57,6 +93,9 @@ def choose_attention(requested: str | None, kernels: Kernels, half_precision: bo
         # transformers maps flash_attention_2 to kernels-community/flash-attn2 when flash_attn is
         # missing and `kernels` is installed (fetched from the Hub once, then cached)
         return "flash_attention_2", "attention: flash_attention_2 via the kernels hub (kernels-community/flash-attn2)"
+    if kernels.kernels_hub_error:
+        return "sdpa", (f"attention: sdpa (the kernels hub's flash-attn2 cannot be loaded here: {kernels.kernels_hub_error}; "
+                        "pip install flash-attn, or fetch the kernel into the hub cache while online)")
     return "sdpa", ("attention: sdpa (no flash kernel installed: padding-free rows use a dense block-diagonal mask, "
                     "several times the useful attention work; pip install flash-attn or kernels for the varlen path)")
 

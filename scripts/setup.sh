@@ -3,8 +3,9 @@
 #
 # CPU machines get PyTorch's CPU wheel FIRST, so no multi-GB CUDA build is pulled in by the
 # project's plain `torch>=2.4` requirement. On a GPU machine (nvidia-smi works) pip resolves the
-# normal CUDA build instead. Knobs: TORCH_SPEC (default torch==2.13.0), TORCH_INDEX_URL (e.g.
-# https://download.pytorch.org/whl/cpu where PyPI's default torch is a CUDA build), PYTHON, VENV.
+# normal CUDA build instead. Knobs: TORCH_SPEC (default torch==2.13.0), TORCH_INDEX_URL (an index
+# of CPU-only torch wheels, such as PyTorch's own CPU index, where the default index's torch is a
+# CUDA build; unset: pip's configured index), PYTHON, VENV.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}

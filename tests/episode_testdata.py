@@ -19,7 +19,7 @@ EPISODE_FIELDS = {"id", "question", "gold_answer", "method", "teacher", "predict
                   "finished", "end_reason", "n_steps", "steps", "trajectory", "text",
                   "prompt_tokens", "completion_tokens", "seconds", "source"}
 SUMMARY_FIELDS = {"model", "size_class", "params_b", "mode", "method", "question_set", "n", "em",
-                  "f1", "finish_rate", "mean_steps", "prompt_tokens", "completion_tokens",
+                  "f1", "finish_rate", "errors", "mean_steps", "prompt_tokens", "completion_tokens",
                   "seconds", "source", "precision", "train_precision"}
 TIMING_FIELDS = ("seconds",)
 

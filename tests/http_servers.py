@@ -353,6 +353,8 @@ class FakeOpenAI(FaultyServer):
         # (see context_overflow); None: no limit.
         self.context_window: int | None = None
         self.overflow_style = "vllm"
+        self.max_choices: int | None = None  # answer with at most this many choices, whatever `n` asks
+        self.finish_reason: str | None = None  # every choice's finish_reason, in place of stop/length
 
     def api_fault(self, code: str) -> Reply:
         """"api:no_choices": a 200 without choices; "api:bad_usage": usage that is not a number."""
@@ -423,7 +425,8 @@ class FakeOpenAI(FaultyServer):
             text, finish = self._limit(text, stop, max_tokens)
             used += len(text.split())
             content = {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
-            choices.append({"index": i, **content, "finish_reason": finish})
+            choices.append({"index": i, **content, "finish_reason": self.finish_reason or finish})
+        choices = choices[:self.max_choices]
         reply = {"id": "cmpl-fake", "object": "chat.completion" if chat else "text_completion",
                  "model": self.model, "choices": list(reversed(choices))}  # order by "index"
         if self.usage:

@@ -226,6 +226,7 @@ def test_the_embedded_default_model_needs_no_size_keys():
     (["size_class=135m", "methods=[react,sc]"], "unknown method 'sc'"),
     (["size_class=135m", "questions=react-dev501"], "unknown question set 'react-dev501'"),
     (["size_class=135m", "checkpiont=x"], "unknown key 'checkpiont'; did you mean 'checkpoint'?"),
+    (["size_class=135m", "max_error_share=1.5"], "max_error_share must be between 0 and 1"),
 ])
 def test_bad_eval_inputs_exit_2_with_one_line_and_write_nothing(tmp_path, index, overrides, message):
     empty = tmp_path / "empty.jsonl"

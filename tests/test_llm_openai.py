@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import socket
@@ -312,3 +313,117 @@ def test_a_list_of_base_urls_reads_from_yaml_and_the_command_line(tmp_path):
     cfg = load_config(LLMConfig, overrides=["base_url=[http://a:8000/v1, http://b:8000/v1]"])
     assert cfg.base_url == ["http://a:8000/v1", "http://b:8000/v1"]
     assert load_config(LLMConfig, overrides=["base_url=http://a:8000/v1"]).base_url == "http://a:8000/v1"
+
+
+def test_the_set_aside_lasts_60_s_and_a_recovered_replica_takes_requests_again(monkeypatch, caplog):
+    """ReplicaSet's clock, moved by hand: a replica whose request failed for good is passed over
+    for DOWN_S (60 s) of that clock, and from then on it is used again (the least recently used)."""
+    from pipeline.llm.replicas import DOWN_S, ReplicaSet
+
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    now = [1000.0]
+    with FakeOpenAI() as a, FakeOpenAI() as b:
+        llm = make_replicated([a, b], max_concurrency=1)
+        llm.replicas = ReplicaSet([f"{a.url}/v1", f"{b.url}/v1"], 1, clock=lambda: now[0])
+
+        def answered_by(prompt: str) -> str:
+            before = len(a.requests), len(b.requests)
+            [[c]] = llm.generate([GenerationRequest(prompt)])
+            assert c.text == f"sample 0: {prompt}" and c.error is None
+            return "a" if len(a.requests) > before[0] else "b"
+
+        assert answered_by("first") == "a"
+        b.inject(Fault("503"), Fault("503"))  # the next request goes to b (least recently used) and
+        assert answered_by("b fails") == "a"  # fails there for good (2 attempts): sent once more, to a
+        assert b.outcomes["503"] == 2
+        for t in (0.0, 30.0, DOWN_S - 0.01):  # set aside: a takes every request meanwhile
+            now[0] = 1000.0 + t
+            assert answered_by(f"at {t}") == "a"
+        now[0] = 1000.0 + DOWN_S  # back: b, unused the longest, takes the next request
+        assert [answered_by("back 1"), answered_by("back 2"), answered_by("back 3")] == ["b", "a", "b"]
+        llm.close()
+    assert caplog.text.count("its requests go to the other replicas for 60 s") == 1
+
+
+def test_a_replica_that_dies_mid_run_is_set_aside_and_every_request_is_answered(tmp_path, monkeypatch, caplog):
+    """Replica 2 is a real process (tests/standin_vllm_serve.py, a stand-in for `vllm serve`) that
+    answers 3 requests, then exits at the 4th without answering it, while requests are in flight."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from http_servers import wait_until
+
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    port = free_port()
+    record = tmp_path / "standin.jsonl"
+    standin = subprocess.Popen([sys.executable, str(Path(__file__).parent / "standin_vllm_serve.py"), "fake-model",
+                                "--port", str(port), "--standin-die-after", "3", "--standin-record", str(record)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        with FakeOpenAI(latency_s=0.02) as live:
+            llm = make_replicated([], urls=[f"{live.url}/v1", f"http://127.0.0.1:{port}/v1"], max_concurrency=2)
+            assert wait_until(lambda: _answers(llm), timeout_s=30), "the stand-in server did not start"
+            out = llm.generate([GenerationRequest(f"q{i}") for i in range(16)])
+            llm.close()
+        assert standin.wait(timeout=10) == 3  # it died (os._exit(3)), not stopped by us
+    finally:
+        if standin.poll() is None:
+            standin.kill()
+            standin.wait()
+    assert [o[0].text for o in out] == [f"sample 0: q{i}" for i in range(16)]
+    assert all(o[0].error is None for o in out)
+    entries = [json.loads(line) for line in record.read_text().splitlines()]
+    assert len([e for e in entries if "model" in e]) == 3  # it took 3 requests, and died at the 4th
+    # Mid-run: some answers came from it; the rest (the one it died on, any whose answer its death
+    # cut off, and all after it was set aside) from the live replica, each request answered once.
+    assert 16 - 3 <= len([r for r in live.requests if r.method == "POST"]) < 16
+    assert caplog.text.count(f"replica 2 of 2 (http://127.0.0.1:{port}/v1) failed") == 1
+
+
+def _answers(llm: OpenAICompatibleLLM) -> bool:
+    try:
+        llm.check_available()
+        return True
+    except PipelineError:
+        return False
+
+
+# ------------------------------------------------------------------ answers that are not n whole choices
+
+def test_a_server_returning_fewer_choices_than_n_gives_an_error_completion_for_each_missing_one(
+        server, monkeypatch):
+    server.max_choices = 2
+    llm = make_llm(server, monkeypatch)
+    [samples] = llm.generate([GenerationRequest("p", n=3, temperature=0.7)])
+    assert [(c.text, c.finish_reason, c.error) for c in samples] == [
+        ("sample 0: p", "stop", None), ("sample 1: p", "stop", None),
+        ("", "error", "endpoint returned 2 of 3 choices")]
+    server.max_choices = 0  # a 200 with an empty choices list
+    [[c]] = llm.generate([GenerationRequest("q")])
+    assert (c.finish_reason, c.error) == ("error", "endpoint returned 0 of 1 choices")
+    assert server.outcomes == {"ok": 2}  # one call each: a whole answer, not retried
+
+
+@pytest.mark.parametrize("reason,finish,end_reason", [
+    ("content_filter", "error", "llm_error: finish_reason=content_filter"),  # a hosted API's filter
+    ("abort", "error", "llm_error: finish_reason=abort"),  # vLLM: the request was aborted
+    ("tool_calls", "error", "llm_error: finish_reason=tool_calls"),
+    ("repetition", "length", "runaway"),  # vLLM stopped a looping output: the model's own doing
+    ("eos", "stop", "finish"),
+])
+def test_a_finish_reason_other_than_stop_or_length(server, monkeypatch, reason, finish, end_reason):
+    """Through the backend and then a Standard episode (the agent runner, as eval runs it)."""
+    from pipeline.agent import run_episodes
+    from pipeline.hotpotqa import Question
+    from pipeline.methods import MethodSettings, build_method
+
+    server.finish_reason = reason
+    llm = make_llm(server, monkeypatch)
+    [[c]] = llm.generate([GenerationRequest("p", max_new_tokens=50)])
+    assert (c.text, c.finish_reason) == ("sample 0: p", finish)
+    assert c.error == (f"finish_reason={reason}" if finish == "error" else None)
+    question = Question(id="q1", question="Who?", answer="Nobody")
+    [record] = run_episodes(llm, lambda: None, [question], build_method("standard", MethodSettings()))
+    llm.close()
+    assert record["end_reason"] == end_reason

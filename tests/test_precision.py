@@ -96,6 +96,50 @@ def test_deepspeed_on_cpu_trains_in_fp32(native, monkeypatch):
         precision.inference("half", "cpu")
 
 
+@pytest.mark.parametrize("trained, finetuning, strategy, loaded", [
+    ("bf16", "full", "zero2", "bf16"), ("bf16", "full", "zero3", "bf16"), ("fp16", "full", "zero3", "fp16"),
+    ("bf16", "full", "plain", "fp32"), ("bf16", "full", "ddp", "fp32"), ("bf16", "full", "fsdp", "fp32"),
+    ("fp32", "full", "zero2", "fp32"), ("fp32", "full", "ddp", "fp32"),
+    ("bf16", "lora", "zero3", "bf16"), ("bf16", "qlora", "ddp", "bf16"), ("fp32", "lora", "plain", "fp32"),
+])
+def test_the_weights_load_in_what_the_strategy_keeps(trained, finetuning, strategy, loaded):
+    """Full fine-tuning: fp32 master weights where the Trainer's autocast needs them, the training
+    dtype under DeepSpeed (its optimizer holds the fp32 copy; it would cast fp32 weights at once)."""
+    choice = precision.weights(trained, finetuning, strategy)
+    assert choice.precision == loaded and choice.reason
+    if finetuning == "full" and strategy.startswith("zero") and trained != "fp32":
+        assert "fp32 master weights in its optimizer" in choice.reason
+
+
+@pytest.mark.parametrize("env, loaded", [
+    ({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "2"}, "bfloat16"),
+    ({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"}, "bfloat16"),
+    ({"WORLD_SIZE": "2"}, "float32"),
+    ({}, "float32"),
+], ids=["zero2", "zero3", "ddp", "plain"])
+def test_the_student_loads_in_the_rules_dtype(tmp_path, monkeypatch, env, loaded):
+    """What from_pretrained really gives a full fine-tuning run that trains in bf16, per strategy
+    (a tiny Llama saved in fp32, loaded as the student). ZeRO on CPU trains in fp32 only (above),
+    so bf16 training is given here; the CPU ZeRO-2 launch (tests/test_finetune.py) checks what
+    runs on this machine: fp32 weights, fp32 engine."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from pipeline import finetune
+
+    LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                 intermediate_size=32)).save_pretrained(tmp_path / "student")
+    for key in ("ACCELERATE_USE_DEEPSPEED", "ACCELERATE_DEEPSPEED_ZERO_STAGE", "ACCELERATE_USE_FSDP", "WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(finetune, "precision_choice", lambda cfg: precision.Choice("bf16", "given by the test"))
+    cfg = FinetuneConfig(student=str(tmp_path / "student"), init="pretrained", finetuning="full")
+    model = finetune.load_student(cfg, tokenizer=None)
+    assert {str(p.dtype).removeprefix("torch.") for p in model.parameters()} == {loaded}
+    assert finetune.weights_choice(cfg).torch_dtype == getattr(torch, loaded)
+
+
 def test_cpu_bf16_goes_through_the_trainers_own_support(native, tmp_path):
     """bf16 on CPU: transformers refuses bf16=True without a GPU unless use_cpu=True; with it,
     accelerate autocasts the forward to bf16 on the CPU (native_amp)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -178,4 +179,20 @@ def test_a_tiny_grid_killed_mid_training_resumes_from_its_checkpoint_and_then_sk
     again = run_pipeline("run", "--config", str(grid), timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stdout.count("[run] skip:") == 6  # generate, 1 prompted eval, 2 trainings, 2 evals
+    assert outputs(run_dir) == before
+
+    # 4. In another precision (forced here; `auto` on other hardware is the same), nothing runs: one
+    # line names the first unit whose results hold the old precision and how to go on.
+    was = final["precision"]
+    other = "fp32" if was == "bf16" else "bf16"
+    changed = run_pipeline("run", "--config", str(grid), timeout=600,
+                           env={**os.environ, "REACT_PIPELINE_PRECISION": other})
+    assert changed.returncode == 2, changed.stderr[-3000:]
+    line = changed.stderr.strip().splitlines()[-1]
+    assert [x for x in changed.stderr.splitlines() if x.startswith("error: ")] == [line]
+    # the 2 trainings, the prompted eval and the 2 fine-tuned evals
+    assert line.startswith(f"error: {first_training / 'final'} holds results computed in {was}, this run would "
+                           f"compute it in {other} and 4 more unit(s); run mixes no precisions"), line
+    assert f"REACT_PIPELINE_PRECISION={was}, or" in line
+    assert "[run] ===" not in changed.stdout  # before the first unit
     assert outputs(run_dir) == before

@@ -39,10 +39,15 @@ def test_the_paper_grid_runs_the_teacher_first_then_training_then_the_other_eval
     assert units[-1].phase == "plot"
 
 
-def test_the_plan_says_which_model_each_unit_needs_served_where():
+@pytest.mark.parametrize("gpus, processes", [(0, 8), (4, 4), (8, 8)])
+def test_the_plan_says_which_model_each_unit_needs_served_where(monkeypatch, gpus, processes):
+    # the plan counts this node's GPUs: patched, so the test says the same on any machine
+    # (0: the accelerate file's own count, 8; otherwise one process per GPU)
+    monkeypatch.setattr("pipeline.stages.run.gpu_count", lambda: gpus)
     needs = {u.title: u.needs for u in paper_units()}
     assert "served at http://127.0.0.1:8000/v1" in needs["generate: the teacher writes trajectories"]
-    assert needs["train: llama-3.1-8b on react"].startswith("launches accelerate with 8 processes (deepspeed_zero2")
+    assert needs["train: llama-3.1-8b on react"] == (f"launches accelerate with {processes} processes "
+                                                     f"(deepspeed_zero2; this node has {gpus} GPU(s))")
     served = needs["eval: llama-3.1-70b fine-tuned on react"]
     assert "vllm" in served and "tensor parallel 8" in served  # the 70B's own eval settings
     assert "tensor parallel 1" in needs["eval: llama-3.1-8b fine-tuned on react"]

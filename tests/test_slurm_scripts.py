@@ -21,14 +21,21 @@ SLURM_DIR = REPO / "scripts" / "slurm"
 
 # Stand-ins for SLURM's commands (this machine has no SLURM): `scontrol show hostnames` prints
 # the nodes of "gpu[01-02]"; `srun` runs its command once per node with that node's variables.
+# The srun stand-in gives the step the CPUs Slurm 22.05-23.02 would: its own --cpus-per-task, else
+# one (those versions ignore the job's SLURM_CPUS_PER_TASK), and says so on stderr.
 SCONTROL = """#!/bin/bash
 [[ "$1 $2" == "show hostnames" ]] || exit 1
 printf 'gpu01\\ngpu02\\n'
 """
 SRUN = """#!/bin/bash
-while [[ "$1" == --* ]]; do shift; done
+cpus=1
+while [[ "$1" == --* ]]; do
+  [[ "$1" == --cpus-per-task=* ]] && cpus=${1#--cpus-per-task=}
+  shift
+done
+echo "srun stand-in: step of $SLURM_JOB_NUM_NODES node(s), $cpus CPU(s) per task" >&2
 for ((node = 0; node < SLURM_JOB_NUM_NODES; node++)); do
-  SLURM_NODEID=$node SLURM_STEP_NUM_NODES=$SLURM_JOB_NUM_NODES "$@" || exit $?
+  SLURM_NODEID=$node SLURM_STEP_NUM_NODES=$SLURM_JOB_NUM_NODES SLURM_CPUS_PER_TASK=$cpus "$@" || exit $?
 done
 """
 
@@ -53,12 +60,19 @@ def test_the_scripts_are_valid_bash():
         subprocess.run(["bash", "-n", str(SLURM_DIR / script)], check=True)
 
 
+def train_job_env(tmp_path: Path) -> dict:
+    """What sbatch sets for train.sbatch's header on two 128-CPU nodes (--cpus-per-task=64)."""
+    return {"PATH": stand_ins(tmp_path / "bin"), "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "gpu[01-02]",
+            "SLURM_CPUS_PER_TASK": "64", "SLURM_CPUS_ON_NODE": "128",
+            "SLURM_SUBMIT_DIR": str(REPO), "PYTHON": sys.executable, "CONFIG": "configs/students/tiny.yaml",
+            "ACCELERATE_CONFIG": "cpu_ddp", "DATASET_DIR": str(tmp_path / "sft")}
+
+
 def test_train_sbatch_starts_one_launch_per_node_with_its_rank(tmp_path):
-    env = {"PATH": stand_ins(tmp_path / "bin"), "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "gpu[01-02]",
-           "SLURM_SUBMIT_DIR": str(REPO), "PYTHON": sys.executable, "CONFIG": "configs/students/tiny.yaml",
-           "ACCELERATE_CONFIG": "cpu_ddp", "DATASET_DIR": str(tmp_path / "sft")}
-    proc = sbatch("train.sbatch", env, f"output_root={tmp_path / 'ck'}", "--dry-run")
+    proc = sbatch("train.sbatch", train_job_env(tmp_path), f"output_root={tmp_path / 'ck'}", "--dry-run")
     assert proc.returncode == 0, proc.stderr
+    # the job's CPUs reach the step (Slurm 22.05-23.02 would give it one without --cpus-per-task)
+    assert "srun stand-in: step of 2 node(s), 64 CPU(s) per task" in proc.stderr
     out = proc.stdout
     assert "train: 2 nodes, machine 0 at gpu01:29500" in out
     for rank in (0, 1):  # cpu_ddp: 2 processes per node, 4 in all
@@ -66,6 +80,13 @@ def test_train_sbatch_starts_one_launch_per_node_with_its_rank(tmp_path):
         assert (f"--num_processes 4 --num_machines 2 --machine_rank {rank} --main_process_ip gpu01 "
                 "--main_process_port 29500") in out
     assert not (tmp_path / "ck").exists()  # a dry run writes nothing
+
+
+def test_train_sbatch_gives_the_step_the_node_cpus_without_a_cpus_per_task_header(tmp_path):
+    env = {k: v for k, v in train_job_env(tmp_path).items() if k != "SLURM_CPUS_PER_TASK"}
+    proc = sbatch("train.sbatch", env, f"output_root={tmp_path / 'ck'}", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert "srun stand-in: step of 2 node(s), 128 CPU(s) per task" in proc.stderr
 
 
 @pytest.mark.skipif(not CORPUS.is_file(), reason=f"offline corpus not found at {CORPUS}")

@@ -15,7 +15,14 @@ from pipeline.flops import (
     matmul_params,
     peak_tflops,
 )
-from pipeline.train_speed import Kernels, choose_attention, choose_loss, fsdp_plan
+from pipeline.train_speed import (
+    Kernels,
+    choose_attention,
+    choose_loss,
+    fsdp_plan,
+    hub_flash_error,
+    kernels_on,
+)
 
 REPO_CONFIGS = Path(__file__).resolve().parents[1] / "accelerate_configs"
 
@@ -28,11 +35,32 @@ REPO_CONFIGS = Path(__file__).resolve().parents[1] / "accelerate_configs"
     (Kernels(cuda=True, hopper=False, flash_attn_2=True, flash_attn_3=True), True, "flash_attention_2", "flash_attn package"),
     (Kernels(cuda=True, kernels_hub=True), True, "flash_attention_2", "kernels-community/flash-attn2"),
     (Kernels(cuda=True), True, "sdpa", "pip install flash-attn"),
+    (Kernels(cuda=True, kernels_hub_error="OSError: offline"), True, "sdpa", "cannot be loaded here: OSError: offline"),
 ])
 def test_auto_attention_takes_the_varlen_flash_path_where_it_can(kernels, half, expected, says):
     for requested in ("auto", None):
         chosen, why = choose_attention(requested, kernels, half)
         assert chosen == expected and says in why and why.startswith(f"attention: {expected}")
+
+
+def test_a_hub_kernel_that_cannot_be_loaded_means_sdpa(monkeypatch, tmp_path):
+    """`kernels` found beside no flash package: the hub kernel is loaded through transformers'
+    own loader before it is chosen. On this machine that load fails for real (no `kernels`
+    package that this transformers accepts, no hub, an empty cache), so `auto` takes SDPA and
+    its line says why, where before it chose flash_attention_2 and the model load raised."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    hub_flash_error.cache_clear()
+    found = {"kernels"}.__contains__  # `kernels` installed, flash_attn not
+    kernels = kernels_on(cuda=True, major=8, found=found)
+    assert not kernels.kernels_hub and kernels.kernels_hub_error == hub_flash_error()
+    assert kernels.kernels_hub_error.split(":")[0] in ("ImportError", "OSError", "ValueError", "LocalEntryNotFoundError")
+    chosen, why = choose_attention("auto", kernels, True)
+    assert chosen == "sdpa" and kernels.kernels_hub_error in why
+    # a flash package present: the hub is never tried; no `kernels`: nothing to say about it
+    assert kernels_on(cuda=True, major=8, found={"kernels", "flash_attn"}.__contains__).kernels_hub_error is None
+    assert kernels_on(cuda=True, major=8, found=set().__contains__) == Kernels(cuda=True)
+    assert kernels_on(cuda=False, major=0, found=found) == Kernels(cuda=False)
 
 
 def test_configured_attention_is_taken_as_given():
@@ -117,6 +145,33 @@ def test_mfu_arithmetic():
     no_peak = ThroughputMeter(per_token, processes=1, peak=None)
     no_peak._tokens_at_last_log, no_peak._seconds = 0, 1.0
     assert set(no_peak.metrics(100)) == {"tokens_per_s_per_device", "tflops_per_device"}
+
+
+def test_a_launchs_first_step_is_left_out_of_the_throughput():
+    """The first step of each launch (a resume too) carries the warm-up: no figures at the first
+    logged step, and the next log counts only the steps after it, tokens and time alike."""
+    import time
+    from types import SimpleNamespace
+
+    per_token = flops_per_token(Llama8B, full_finetuning=True, checkpointing=False, attention_length=600)
+    meter = ThroughputMeter(per_token, processes=1, peak=989.0)
+    callback, state = meter.callback(), SimpleNamespace(num_input_tokens_seen=0)
+
+    def step(tokens: int, seconds: float) -> None:
+        callback.on_step_begin(None, state, None)
+        time.sleep(seconds)
+        state.num_input_tokens_seen += tokens
+        callback.on_step_end(None, state, None)
+
+    for launch in range(2):  # a launch, then its resume
+        callback.on_train_begin(None, state, None)
+        step(5000, 0.3)  # the slow first step
+        assert meter.metrics(state.num_input_tokens_seen) == {}, launch
+        step(1000, 0.05)
+        step(1000, 0.05)
+        figures = meter.metrics(state.num_input_tokens_seen)
+        # the two later steps alone: 2,000 tokens in a little over 0.1 s
+        assert 10_000 < figures["tokens_per_s_per_device"] <= 2000 / 0.1, figures
 
 
 def test_peak_table():

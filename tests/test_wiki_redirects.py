@@ -60,6 +60,44 @@ def test_xml_dump_redirects_of_the_main_namespace_only(tmp_path):
     assert list(read_redirects(xml)) == [("Milhouse", "Milhouse Van Houten")]
 
 
+def test_an_xml_dump_alone_is_refused_in_one_line_before_it_is_read(tmp_path):
+    """The dump a user downloads (pages-articles) gives redirects only: no index is built."""
+    import subprocess
+    import sys
+
+    xml = tmp_path / "enwiki-latest-pages-articles.xml.bz2"
+    xml.write_bytes(bz2.compress(XML.encode()))
+    out = tmp_path / "wiki.sqlite"
+    proc = subprocess.run([sys.executable, "-m", "pipeline", "wiki", "build", "--corpus", str(xml), "--out", str(out),
+                           "--no-progress"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    [line] = proc.stderr.strip().splitlines()
+    assert line.startswith(f"error: {xml}: no page text to index: a pages-articles XML dump (or a from<TAB>to .tsv) "
+                           "only adds redirects beside the pages of another source; give one that holds page "
+                           "text too: a corpus JSONL, "), line
+    assert "wikimedia/wikipedia .parquet" in line and "data fetch wiki-processed" in line
+    assert not out.exists() and list(tmp_path.iterdir()) == [xml]
+    table = tmp_path / "redirects.tsv"  # redirect sources together are still no page text
+    table.write_text("Fab Four\tThe Beatles\n", encoding="utf-8")
+    with pytest.raises(PipelineError, match="no page text to index"):
+        build_index([xml, table], out)
+    with LocalIndex(build_index([write_corpus(tmp_path), xml], out).out) as idx:  # beside pages: fine
+        assert idx.page_count == 4 and idx.get_page("Milhouse").title == "Milhouse Van Houten"
+
+
+def test_an_index_without_pages_is_refused_when_opened(tmp_path):
+    """An index an older build wrote from a dump alone: every Search would miss; say why instead."""
+    import sqlite3
+
+    path = build_index([write_corpus(tmp_path)], tmp_path / "w.sqlite").out
+    with sqlite3.connect(path) as db:  # what the older build left: the redirects table, no pages
+        db.execute("DELETE FROM pages")
+        db.execute("UPDATE meta SET value = '0' WHERE key = 'pages'")
+    with pytest.raises(PipelineError, match=r"w.sqlite: not a usable wiki index \(it holds no pages, only 0 "
+                       r"redirects; build it from a source with page text: a corpus JSONL"):
+        LocalIndex(path)
+
+
 def test_search_follows_a_redirect(index):
     env = WikiEnv(index)
     env.reset("q")
@@ -137,7 +175,7 @@ def test_wikimedia_wikipedia_parquet_through_datasets(tmp_path):
     pq.write_table(pa.table(rows), path)
     pages = list(iter_pages(path))
     assert [p.title for p in pages] == ["Anarchism", "Albedo"]
-    assert pages[0].paragraphs() == [["Anarchism is a philosophy.", "It is old."], ["History"],
+    assert pages[0].paragraphs() == [["Anarchism is a philosophy.", "It is old."],  # "History": a heading
                                      ["It began long ago.", "Then more."]]
     with LocalIndex(build_index([path], tmp_path / "w.sqlite").out) as idx:
         assert idx.get_page("albedo").sentences == ["Albedo is a measure of reflection."]
@@ -156,3 +194,39 @@ def test_an_index_of_the_previous_format_is_rebuilt_on_first_use(tmp_path):
     assert index_format(path) == 1
     backend = open_backend(WikiConfig(index=path, corpus=[str(corpus)]))
     assert index_format(path) == INDEX_FORMAT and backend.get_page("Beatles").title == "The Beatles"
+
+
+MILHOUSE = ("Milhouse Mussolini Van Houten is a fictional character in The Simpsons.\n\n"
+            "Role in The Simpsons\n\n"
+            "Milhouse is Bart Simpson's best friend. He lives in Springfield.\n\n"
+            "Character\n\nCreation \n\n"  # a heading over a heading; the dataset leaves a trailing space
+            "Milhouse was named after U.S. President Richard Nixon, whose middle name was Milhous.\n\n"
+            "See also\n\n")
+
+
+def test_section_headings_of_a_wikimedia_page_are_not_sentences(tmp_path):
+    """wikimedia/wikipedia text puts each heading on a line of its own between blank lines; the
+    original environment read <p> text only, so no observation may carry one (glued to the next
+    sentence, "Role in The Simpsons Milhouse is ..."). Lines that end a sentence (":" too) stay."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    rows = {"id": ["1", "2"], "url": ["u1", "u2"], "title": ["Milhouse Van Houten", "Mercury"],
+            "text": [MILHOUSE, "Mercury may refer to:\n\nMercury (planet)\n\nMercury (element)\n"]}
+    path = tmp_path / "train-00000-of-00041.parquet"
+    pq.write_table(pa.table(rows), path)
+    with LocalIndex(build_index([path], tmp_path / "w.sqlite").out) as idx:
+        clean, original = WikiEnv(idx), WikiEnv(idx, style="original")
+        clean.reset("q")
+        original.reset("q")
+        assert clean.step("Search[Milhouse Van Houten]")[0] == (
+            "Milhouse Mussolini Van Houten is a fictional character in The Simpsons. Milhouse is Bart Simpson's "
+            "best friend. He lives in Springfield. Milhouse was named after U.S. President Richard Nixon, whose "
+            "middle name was Milhous.")
+        shown = original.step("search[Milhouse Van Houten]")[0]
+        assert shown.startswith("Milhouse Mussolini Van Houten is a fictional character in The Simpsons.. "
+                                "Milhouse is Bart Simpson's best friend.")
+        assert not any(h in shown for h in ("Role in", "Character", "Creation", "See also"))
+        assert idx.get_page("Milhouse Van Houten").paragraph_sizes == (1, 2, 1)
+        assert idx.get_page("Mercury").sentences == ["Mercury may refer to:"]  # still a disambiguation page
+        assert clean.step("Search[Mercury]")[0].startswith("Could not find [Mercury]")

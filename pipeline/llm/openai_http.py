@@ -193,7 +193,18 @@ def _check_choices(payload: Any) -> None:
         raise TransientPayload("answer has no 'choices' list of objects")
 
 
+# A choice's finish_reason -> ours. vLLM's are "stop", "length", "abort", "error", "repetition"
+# (vllm/v1/engine/__init__.py FINISH_REASON_STRINGS; "error" reaches a client as an HTTP 500);
+# "eos" and a missing one are older or other servers' "stop". "repetition" (vLLM stopped a looping
+# output) is the model's own doing, cut short as at the token limit: "length", never an error the
+# run would count against max_error_share and retry. Anything else ("abort", a hosted API's
+# "content_filter", "tool_calls") means the text is not the model's own ending: an error.
+_FINISH_REASONS = {None: "stop", "stop": "stop", "eos": "stop", "length": "length", "repetition": "length"}
+
+
 def _completions(payload: dict, request: GenerationRequest, *, chat: bool) -> list[Completion]:
+    """The `n` completions of one answer: a choice past `n` is dropped, a missing one (a server
+    that returned fewer) becomes an error completion naming how many came."""
     choices = sorted(payload["choices"], key=lambda c: c.get("index", 0))[: request.n]
     texts = [_choice_text(c, chat) for c in choices]
     usage = payload.get("usage") or {}
@@ -203,13 +214,8 @@ def _completions(payload: dict, request: GenerationRequest, *, chat: bool) -> li
     for choice, text, tokens in zip(choices, texts, shares, strict=True):
         text, stopped = cut_at_stop(text, request.stop)
         reason = choice.get("finish_reason")
-        finish, error = "stop", None
-        if stopped or reason in (None, "stop", "eos"):
-            finish = "stop"
-        elif reason == "length":
-            finish = "length"
-        else:  # e.g. content_filter: the text is not the model's own ending
-            finish, error = "error", f"finish_reason={reason}"
+        finish = "stop" if stopped else _FINISH_REASONS.get(reason, "error")
+        error = f"finish_reason={reason}" if finish == "error" else None
         out.append(Completion(text=text, prompt_tokens=prompt_tokens, completion_tokens=tokens,
                               finish_reason=finish, error=error))
     out += [Completion(text="", finish_reason="error",

@@ -79,6 +79,16 @@ def backend_errors() -> tuple[type[BaseException], ...]:
     return (BackendFailure, sqlite3.Error, OSError)
 
 
+# End reasons of an episode that a failing model or page source ended (not the model's own
+# doing): they are counted against `max_error_share` and retried when the run is re-run.
+ERROR_ENDINGS = ("llm_error:", "backend_error:")
+
+
+def ended_in_error(end_reason: str | None) -> bool:
+    """Whether an episode's end reason says a backend (model or page source) failed it."""
+    return isinstance(end_reason, str) and end_reason.startswith(ERROR_ENDINGS)
+
+
 def completion_failure(c: Completion) -> str | None:
     """The end reason a failed completion implies, or None when it is usable text."""
     if c.finish_reason != "error":

@@ -24,7 +24,14 @@ from pathlib import Path
 from typing import ClassVar
 
 from pipeline.config import add_config_arguments, stage_config, to_dict
-from pipeline.episodes import answerer, check_resumable, run_methods, start_run, writing_run
+from pipeline.episodes import (
+    MAX_ERROR_SHARE,
+    answerer,
+    check_resumable,
+    run_methods,
+    start_run,
+    writing_run,
+)
 from pipeline.errors import PipelineError
 from pipeline.llm.config import LLMConfig
 from pipeline.methods import FORMATS_USED, MethodSettings
@@ -63,6 +70,9 @@ class EvalConfig:
     wiki: WikiConfig = field(default_factory=WikiConfig)
     max_in_flight: int = 16
     shard: str | None = None  # i/n: this job's share of the questions, for N jobs (pipeline.shards)
+    # Stop, with no summary, once more than this share of a method's episodes end in a model or
+    # page-source error (end_reason llm_error / backend_error); a re-run runs those episodes again
+    max_error_share: float = MAX_ERROR_SHARE
     # Start `vllm serve` for the model under test (its `model` section's tensor_parallel_size,
     # gpu_memory_utilization, max_context, dtype, extra), evaluate over HTTP, stop it (pipeline/serving.py;
     # keys: command, host, port, startup_timeout_s, stop_grace_s, extra_args, env)
@@ -132,7 +142,8 @@ def run_evaluation(cfg: EvalConfig, target: ModelUnderTest, llm_cfg: LLMConfig, 
             # killed, no summary.json is left to be plotted as if it were this run's result.
             (cfg.out_dir / "summary.json").unlink(missing_ok=True)
             stats = run_methods(model, llm, methods, questions, settings, backend, cfg.out_dir,
-                                max_in_flight=cfg.max_in_flight, source="eval")
+                                max_in_flight=cfg.max_in_flight, source="eval",
+                                max_error_share=cfg.max_error_share)
             rows = [summary_row(target, name, cfg.questions, s, record) for name, s in stats.items()]
             if cfg.shard is not None:  # plot merges a shard set's rows into one (pipeline.shards)
                 rows = [dict(row, shard=str(parse_shard(cfg.shard))) for row in rows]
@@ -143,8 +154,9 @@ def run_evaluation(cfg: EvalConfig, target: ModelUnderTest, llm_cfg: LLMConfig, 
         if close is not None:
             close()
     for row in rows:
+        errors = f"; {row['errors']} ended in a backend error (counted wrong)" if row["errors"] else ""
         print(f"{target.label} [{target.mode}] {row['method']:>16}: EM {row['em']:.3f} "
-              f"F1 {row['f1']:.3f} over {row['n']} ({row['question_set']})")
+              f"F1 {row['f1']:.3f} over {row['n']} ({row['question_set']}){errors}")
     return rows
 
 

@@ -27,7 +27,15 @@ from pathlib import Path
 from typing import ClassVar
 
 from pipeline.config import add_config_arguments, stage_config, to_dict
-from pipeline.episodes import answerer, method_stats, run_methods, start_run, writing_run
+from pipeline.episodes import (
+    MAX_ERROR_SHARE,
+    answerer,
+    method_stats,
+    run_methods,
+    set_aside_errors,
+    start_run,
+    writing_run,
+)
 from pipeline.errors import PipelineError
 from pipeline.llm.config import LLMConfig
 from pipeline.methods import MethodSettings
@@ -50,6 +58,9 @@ class GenerateConfig:
     target_correct: int | None = None  # target mode: draw questions until each method has N correct
     order_seed: int = 0  # target mode: the seed of the order in which questions are drawn
     shard: str | None = None  # i/n: this job's share of the questions, for N jobs (pipeline.shards)
+    # Stop, the run left incomplete, once more than this share of a method's episodes (of a target
+    # mode batch) end in a model or page-source error; a re-run runs those episodes again
+    max_error_share: float = MAX_ERROR_SHARE
 
 
 # Keys whose change makes old records incomparable with new ones (a larger `limit` is fine).
@@ -76,7 +87,8 @@ def generate(cfg: GenerateConfig) -> dict[str, dict]:
     with writing_run(cfg, keys, manifest) as manifest_path:
         if cfg.target_correct is None:
             stats = run_methods(teacher, llm, cfg.methods, questions, cfg.prompting, backend, cfg.out_dir,
-                                max_in_flight=cfg.max_in_flight, source="generate")
+                                max_in_flight=cfg.max_in_flight, source="generate",
+                                max_error_share=cfg.max_error_share)
         else:
             stats = run_to_target(teacher, llm, cfg, questions, backend)
         add_search_stats(stats, cfg.out_dir, questions)
@@ -141,6 +153,9 @@ def run_to_target(teacher, llm, cfg: GenerateConfig, questions: list, backend) -
     stats = {}
     for name in cfg.methods:
         path = cfg.out_dir / f"{name}.jsonl"
+        # Episodes that ended in a backend error in an earlier run are drawn again, in their place
+        # in the order; within this run an errored episode stays drawn (no retry loop).
+        set_aside_errors(path)
         while True:
             records = {str(r["id"]): r for r in (read_jsonl(path) if path.exists() else [])
                        if str(r["id"]) in pool_ids}
@@ -151,7 +166,8 @@ def run_to_target(teacher, llm, cfg: GenerateConfig, questions: list, backend) -
             # enough for the missing ones at a perfect rate, and at least a full round of the runner
             batch = todo[:max(target - progress["correct"], cfg.max_in_flight)]
             run_methods(teacher, llm, [name], batch, cfg.prompting, backend, cfg.out_dir,
-                        max_in_flight=cfg.max_in_flight, source="generate")
+                        max_in_flight=cfg.max_in_flight, source="generate", max_error_share=cfg.max_error_share,
+                        retry_errors=False)
         stats[name] = {**method_stats(path, set(records)), "target": progress}
     return stats
 

@@ -112,7 +112,7 @@ def load_summaries(paths: list[str | Path]) -> list[dict]:
 
 # Per-question means of eval's summary rows (pipeline.episodes.method_stats), and sums.
 SHARD_MEANS = ("em", "f1", "finish_rate", "mean_steps")
-SHARD_SUMS = ("n", "prompt_tokens", "completion_tokens", "seconds")
+SHARD_SUMS = ("n", "errors", "prompt_tokens", "completion_tokens", "seconds")
 
 
 def merge_shards(rows: list[dict]) -> list[dict]:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import difflib
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -37,7 +36,7 @@ from typing import Any
 
 import yaml
 
-from pipeline import precision
+from pipeline import gpu_memory, precision
 from pipeline.config import (
     add_config_arguments,
     build,
@@ -48,13 +47,14 @@ from pipeline.config import (
 )
 from pipeline.errors import PipelineError
 from pipeline.finetune import FinetuneConfig, resolve
+from pipeline.relay import pieces
 from pipeline.serve_groups import plan_groups, running
 from pipeline.stages.eval import EvalConfig, model_under_test, precision_record
 from pipeline.stages.filter import FilterConfig, run_filter
 from pipeline.stages.generate import GenerateConfig, generate
 from pipeline.stages.plot import PlotConfig, run_plot
 from pipeline.stages.train import gpu_count, pick_accelerate_config, processes_for, train
-from pipeline.storage import check_writable_dir, is_done
+from pipeline.storage import check_writable_dir, is_done, read_manifest
 
 
 @dataclass
@@ -170,6 +170,9 @@ class Unit:
     phase: str = ""  # a PHASES name
     needs: str = ""  # the model it needs and where (the plan prints it)
     selected: bool = True  # False: listed in the plan, never run
+    # The precision record this unit would compute in, for a unit whose results carry one (the
+    # same call skip_or / launch_train make); None for units without a precision
+    precision: Any = None
     # An eval unit with `serve:`: the model its server loads, (base model, LoRA adapter or None);
     # units that need the same server share one (pipeline/serve_groups.py sets `group`)
     serves: tuple[str, str | None] | None = None
@@ -185,7 +188,7 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
     if not students or not all(s.checkpoint for s in students):  # a grid of released students needs no data
         gen = generate_config(cfg)
         teacher = gen.teacher
-        units = [Unit("generate: the teacher writes trajectories", gen, skip_or(generate), "teacher",
+        units = [Unit("generate: the teacher writes trajectories", gen, skip_or(gpu_checked(generate)), "teacher",
                       needs_model(gen.teacher)),
                  Unit("filter: correct trajectories -> SFT datasets", filter_config(cfg, dataset_dir), run_filter,
                       "filter", "no model: CPU only")]
@@ -195,22 +198,25 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
             ev = eval_config(cfg, student, None)
             phase = "teacher" if teacher is not None and same_model(ev.model, teacher) else "eval"
             units.append(Unit(f"eval: {student.name} prompted", ev, skip_or(evaluate_in_child, eval_precision),
-                              phase, needs_eval(ev), serves=(ev.model.model, None)))
+                              phase, needs_eval(ev), precision=eval_precision, serves=(ev.model.model, None)))
         if student.checkpoint:
             ev = checkpoint_eval_config(cfg, student)
             units.append(Unit(f"eval: {student.name} (already fine-tuned: {student.checkpoint})",
-                              ev, skip_or(evaluate_in_child, eval_precision), "eval", needs_eval(ev)))
+                              ev, skip_or(evaluate_in_child, eval_precision), "eval", needs_eval(ev),
+                              precision=eval_precision))
             continue
         if not student.finetune:
             continue
         for method in cfg.methods:
             ft = train_config(cfg, student, method, dataset_dir)
             final = Path(ft.output_dir) / "final"
-            units.append(Unit(f"train: {student.name} on {method}", ft, launch_train, "train", needs_train(ft)))
+            units.append(Unit(f"train: {student.name} on {method}", ft, launch_train, "train", needs_train(ft),
+                              precision=training_precision_record))
             ev = eval_config(cfg, student, final, method)
             check_adapter_reachable(ev, ft)
             units.append(Unit(f"eval: {student.name} fine-tuned on {method}", ev,
                               with_model_card(final, skip_or(evaluate_in_child, eval_precision)), "eval", needs_eval(ev),
+                              precision=eval_precision,
                               serves=(str(final), None) if ft.finetuning == "full" else (ft.student, str(final))))
     summaries = [u.config.out_dir / "summary.json" for u in units if u.title.startswith("eval")]
     units.append(Unit("plot: figure 3 and the table", plot_config(cfg, summaries), run_plot, "plot", "no model: CPU only"))
@@ -287,6 +293,7 @@ def run(cfg: RunConfig, students: list[Student], phases: list[str] | None = None
     started = time.monotonic()
     units = select(plan(cfg, students), phases or list(PHASES))
     check_outputs(cfg, [u for u in units if u.selected])
+    check_precisions([u for u in units if u.selected])
     show_plan(units)
     outputs: dict = {}
     with running(units) as after:  # the servers units share (pipeline/serve_groups.py)
@@ -321,6 +328,54 @@ def check_outputs(cfg: RunConfig, units: list[Unit]) -> None:
         if unit.action is launch_train:
             ft = unit.config
             check_writable_dir(ft.output_dir, f"train output_dir ({ft.student_name}, {ft.format})")
+
+
+def check_precisions(units: list[Unit]) -> None:
+    """Before any work: stop in one line when a unit holds results computed in another precision
+    than this run would compute it in (a changed `precision`, `model.dtype` or
+    REACT_PIPELINE_PRECISION, or `auto` on other hardware). Such a unit is not done, and its own
+    stage would refuse to mix the two or to report the old result as this run's; `run` does not
+    redo it either, since that would discard finished work without being asked."""
+    changed = [c for c in (precision_change(u) for u in units) if c is not None]
+    if not changed:
+        return
+    where, was, now = changed[0]
+    more = f" and {len(changed) - 1} more unit(s)" if len(changed) > 1 else ""
+    env = f"{precision.ENV}={was['precision']}, or " if was.get("precision") else ""
+    raise PipelineError(
+        f"{where} holds results computed in {describe_precision(was)}, this run would compute it in "
+        f"{describe_precision(now)}{more}; run mixes no precisions and redoes no finished unit unasked: set "
+        f"the precision back ({env}the units' precision / model.dtype), or use another out_dir / "
+        "experiment, or delete the folders to redo them")
+
+
+def precision_change(unit: Unit) -> tuple[Path, dict, dict] | None:
+    """(its output, the recorded precision, this run's) when a unit's finished output (a trained
+    `final/`, an eval folder) records another precision than the one it would run in now."""
+    if unit.precision is None:
+        return None
+    if unit.action is launch_train:
+        output, config = Path(unit.config.output_dir) / "final", unit.config
+        recorded = read_manifest(output / "manifest.json") if (output / "manifest.json").is_file() else None
+        recorded = recorded if recorded and recorded.get("complete") else None
+    else:
+        output, config = Path(unit.config.out_dir), unit.config
+        recorded = read_manifest(output / "manifest.json") if (output / "manifest.json").is_file() else None
+        if config.checkpoint and not Path(config.checkpoint, "manifest.json").is_file():
+            return None  # not trained yet (or a released checkpoint): its own unit checks it when it runs
+    if not recorded or "precision" not in recorded:  # nothing yet, or older than the field
+        return None
+    now = unit.precision(config)
+    was = {k: recorded.get(k) for k in now}
+    if was == now:
+        return None
+    return output, was, now
+
+
+def describe_precision(record: dict) -> str:
+    """`bf16`, or `bf16 (trained in fp32)` for a fine-tuned student's eval."""
+    trained = record.get("train_precision")
+    return f"{record.get('precision') or 'a served precision'}" + (f" (trained in {trained})" if trained else "")
 
 
 def stage(title: str) -> None:
@@ -376,7 +431,9 @@ def evaluate_in_child(config) -> None:
     """`python -m pipeline eval` with this unit's config, in its own process: the model it loads
     (an in-process vLLM engine, a transformers model, a managed server) is gone, and its GPU
     memory free, when the process ends, before the next unit loads another. Its output streams
-    through; its own error line becomes this unit's error."""
+    through; its own error line becomes this unit's error. First, the GPUs its model loads on
+    must have the memory free (pipeline/gpu_memory.py)."""
+    gpu_memory.check(gpu_memory.llm_need(f"eval {config.out_dir}", config.model, config.serve, config.params_b))
     with tempfile.TemporaryDirectory(prefix="pipeline-eval-") as folder:
         path = Path(folder) / "eval.yaml"
         path.write_text(yaml.safe_dump(to_dict(config), sort_keys=False), encoding="utf-8")
@@ -400,21 +457,16 @@ def evaluate_in_child(config) -> None:
 
 
 def relay_stderr(proc: subprocess.Popen) -> str | None:
-    """Copy the child's stderr as it comes (progress bars redraw with \\r), holding back only its
-    final `error: ...` line, which is returned for the caller to raise as its own."""
-    error, pending = None, b""
+    """Copy the child's stderr as it comes (progress bars redraw with \\r: pipeline/relay.py),
+    holding back only its final `error: ...` line, which is returned for the caller to raise as its own."""
+    error = None
     out = sys.stderr.buffer
-    fd = proc.stderr.fileno()
-    while chunk := os.read(fd, 65536):
-        *complete, pending = re.split(rb"(?<=[\r\n])", pending + chunk)
-        for piece in complete:
-            if piece.startswith(b"error: "):
-                error = piece[len(b"error: "):].decode("utf-8", "replace").strip()
-            else:
-                out.write(piece)
-        out.flush()
-    out.write(pending)
-    out.flush()
+    for piece in pieces(proc.stderr.fileno()):
+        if piece.startswith(b"error: "):
+            error = piece[len(b"error: "):].decode("utf-8", "replace").strip()
+        else:
+            out.write(piece)
+            out.flush()
     return error
 
 
@@ -445,6 +497,7 @@ def launch_train(ft) -> None:
     if is_done(final / "manifest.json", config=to_dict(ft), precision=training_precision(ft)):
         print(f"[run] skip: {final} is complete")
         return
+    gpu_memory.check(train_gpu_need(ft))
     try:
         code = train(ft)
     except PipelineError as exc:  # the child's own error line, relayed by the train stage
@@ -456,10 +509,32 @@ def launch_train(ft) -> None:
                             "fix the cause and re-run: it resumes from the latest checkpoint")
 
 
+def train_gpu_need(ft) -> gpu_memory.GpuNeed | None:
+    """A launch under a GPU accelerate config: one process per GPU, each GPU to itself."""
+    gpus = gpu_count()
+    config = pick_accelerate_config(ft.accelerate_config, gpus)
+    if gpus == 0 or read_yaml(config).get("use_cpu"):
+        return None
+    return gpu_memory.GpuNeed(f"training {ft.student_name} on {ft.format}", processes_for(config, ft.num_processes, gpus),
+                              share=gpu_memory.TRAIN_SHARE, why="a training launch expects its GPUs to itself")
+
+
+def gpu_checked(action):
+    """A generate unit's action, run once its teacher's GPUs (an in-process vLLM) have the memory free."""
+    def run_unit(config):
+        gpu_memory.check(gpu_memory.llm_need("generate (the teacher)", config.teacher))
+        return action(config)
+    return run_unit
+
+
 def training_precision(ft) -> str:
     """The precision this training unit would run in (on this machine, under its accelerate config)."""
     accelerate = read_yaml(pick_accelerate_config(ft.accelerate_config, gpu_count()))
     return precision.training(ft.precision, deepspeed=accelerate.get("distributed_type") == "DEEPSPEED").precision
+
+
+def training_precision_record(ft) -> dict:
+    return {"precision": training_precision(ft)}  # what train's final manifest records
 
 
 def eval_precision(config) -> dict:

@@ -13,7 +13,8 @@ pipeline.finetune --config <output_dir>/finetune_config.yaml`). The batch split 
 anything starts; the training output is streamed through; the exit code is the launch's.
 
 Before launching, what the child would refuse is checked here (dataset present and complete,
-output folder writable, accelerate config readable). When the child stops on an error, its one
+output folder writable, accelerate config readable, a DeepSpeed config with no GPU in sight
+unless `deepspeed_on_cpu=true`). When the child stops on an error, its one
 line and exit code are relayed, without the launcher's traceback.
 
 Several machines (README, "Training on several nodes"): run `python -m pipeline train` once on
@@ -41,8 +42,10 @@ from pathlib import Path
 import yaml
 
 from pipeline.config import add_config_arguments, read_yaml, stage_config, to_dict
+from pipeline.deepspeed_setup import check_deepspeed_device
 from pipeline.errors import PipelineError
 from pipeline.finetune import FinetuneConfig, batch_split, resolve
+from pipeline.relay import pieces
 from pipeline.storage import atomic_write_text
 
 # Shipped inside the package (pipeline/accelerate_configs links to the repository's
@@ -204,6 +207,8 @@ def train(cfg: FinetuneConfig, *, accelerate_config: str | None = None, num_proc
     config_path = pick_accelerate_config(accelerate_config or cfg.accelerate_config, gpus)
     num_processes = processes_for(config_path, num_processes or cfg.num_processes, gpus)
     world = num_processes * machines.count
+    deepspeed = read_yaml(config_path).get("distributed_type") == "DEEPSPEED"
+    check_deepspeed_device(deepspeed, gpus > 0, cfg.deepspeed_on_cpu, world)  # before 8 CPU processes start
     per_device, accum, _ = batch_split(cfg, world)
     if not dry_run:
         preflight(cfg, config_path)  # before the resolved config is written into output_dir
@@ -259,17 +264,17 @@ LAUNCHER_REPORT = re.compile(rf"^(Traceback \(most recent call last\):|[EF]{_GLO
 
 
 def stream(cmd: list[str], extra_env: dict[str, str] | None = None) -> tuple[int, list[str]]:
-    """Run the launch in its own process group, copying its output line by line; Ctrl-C stops
+    """Run the launch in its own process group, copying its output as it comes; Ctrl-C stops
     the whole group (the launcher and its workers), and the next run resumes from a checkpoint.
     From the first line of a launcher's failure report on, lines are held back and returned
     with the exit code, for the caller to show or drop."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                            env=env, start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     held: list[str] = []
     try:
         assert proc.stdout is not None
-        for line in proc.stdout:
+        for piece in pieces(proc.stdout.fileno()):  # a progress bar's \r redraw stays one
+            line = piece.decode("utf-8", "replace")
             if held or LAUNCHER_REPORT.match(line):
                 held.append(line)
                 continue

@@ -34,8 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     build = sub.add_parser("build", help="index corpus files into one SQLite file")
     build.add_argument("--corpus", nargs="+", default=None, metavar="PATH",
-                       help="corpus JSONL, HotpotQA JSON/JSONL, or the enwiki-2017 dump (.tar.bz2, "
-                            f"folder or .bz2 shard); default: {' '.join(DEFAULTS.corpus)}")
+                       help="page sources: corpus JSONL, HotpotQA JSON/JSONL, the enwiki-2017 dump (.tar.bz2, "
+                            "folder or .bz2 shard), a wikimedia/wikipedia .parquet/.arrow; beside them, "
+                            "redirects: a pages-articles .xml[.bz2] dump or a from<TAB>to .tsv; "
+                            f"default: {' '.join(DEFAULTS.corpus)}")
     build.add_argument("--out", type=Path, default=DEFAULTS.index, help=f"index file (default {DEFAULTS.index})")
     build.add_argument("--no-progress", action="store_true", help="no progress bar")
 

@@ -24,7 +24,9 @@ Containers (chosen by the path) and records (recognised by their keys):
 Pages from records:
 - `sentences` / `text` as a list of sentences is used as is; as a list of paragraphs (lists of
   sentences, the full "processed" dump) it is flattened, dropping a first paragraph that only
-  repeats the title; as one string it is cut by `split_sentences`.
+  repeats the title; as one string (`wikimedia/wikipedia`) its section headings are dropped
+  (`text_lines`: a line of its own between blank lines that ends no sentence) and each line is
+  a paragraph cut by `split_sentences`.
 - HotpotQA `context` pairs `[title, sentences]` (or the Hugging Face layout `{"title": [...],
   "sentences": [...]}`) are pages; a title already seen in the same file is skipped, since the
   same paragraph recurs across questions.
@@ -54,6 +56,12 @@ FORMATS_HELP = (
     "unpacked folder, or one .bz2 shard; the processed full-article dump alike), a local "
     "wikimedia/wikipedia .parquet/.arrow file, or redirects (.xml[.bz2] pages-articles dump, "
     "from<TAB>to .tsv)"
+)
+# The sources that give page text (the index needs at least one) and those that only add redirects.
+PAGE_SOURCES_HELP = (
+    "a corpus JSONL, a HotpotQA JSON/JSONL with context paragraphs, the HotpotQA enwiki-2017 dump "
+    "(abstracts or the full-article processed one: `python -m pipeline data fetch wiki-processed`) "
+    "or a local wikimedia/wikipedia .parquet/.arrow file"
 )
 _TAR_SUFFIXES = (".tar.bz2", ".tbz2", ".tbz", ".tar", ".tar.gz", ".tgz")
 REDIRECT_CONTAINERS = ("xml-dump", "redirect-table")
@@ -129,6 +137,24 @@ def _is_abbreviation(before_period: str) -> bool:
     return (len(word) == 1 and word.isalpha()) or word in _ABBREVIATIONS
 
 
+# A line that ends a sentence: . ! ? : ; or an ellipsis, then any closing quotes or brackets.
+_SENTENCE_END = re.compile(r"[.!?:;…][\"'”’)\]]*$")
+
+
+def text_lines(text: str) -> list[str]:
+    """The lines of a page's plain text without its section headings. A heading (in the
+    `wikimedia/wikipedia` text: "Role in The Simpsons") is a line of its own between blank lines
+    (or the text's start or end) that ends no sentence; the original environment read `<p>` text
+    only, so headings were never sentences, and kept they would be glued to the next one."""
+    lines = text.splitlines()
+
+    def blank(i: int) -> bool:
+        return not 0 <= i < len(lines) or not lines[i].strip()
+
+    return [line for i, line in enumerate(lines) if line.strip()
+            and not (blank(i - 1) and blank(i + 1) and not _SENTENCE_END.search(line.rstrip()))]
+
+
 def page_sentences(title: str, body: Any) -> list[str]:
     """The stripped, non-empty sentences of a page body (see the module docstring for shapes)."""
     return [s for paragraph in page_paragraphs(title, body) for s in paragraph]
@@ -139,7 +165,7 @@ def page_paragraphs(title: str, body: Any) -> list[list[str]]:
     list of lists is one paragraph per list, a string one paragraph per non-empty line."""
     if isinstance(body, str):
         text = strip_links(body) if "<" in body else body
-        return [p for p in (split_sentences(line) for line in text.splitlines()) if p]
+        return [p for p in (split_sentences(line) for line in text_lines(text)) if p]
     if not isinstance(body, list):
         raise ValueError(f"sentences/text must be a string or a list, not {type(body).__name__}")
     if body and isinstance(body[0], list):

@@ -56,6 +56,7 @@ from pipeline.errors import PipelineError, os_error_message
 from pipeline.storage import atomic_path
 from pipeline.wiki.backend import Page, paragraph_sizes
 from pipeline.wiki.corpus import (
+    PAGE_SOURCES_HELP,
     REDIRECT_CONTAINERS,
     SourceStats,
     container_of,
@@ -156,7 +157,8 @@ def build_index(
     """Index every page of `sources` (see pipeline.wiki.corpus for formats) into `out`, atomically.
 
     `progress(n)` is called with the number of pages added since its last call.
-    Raises PipelineError for a missing or unreadable source, or one without any page.
+    Raises PipelineError for a missing or unreadable source, a page source without any page, or
+    redirect sources alone (no page text at all).
     """
     settings = settings or BuildSettings()
     sources = check_sources(sources)
@@ -182,14 +184,20 @@ def build_index(
 
 
 def check_sources(sources: Iterable[str | Path]) -> list[Path]:
-    """Fail before any work on a missing source or one whose format is unknown."""
+    """Fail before any work on a missing source, one whose format is unknown, or redirect
+    sources alone (an index without pages, where every Search would miss)."""
     paths = [Path(s) for s in sources]
     if not paths:
         raise PipelineError(f"no corpus given; run `{BUILD_HINT}`")
     for path in paths:
         if not path.exists():
             raise PipelineError(f"{path}: corpus file not found; check the path")
-        container_of(path)
+    containers = [container_of(path) for path in paths]  # each one's format known, or a one-line error
+    if all(c in REDIRECT_CONTAINERS for c in containers):
+        raise PipelineError(
+            f"{', '.join(map(str, paths))}: no page text to index: a pages-articles XML dump (or a "
+            "from<TAB>to .tsv) only adds redirects beside the pages of another source; give one that "
+            f"holds page text too: {PAGE_SOURCES_HELP}")
     return paths
 
 
@@ -395,6 +403,10 @@ class LocalIndex:
         if meta.get("format") != INDEX_FORMAT:
             self._db.close()
             raise self._broken(f"format {meta.get('format')}, this code reads format {INDEX_FORMAT}")
+        if not meta.get("pages"):  # built from redirect sources alone, before the build refused that
+            self._db.close()
+            raise self._broken(f"it holds no pages, only {meta.get('redirects', 0)} redirects; build it "
+                               f"from a source with page text: {PAGE_SOURCES_HELP}")
         return meta
 
     def _query(self, sql: str, params: tuple) -> list[tuple]:

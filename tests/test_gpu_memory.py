@@ -1,0 +1,170 @@
+"""Free GPU memory before a train or eval unit starts (pipeline/gpu_memory.py, called by `run`).
+
+This machine has no GPU: the tests put a STAND-IN `nvidia-smi` on PATH (a shell script, below)
+that answers the two queries the check makes with what a real nvidia-smi prints on an 8 x H100
+node (CSV rows, MiB), and one of the processes it lists is real (a `sleep`), so that the line
+names it by its command line from /proc as it would a real `vllm serve`. Without nvidia-smi and
+without CUDA the check does nothing, as on this machine.
+
+    .venv/bin/python -m pytest tests/test_gpu_memory.py -q
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pipeline import gpu_memory
+from pipeline.config import build, read_yaml
+from pipeline.errors import PipelineError
+from pipeline.gpu_memory import App, GpuNeed, check, parse_apps, parse_gpus
+
+REPO = Path(__file__).resolve().parents[1]
+H100_MIB = 81559  # memory.total of an H100 80GB HBM3
+IDLE_FREE = 81004  # memory.free of an idle one (the driver reserves the rest)
+UUIDS = [f"GPU-6c2f1b0e-4f3a-8d1e-9a7c-0b5d3e2f1a{i:02d}" for i in range(8)]
+
+# The STAND-IN nvidia-smi: the exact arguments pipeline/gpu_memory.py passes, answered from files
+# the test writes; any other call fails, so a changed query shows here.
+NVIDIA_SMI = f"""#!/bin/bash
+here=$(dirname "$0")
+if [[ "$*" == "{' '.join(gpu_memory.GPU_QUERY)}" ]]; then cat "$here/gpus.csv"
+elif [[ "$*" == "{' '.join(gpu_memory.APPS_QUERY)}" ]]; then cat "$here/apps.csv"
+else echo "stand-in nvidia-smi: unexpected arguments: $*" >&2; exit 2; fi
+"""
+
+
+def gpus_csv(free: list[int]) -> str:
+    return "".join(f"{i}, {UUIDS[i]}, {H100_MIB}, {f}\n" for i, f in enumerate(free))
+
+
+@pytest.fixture
+def node(tmp_path, monkeypatch):
+    """A stand-in nvidia-smi on PATH; returns a function that sets what it reports."""
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    (folder / "nvidia-smi").write_text(NVIDIA_SMI)
+    (folder / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+    def report(free: list[int], apps: str = "") -> None:
+        (folder / "gpus.csv").write_text(gpus_csv(free))
+        (folder / "apps.csv").write_text(apps)
+    report([IDLE_FREE] * 8)
+    return report
+
+
+@pytest.fixture
+def teacher():
+    """A real process standing for the teacher's `vllm serve` (its worker on GPU 0), and the
+    compute-apps rows of an 8-GPU vLLM server at gpu_memory_utilization 0.9 (one worker per GPU)."""
+    proc = subprocess.Popen(["sleep", "300"])
+    pids = [proc.pid] + [4000001 + i for i in range(7)]  # the other workers: pids not visible here
+    rows = "".join(f"{UUIDS[i]}, {pid}, VLLM::Worker_TP{i}, 73402\n" for i, pid in enumerate(pids))
+    yield proc.pid, rows
+    proc.kill()
+    proc.wait()
+
+
+TRAIN_8B = GpuNeed("training llama-3.1-8b on react", 8, share=gpu_memory.TRAIN_SHARE,
+                   why="a training launch expects its GPUs to itself")
+
+
+def test_a_teacher_left_running_stops_training_in_one_line_naming_it(node, teacher):
+    pid, rows = teacher
+    node([IDLE_FREE - 73402] * 8, rows)
+    with pytest.raises(PipelineError) as err:
+        check(TRAIN_8B)
+    line = str(err.value)
+    assert "\n" not in line
+    assert line.startswith("training llama-3.1-8b on react needs 90% of each GPU's memory free on GPU 0-7 "
+                           "(a training launch expects its GPUs to itself); GPU 0 has 7.4 of 79.6 GiB free, "
+                           "and 7 more GPU(s) are short; ")
+    assert f"held by pid {pid} `sleep 300` (71.7 GiB on GPU 0), pid 4000001 `VLLM::Worker_TP1` (71.7 GiB on GPU 1)" in line
+    assert " and 5 more: stop it (kill " in line and f"kill {pid} 4000001 " in line and "4000007)" in line
+
+
+def test_free_gpus_pass_and_a_partly_used_node_passes_only_the_units_that_fit(node):
+    check(TRAIN_8B)  # an idle node
+    node([IDLE_FREE] * 4 + [20000] * 4, "".join(f"{UUIDS[i]}, 777, python3, 61000\n" for i in range(4, 8)))
+    vllm_tp4 = GpuNeed("eval runs/x", 4, share=0.9, why="vLLM")
+    check(vllm_tp4)  # GPUs 0-3 are free
+    with pytest.raises(PipelineError, match=r"GPU 4 has 19.5 of 79.6 GiB free, and 3 more .*held by pid 777 "
+                                            r"`python3` \(238.3 GiB on GPU 4-7\): stop it \(kill 777\)"):
+        check(TRAIN_8B)
+    # the unit's own CUDA_VISIBLE_DEVICES (a server's env), by index or UUID
+    with pytest.raises(PipelineError, match="free on GPU 4-7"):
+        check(GpuNeed("eval runs/x", 4, share=0.9, devices="4,5,6,7"))
+    check(GpuNeed("eval runs/x", 2, share=0.9, devices=f"{UUIDS[1][:12]},{UUIDS[0]}"))
+
+
+def test_a_transformers_model_needs_its_weights_free_on_one_gpu(node):
+    need = gpu_memory.llm_need("eval runs/x", build_llm(backend="transformers", device="auto"), params_b=70.6)
+    assert need.gpus == 1 and need.mib == 134658  # 70.6e9 x 2 bytes, in MiB
+    node([IDLE_FREE] * 8)
+    with pytest.raises(PipelineError, match=r"needs 131.5 GiB free on GPU 0 \(its weights, 2 bytes per parameter\); "
+                                            r"GPU 0 has 79.1 of 79.6 GiB free; nvidia-smi lists no process on it"):
+        check(need)
+    assert gpu_memory.llm_need("x", build_llm(backend="openai"), params_b=70.6) is None  # served elsewhere
+    assert gpu_memory.llm_need("x", build_llm(backend="transformers", device="cpu"), params_b=70.6) is None
+
+
+def build_llm(**keys):
+    from pipeline.llm.config import LLMConfig
+    return build(LLMConfig, keys)
+
+
+def test_nvidia_smi_rows_parse_as_printed():
+    assert parse_gpus("0, GPU-a, 81559, 8157\n1, GPU-b, [N/A], [N/A]\n") == [gpu_memory.Gpu(0, "GPU-a", 81559, 8157)]
+    assert parse_apps("GPU-a, 12, /usr/bin/python3, 1024\nGPU-a, 13, a, b, c, [N/A]\nNo running processes found\n") == [
+        App("GPU-a", 12, "/usr/bin/python3", 1024), App("GPU-a", 13, "a, b, c", None)]
+
+
+def test_a_device_nvidia_smi_does_not_list_is_not_checked_and_says_so(node, capsys, monkeypatch):
+    node([1000] * 8)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-3a1b")
+    check(TRAIN_8B)
+    assert "not checking free memory: CUDA_VISIBLE_DEVICES=MIG-3a1b" in capsys.readouterr().out
+
+
+def test_without_gpus_nothing_is_checked(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi; torch here is a CPU build
+    assert gpu_memory.query_nvidia_smi() is None
+
+    def no_child(devices):
+        raise AssertionError("a machine without CUDA needs no torch child process")
+    monkeypatch.setattr(gpu_memory, "query_torch", no_child)
+    check(TRAIN_8B)
+    check(None)
+
+
+def test_run_checks_each_unit_when_it_starts(node, teacher, monkeypatch, tmp_path):
+    """Through `run`'s own unit actions on the paper grid, the GPU count patched to 8: the 8B's
+    training and the 70B's served eval stop before anything is launched or written."""
+    from pipeline.stages import run
+
+    monkeypatch.setattr(run, "gpu_count", lambda: 8)
+    # the 8B trains bf16 under ZeRO-2 on GPUs; on this CPU the precision rule would refuse bf16
+    # under DeepSpeed before the unit got as far as its GPUs
+    monkeypatch.setattr(run, "training_precision", lambda ft: "bf16")
+    cfg = build(run.RunConfig, read_yaml(REPO / "configs" / "paper.yaml"))
+    units = {u.title: u for u in run.plan(cfg, [build(run.Student, s) for s in cfg.students])}
+    pid, rows = teacher
+    node([IDLE_FREE - 73402] * 8, rows)
+    ft = units["train: llama-3.1-8b on react"].config
+    ft.output_dir = tmp_path / "8b"
+    with pytest.raises(PipelineError, match=rf"^training llama-3.1-8b on react needs 90% .*held by pid {pid} `sleep 300`"):
+        run.launch_train(ft)
+    assert not (tmp_path / "8b").exists()  # the launch never started (it writes its resolved config first)
+    ev = units["eval: llama-3.1-70b fine-tuned on react"].config
+    with pytest.raises(PipelineError, match=r"^eval runs/paper/eval/llama-3.1-70b-ft-react needs 90% of each GPU's "
+                                            r"memory free on GPU 0-7 \(vLLM starts only"):
+        run.evaluate_in_child(ev)
+    node([IDLE_FREE] * 8)
+    assert run.train_gpu_need(ft).gpus == 8
+    monkeypatch.setattr(run, "gpu_count", lambda: 0)  # no GPU: the training unit needs none
+    assert run.train_gpu_need(ft) is None
