@@ -96,7 +96,7 @@ def build_lora_adapter(smollm2_dir: Path, folder: Path, rank: int = 64) -> Path:
     with torch.no_grad():  # small enough to keep the model fluent, large enough to change its answers
         for name, param in peft_model.named_parameters():
             if "lora_B" in name:
-                param.mul_(0.05)
+                param.mul_(0.15)
     folder.mkdir(parents=True, exist_ok=True)
     peft_model.save_pretrained(folder)
     adapter_config = folder / "adapter_config.json"
