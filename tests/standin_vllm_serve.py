@@ -9,6 +9,8 @@ Faults and records for the tests, as extra flags (`serve.extra_args`):
   --standin-questions FILE     answer as tests/episode_testdata.ScriptedTeacher over these questions
   --standin-never-healthy      /health answers 503 forever
   --standin-die-after N        exit (code 3) at the N+1-th completion request, without answering it
+  --standin-die-file FILE      the same, with N read from FILE when it exists (so that a test can
+                               make one run die and the next not, under one config)
   --standin-ignore-sigterm     only SIGKILL stops it
   --standin-record FILE        append {"argv": ..., "pid": ...} once and {"model": ...} per completion request
 """
@@ -40,9 +42,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--standin-questions")
     parser.add_argument("--standin-never-healthy", action="store_true")
     parser.add_argument("--standin-die-after", type=int)
+    parser.add_argument("--standin-die-file")
     parser.add_argument("--standin-ignore-sigterm", action="store_true")
     parser.add_argument("--standin-record")
     args, _ = parser.parse_known_args(argv)  # vLLM's other flags (--dtype, ...) mean nothing here
+    if args.standin_die_file and Path(args.standin_die_file).is_file():
+        args.standin_die_after = int(Path(args.standin_die_file).read_text())
     return args
 
 

@@ -209,9 +209,16 @@ def test_bad_checkpoints_are_clear_errors(tmp_path, index, question_file, case, 
     assert not (tmp_path / "out").exists()
 
 
+def test_the_embedded_default_model_needs_no_size_keys():
+    """`python -m pipeline eval limit=2` with nothing else: the project knows SmolLM2-135M's size."""
+    from pipeline.stages.eval import EvalConfig, model_under_test
+
+    target = model_under_test(EvalConfig())
+    assert (target.size_class, target.params_b, target.mode) == ("135m", 0.135, "prompt")
+
+
 @pytest.mark.parametrize("overrides,message", [
     (["model.model=some/unknown-model"], "its size is not known; set size_class=<e.g. 8b> and params_b=<billions"),
-    (["model.model=smollm2"], "its size is not known; set size_class=<e.g. 8b>"),
     (["model.model=some/unknown-model", "size_class=8b"], "set params_b=<billions"),
     (["size_class=135m", "limit=0"], "is empty: nothing to evaluate"),
     (["size_class=135m", "questions={empty}"], "file is empty; expected HotpotQA questions"),

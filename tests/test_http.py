@@ -231,3 +231,20 @@ def test_bad_settings_are_refused():
         JsonHttpClient(timeout_s=0)
     with pytest.raises(Exception, match="max_retries must be >= 0"):
         JsonHttpClient(max_retries=-1)
+
+
+def test_a_slow_answer_is_waited_for_while_the_server_is_still_working(server):
+    """`still_working` (set for a server the pipeline manages): a slow answer is not re-sent while
+    it says yes, each timeout; once it says no, the wait ends as a timeout (and is retried)."""
+    asked: list[float] = []
+    client = make_client(timeout_s=0.2, max_retries=0)
+    client.still_working = lambda: asked.append(time.monotonic()) or True
+    server.inject(Fault("delay", delay_s=1.0))
+    assert client.post_json(f"{server.url}/slow", {"n": 1})["path"] == "/slow"
+    assert len(server.requests) == 1 and len(asked) >= 3  # asked each 0.2 s, never re-sent
+
+    client.still_working = lambda: False
+    server.inject(Fault("delay", delay_s=1.0))
+    with pytest.raises(RequestFailed, match="timed out"):
+        client.post_json(f"{server.url}/slow", {"n": 2})
+    assert len(server.requests) == 2

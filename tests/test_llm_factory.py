@@ -44,7 +44,7 @@ def test_missing_adapter_is_named(tmp_path):
 
 def test_missing_vllm_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # makes `import vllm` fail even where installed
-    with pytest.raises(PipelineError, match=r"pip install '\.\[vllm\]'"):
+    with pytest.raises(PipelineError, match=r"bash scripts/setup_vllm.sh makes .venv-vllm: run the stage with .venv-vllm/bin/python"):
         load_llm(LLMConfig(backend="vllm", model="org/model"))
 
 
@@ -133,13 +133,14 @@ def fake_vllm(monkeypatch):
 
 def test_vllm_engine_and_sampling_params_mapping(fake_vllm, tmp_path):
     (tmp_path / "adapter").mkdir()
+    (tmp_path / "adapter" / "adapter_config.json").write_text('{"peft_type": "LORA", "r": 64}')
     cfg = LLMConfig(backend="vllm", model="org/big-model", tensor_parallel_size=4, gpu_memory_utilization=0.8,
                     dtype="bfloat16", adapter=str(tmp_path / "adapter"), max_context=50, extra={"enforce_eager": True})
     llm = load_llm(cfg)
     engine = FakeEngine.instances[-1]
     assert engine.kwargs == {"model": "org/big-model", "tensor_parallel_size": 4, "enable_prefix_caching": True,
                              "gpu_memory_utilization": 0.8, "dtype": "bfloat16", "trust_remote_code": False,
-                             "max_model_len": 50, "enable_lora": True, "enforce_eager": True}
+                             "max_model_len": 50, "enable_lora": True, "max_lora_rank": 64, "enforce_eager": True}
     out = llm.generate([GenerationRequest("Question: a b", stop=["\nObservation 2:"], max_new_tokens=40,
                                           temperature=0.7, n=3, seed=5),
                         GenerationRequest("word " * 60),  # over max_model_len=50

@@ -49,8 +49,21 @@ def test_the_plan_says_which_model_each_unit_needs_served_where(monkeypatch, gpu
     assert needs["train: llama-3.1-8b on react"] == (f"launches accelerate with {processes} processes "
                                                      f"(deepspeed_zero2; this node has {gpus} GPU(s))")
     served = needs["eval: llama-3.1-70b fine-tuned on react"]
-    assert "starts `vllm serve`" in served and "tensor parallel 8" in served  # the 70B's own eval settings
+    assert "vllm" in served and "tensor parallel 8" in served  # the 70B's own eval settings
     assert "tensor parallel 1" in needs["eval: llama-3.1-8b fine-tuned on react"]
+
+
+def test_the_prompted_70b_and_its_lora_students_share_one_server_and_the_full_finetunes_do_not():
+    units = paper_units()
+    shared = {u.title: u.group for u in units if u.group is not None}
+    assert sorted(shared) == ["eval: llama-3.1-70b fine-tuned on act", "eval: llama-3.1-70b fine-tuned on cot",
+                              "eval: llama-3.1-70b fine-tuned on react", "eval: llama-3.1-70b fine-tuned on standard",
+                              "eval: llama-3.1-70b prompted"]
+    assert len({id(g) for g in shared.values()}) == 1  # one server, 4 adapters by name
+    assert "shared server #1 for meta-llama/Llama-3.1-70B (units 17, 18, 19, 20, 21; 4 LoRA adapter(s)" in \
+        shared["eval: llama-3.1-70b prompted"].describe({id(u): i for i, u in enumerate(units, start=1)})
+    full = [u for u in units if u.title.startswith("eval: llama-3.1-8b fine-tuned")]
+    assert full and all(u.group is None and u.needs.startswith("starts `") for u in full)
 
 
 @pytest.mark.parametrize("only, start, until, expected", [

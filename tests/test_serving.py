@@ -23,7 +23,7 @@ from episode_testdata import CORPUS, read_records, run_pipeline, write_questions
 
 from pipeline.errors import PipelineError
 from pipeline.llm.config import LLMConfig
-from pipeline.serving import ServeConfig, max_lora_rank, serve_command
+from pipeline.serving import ServeConfig, max_lora_rank, serve_command, unit_server
 
 pytestmark = pytest.mark.skipif(not CORPUS.is_file(), reason=f"offline corpus not found at {CORPUS}")
 
@@ -96,7 +96,8 @@ def test_a_lora_student_is_served_by_name_with_a_rank_vllm_accepts(tmp_path):
     final = lora_checkpoint(tmp_path / "final", rank=4)
     llm = LLMConfig(backend="vllm", model="org/base", adapter=str(final), tensor_parallel_size=8,
                     gpu_memory_utilization=0.85, max_context=8192, extra={"enforce_eager": True, "max_num_seqs": 64})
-    cmd, name = serve_command(llm, ServeConfig(command=["/opt/vllm/bin/vllm", "serve"]), 8123)
+    base, adapters, name = unit_server(llm)
+    cmd = serve_command(base, ServeConfig(command=["/opt/vllm/bin/vllm", "serve"]), 8123, adapters)
     assert cmd[:3] == ["/opt/vllm/bin/vllm", "serve", "org/base"]
     flags = " ".join(cmd[3:])
     for expected in ("--port 8123", "--tensor-parallel-size 8", "--gpu-memory-utilization 0.85",
@@ -119,9 +120,20 @@ def test_an_adapter_above_vllms_largest_rank_or_without_a_config_is_refused(tmp_
         max_lora_rank(tmp_path)
 
 
+def test_serve_command_defaults_to_the_projects_vllm_venv_when_there_is_one(tmp_path, monkeypatch):
+    from pipeline import serving
+
+    monkeypatch.setattr(serving, "VLLM_VENV", tmp_path / ".venv-vllm")
+    assert ServeConfig().command == ["vllm", "serve"]
+    python = tmp_path / ".venv-vllm" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text("")
+    assert ServeConfig().command == [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model"]
+
+
 def test_a_full_finetune_is_served_from_its_final_folder(tmp_path):
-    cmd, name = serve_command(LLMConfig(backend="vllm", model=str(tmp_path / "final"), name="s (fine-tuned)"),
-                              ServeConfig(), 8100)
+    base, adapters, name = unit_server(LLMConfig(backend="vllm", model=str(tmp_path / "final"), name="s (fine-tuned)"))
+    cmd = serve_command(base, ServeConfig(command=["vllm", "serve"]), 8100, adapters)
     assert cmd[:3] == ["vllm", "serve", str(tmp_path / "final")] and "--enable-lora" not in cmd
     assert cmd[cmd.index("--served-model-name") + 1] == name == "s (fine-tuned)"
 
@@ -225,8 +237,9 @@ def test_an_in_process_vllm_engine_is_shut_down_when_closed(monkeypatch):
 
 
 def test_a_killed_eval_takes_its_server_with_it(tmp_path, question_file, index):
-    """kill -9 of the eval process: the server gets SIGTERM from the kernel (PR_SET_PDEATHSIG), so
-    no orphan keeps the GPUs and the port."""
+    """kill -9 of the eval process: its guardian (pipeline/guardian.py) sees its pipe close and ends
+    the server, so no orphan keeps the GPUs and the port (tests/test_vllm_server.py does the same
+    to a real vLLM's process tree)."""
     import subprocess
     import time
 
@@ -251,3 +264,22 @@ def test_a_killed_eval_takes_its_server_with_it(tmp_path, question_file, index):
     finally:
         with contextlib.suppress(psutil.NoSuchProcess):  # never leave an orphan behind a failure
             server.kill()
+
+
+@pytest.mark.parametrize("tail, reason", [
+    (["usage: api_server.py [-h] ...", "api_server.py: error: unrecognized arguments: --bogus",
+      "/usr/lib/python3.11/multiprocessing/resource_tracker.py:254: UserWarning: resource_tracker: leaked"],
+     "api_server.py: error: unrecognized arguments: --bogus"),
+    (["(APIServer pid=7) INFO 12-02 [api_utils.py:286] non-default args: {}", "Traceback (most recent call last):",
+      '  File "x.py", line 1, in <module>', "(APIServer pid=7) ValueError: Loading lora student-lora failed",
+      "nanobind: leaked 3 instances!"],
+     "(APIServer pid=7) ValueError: Loading lora student-lora failed"),
+    (["(EngineCore pid=9) ERROR 12-02 [core.py:1] EngineCore failed to start.", "(EngineCore pid=9) INFO bye"],
+     "(EngineCore pid=9) ERROR 12-02 [core.py:1] EngineCore failed to start."),
+    (["INFO: loading", "INFO: still loading"], "INFO: still loading"),
+])
+def test_a_failed_servers_reason_is_the_last_error_line_of_its_log(tmp_path, tail, reason):
+    from pipeline.serving import ServerView
+
+    (tmp_path / "serve.log").write_text("\n".join(tail) + "\n")
+    assert ServerView("127.0.0.1", 1, tmp_path / "serve.log").failure_reason() == reason

@@ -1,7 +1,11 @@
-"""vLLM backend for GPU machines: prefix caching shares the few-shot exemplars across episodes,
-tensor parallelism comes from config. Install with `pip install '.[vllm]'`.
+"""The in-process vLLM engine (`vllm.LLM`): prefix caching shares the few-shot exemplars across
+episodes, tensor parallelism comes from config, a LoRA adapter is applied to every request.
 
     llm: {backend: vllm, model: meta-llama/Llama-3.1-8B-Instruct, tensor_parallel_size: 2}
+
+vLLM pins its own torch, so it lives in its own environment: `bash scripts/setup_vllm.sh` makes
+.venv-vllm (vLLM's CPU build where there is no GPU) with this project installed in it, and an
+eval with this backend runs there: `.venv-vllm/bin/python -m pipeline eval model.backend=vllm ...`.
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ def import_vllm():
     try:
         import vllm
     except ImportError as exc:
-        raise PipelineError(f"llm.backend=vllm needs vLLM, which is not installed ({exc}); install the vllm extra: pip install '.[vllm]'") from None
+        raise PipelineError(f"llm.backend=vllm needs vLLM, which is not installed here ({exc}); bash "
+                            "scripts/setup_vllm.sh makes .venv-vllm: run the stage with .venv-vllm/bin/python "
+                            "-m pipeline ... (or give the eval a `serve:` section)") from None
     return vllm
 
 
@@ -109,8 +115,10 @@ class VLLMBackend:
 
 
 def engine_kwargs(cfg: LLMConfig) -> dict[str, Any]:
+    from pipeline.llm.models import resolve_model_path
+
     kwargs: dict[str, Any] = {
-        "model": cfg.model,
+        "model": resolve_model_path(cfg.model),
         "tensor_parallel_size": cfg.tensor_parallel_size,
         "enable_prefix_caching": True,  # every prompt starts with the same exemplars
         "gpu_memory_utilization": cfg.gpu_memory_utilization,
@@ -120,7 +128,12 @@ def engine_kwargs(cfg: LLMConfig) -> dict[str, Any]:
     if cfg.max_context:
         kwargs["max_model_len"] = cfg.max_context
     if cfg.adapter:
-        kwargs["enable_lora"] = True
+        from pathlib import Path
+
+        from pipeline.serving import max_lora_rank
+
+        # vLLM's default max_lora_rank (16) refuses a larger adapter: the 70B student's is r=64.
+        kwargs.update(enable_lora=True, max_lora_rank=max_lora_rank(Path(cfg.adapter)))
     kwargs.update(cfg.extra)  # e.g. max_lora_rank, enforce_eager, quantization
     return kwargs
 

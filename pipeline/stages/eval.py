@@ -1,6 +1,6 @@
 """`eval`: run a prompted base model or a fine-tuned student through the environment -> EM / F1.
 
-    python -m pipeline eval model.model=smollm2 size_class=135m params_b=0.135 methods=[react,cot] limit=20
+    python -m pipeline eval methods=[react,cot] limit=20      # the embedded SmolLM2-135M, prompted
     python -m pipeline eval checkpoint=checkpoints/demo/smollm2-135m/react/final limit=20
     python -m pipeline eval checkpoint=forestai/fireact_llama_2_7b_lora    # a released agent
     python -m pipeline eval checkpoint=downloads/agent format=react params_b=7.6   # any folder
@@ -42,12 +42,12 @@ from pipeline.storage import atomic_write_json, check_writable_dir, require_comp
 from pipeline.tasks import DEFAULT_TASK, get_task
 from pipeline.wiki.config import WikiConfig
 
-# Sizes (billions of parameters) of models a config may name without saying params_b.
-KNOWN_SIZES_B = {"smollm2": 0.135, "HuggingFaceTB/SmolLM2-135M-Instruct": 0.135,
-                 "meta-llama/Llama-3.1-8B": 8.0, "meta-llama/Llama-3.1-8B-Instruct": 8.0,
-                 "Qwen/Qwen2.5-7B": 7.6, "Qwen/Qwen2.5-7B-Instruct": 7.6,
-                 "meta-llama/Llama-3.1-70B": 70.6, "meta-llama/Llama-3.1-70B-Instruct": 70.6,
-                 "Qwen/Qwen2.5-72B": 72.7, "Qwen/Qwen2.5-72B-Instruct": 72.7}
+# Sizes (size class, billions of parameters) of models a config may name without saying them.
+KNOWN_SIZES = {"smollm2": ("135m", 0.135), "HuggingFaceTB/SmolLM2-135M-Instruct": ("135m", 0.135),
+               "meta-llama/Llama-3.1-8B": ("8b", 8.0), "meta-llama/Llama-3.1-8B-Instruct": ("8b", 8.0),
+               "Qwen/Qwen2.5-7B": ("7b", 7.6), "Qwen/Qwen2.5-7B-Instruct": ("7b", 7.6),
+               "meta-llama/Llama-3.1-70B": ("70b", 70.6), "meta-llama/Llama-3.1-70B-Instruct": ("70b", 70.6),
+               "Qwen/Qwen2.5-72B": ("72b", 72.7), "Qwen/Qwen2.5-72B-Instruct": ("72b", 72.7)}
 
 
 # Keys whose change makes old records incomparable with new ones (a larger `limit` is fine).
@@ -168,12 +168,13 @@ def model_under_test(cfg: EvalConfig) -> ModelUnderTest:
     if cfg.checkpoint is None:
         if cfg.format or cfg.base_model:
             raise PipelineError("format= and base_model= describe a fine-tuned checkpoint; set checkpoint= too")
-        params_b = cfg.params_b or KNOWN_SIZES_B.get(cfg.model.model)
-        missing = [k for k, v in (("size_class", cfg.size_class), ("params_b", params_b)) if not v]
+        known_class, known_b = KNOWN_SIZES.get(cfg.model.model, (None, None))
+        size_class, params_b = cfg.size_class or known_class, cfg.params_b or known_b
+        missing = [k for k, v in (("size_class", size_class), ("params_b", params_b)) if not v]
         if missing:
             raise PipelineError(f"model '{cfg.model.model}': its size is not known; set "
                                 + " and ".join(f"{k}=<{SIZE_HINTS[k]}>" for k in missing))
-        return ModelUnderTest(cfg.model, cfg.model.label, "prompt", cfg.size_class, params_b, None)
+        return ModelUnderTest(cfg.model, cfg.model.label, "prompt", size_class, params_b, None)
     from pipeline.llm.hf import looks_like_path
 
     final = Path(cfg.checkpoint)

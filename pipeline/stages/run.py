@@ -48,6 +48,7 @@ from pipeline.config import (
 from pipeline.errors import PipelineError
 from pipeline.finetune import FinetuneConfig, resolve
 from pipeline.relay import pieces
+from pipeline.serve_groups import plan_groups, running
 from pipeline.stages.eval import EvalConfig, model_under_test, precision_record
 from pipeline.stages.filter import FilterConfig, run_filter
 from pipeline.stages.generate import GenerateConfig, generate
@@ -174,6 +175,10 @@ class Unit:
     # The precision record this unit would compute in, for a unit whose results carry one (the
     # same call skip_or / launch_train make); None for units without a precision
     precision: Any = None
+    # An eval unit with `serve:`: the model its server loads, (base model, LoRA adapter or None);
+    # units that need the same server share one (pipeline/serve_groups.py sets `group`)
+    serves: tuple[str, str | None] | None = None
+    group: Any = None
 
 
 def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
@@ -195,7 +200,7 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
             ev = eval_config(cfg, student, None)
             phase = "teacher" if teacher is not None and same_model(ev.model, teacher) else "eval"
             units.append(Unit(f"eval: {student.name} prompted", ev, skip_or(evaluate_in_child, eval_precision),
-                              phase, needs_eval(ev), precision=eval_precision))
+                              phase, needs_eval(ev), precision=eval_precision, serves=(ev.model.model, None)))
         if student.checkpoint:
             ev = checkpoint_eval_config(cfg, student)
             units.append(Unit(f"eval: {student.name} (already fine-tuned: {student.checkpoint})",
@@ -213,11 +218,14 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
             check_adapter_reachable(ev, ft)
             units.append(Unit(f"eval: {student.name} fine-tuned on {method}", ev,
                               with_model_card(final, skip_or(evaluate_in_child, eval_precision)), "eval", needs_eval(ev),
-                              precision=eval_precision))
+                              precision=eval_precision,
+                              serves=(str(final), None) if ft.finetuning == "full" else (ft.student, str(final))))
     summaries = [u.config.out_dir / "summary.json" for u in units if u.title.startswith("eval")]
     units.append(Unit("plot: figure 3 and the table", plot_config(cfg, summaries), run_plot, "plot", "no model: CPU only"))
     order = list(PHASES)
-    return sorted(units, key=lambda u: order.index(u.phase))  # stable: the grid's order within a phase
+    units = sorted(units, key=lambda u: order.index(u.phase))  # stable: the grid's order within a phase
+    plan_groups(units, done=lambda unit: unit_done(unit.config, eval_precision))
+    return units
 
 
 def check_serving(ev, where: str) -> None:
@@ -290,10 +298,12 @@ def run(cfg: RunConfig, students: list[Student], phases: list[str] | None = None
     check_precisions([u for u in units if u.selected])
     show_plan(units)
     outputs: dict = {}
-    for i, unit in enumerate(units, start=1):
-        if unit.selected:
-            stage(f"[{i}/{len(units)}] {unit.title}")
-            outputs = unit.action(unit.config) or {}
+    with running(units) as after:  # the servers units share (pipeline/serve_groups.py)
+        for i, unit in enumerate(units, start=1):
+            if unit.selected:
+                stage(f"[{i}/{len(units)}] {unit.title}")
+                outputs = unit.action(unit.config) or {}
+                after(unit)
     if "png" not in outputs:
         chosen = [p for p in PHASES if any(u.selected and u.phase == p for u in units)]
         print(f"[run] phases {', '.join(chosen) or '(none)'} done in {time.monotonic() - started:.0f} s")
@@ -390,20 +400,25 @@ def skip_or(action, identity=None):
     """Run a generate/eval unit unless its manifest says it is complete with this config (and
     the same `identity(config)`: an eval run in another precision is not this one)."""
     def run_unit(config):
-        if unit_done(Path(config.out_dir) / "manifest.json", config, identity(config) if identity else {}):
+        if unit_done(config, identity):
             print(f"[run] skip: {config.out_dir} is complete")
             return None
         return action(config)
     return run_unit
 
 
-def unit_done(manifest: Path, config, expected: dict) -> bool:
-    """`is_done` with this config; a manifest written before configs had `task` was a HotpotQA run's."""
-    wanted = to_dict(config)
-    if is_done(manifest, config=wanted, **expected):
+def unit_done(config, identity=None) -> bool:
+    """Whether a generate/eval unit's manifest says it is complete with this config (and
+    identity); a manifest written before configs had `task` was a HotpotQA run's."""
+    try:
+        extra = identity(config) if identity else {}
+    except PipelineError:  # e.g. a fine-tuned checkpoint not trained yet: not done
+        return False
+    manifest, wanted = Path(config.out_dir) / "manifest.json", to_dict(config)
+    if is_done(manifest, config=wanted, **extra):
         return True
     older = {k: v for k, v in wanted.items() if k != "task"}
-    return wanted.get("task") == DEFAULT_TASK and is_done(manifest, config=older, **expected)
+    return wanted.get("task") == DEFAULT_TASK and is_done(manifest, config=older, **extra)
 
 
 def with_model_card(final: Path, action):

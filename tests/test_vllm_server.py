@@ -1,0 +1,359 @@
+"""The serving path against a REAL vLLM server (vLLM's CPU build in .venv-vllm, serving the embedded
+SmolLM2-135M-Instruct and a rank-64 LoRA adapter of it built here with PEFT). Without .venv-vllm
+every test here skips with one line: `bash scripts/setup_vllm.sh` installs it (.ci/run does).
+
+One server (started by the pipeline's own managed serve: pipeline/serving.py, fp32, eager mode)
+serves the base model and the adapter to most tests: its greedy completions against the
+transformers backend (PEFT for the adapter), the teacher role (`generate`, continuous) against
+the round-based runner, and a slow, loaded server that must be waited for, never asked twice.
+The lifecycle tests start their own: an eval killed by SIGTERM and by SIGKILL, during start-up
+and mid-run, leaves no vLLM process behind and the next run resumes; a server that exits before
+it is healthy is one line with vLLM's own reason. On 2 cores each start-up costs 1-2 minutes.
+
+    .venv/bin/python -m pytest tests/test_vllm_server.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+from episode_testdata import (
+    CORPUS,
+    child_env,
+    read_records,
+    run_pipeline,
+    without_timing,
+    write_questions,
+)
+from vllm_testdata import (
+    MODEL_SETTINGS,
+    SERVER_ENV,
+    TAG_VAR,
+    build_lora_adapter,
+    new_tag,
+    require_vllm,
+    tagged_processes,
+    wait_until_gone,
+)
+
+from pipeline.llm.base import GenerationRequest
+from pipeline.llm.config import LLMConfig
+from pipeline.serving import LORA_NAME, ServeConfig, ServedLLM, served
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm,
+              pytest.mark.skipif(not CORPUS.is_file(), reason=f"offline corpus not found at {CORPUS}")]
+
+BASE = "smollm2-base"  # the base model's served name
+# Greedy completions of two engines agree only up to numerics: a near-tie between two tokens can
+# go either way and the rest of the text follows. Measured here: see the README (Serving).
+MIN_IDENTICAL_SHARE = 0.75
+
+
+@pytest.fixture(scope="module")
+def adapter(smollm2_dir, tmp_path_factory) -> Path:
+    require_vllm()
+    return build_lora_adapter(smollm2_dir, tmp_path_factory.mktemp("lora") / "final")
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_dir, adapter, tmp_path_factory):
+    """One managed vLLM server for the module: the base model as BASE, the adapter as LORA_NAME."""
+    tag = new_tag()
+    llm = LLMConfig(backend="vllm", model=str(smollm2_dir), adapter=str(adapter), name=BASE, **MODEL_SETTINGS)
+    serve = ServeConfig(port=0, startup_timeout_s=900, stop_grace_s=30, env={**SERVER_ENV, TAG_VAR: tag})
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    started = time.monotonic()
+    with served(llm, serve, log) as (client, managed):
+        print(f"[test] vLLM healthy after {time.monotonic() - started:.0f} s; {load()}")
+        yield SimpleNamespace(client=replace(client, max_concurrency=8, timeout_s=600.0, api_key_env=""),
+                              managed=managed, tag=tag, log=log)
+    assert wait_until_gone(tag, 10) == [], "the module's server outlived its stop()"
+
+
+def load() -> str:
+    return "load average {:.2f} / {:.2f} / {:.2f}".format(*os.getloadavg())
+
+
+def first_step_prompts(n: int, mode: str = "prompt") -> list[GenerationRequest]:
+    """ReAct's first step for `n` offline-eval questions: prompted (6 exemplars, the question,
+    `Thought 1:`), or zero-shot as a fine-tuned student decodes (the question line alone)."""
+    from pipeline.hotpotqa import load_question_set
+    from pipeline.methods import MethodSettings, prompt_prefixes
+
+    prefix = prompt_prefixes("react", MethodSettings(mode=mode))["react"]
+    return [GenerationRequest(f"{prefix.text}Question: {q.question}\nThought 1:", stop=["\nObservation 1:"],
+                              max_new_tokens=32) for q in load_question_set("offline-eval", limit=n)]
+
+
+def texts(llm, requests: list[GenerationRequest]) -> list[str]:
+    out = llm.generate(requests)
+    assert all(c[0].finish_reason != "error" for c in out), [c[0].error for c in out]
+    return [c[0].text for c in out]
+
+
+def transformers_texts(smollm2_dir: Path, adapter: Path | None, requests) -> list[str]:
+    from pipeline.llm.hf import TransformersLLM
+
+    return texts(TransformersLLM(LLMConfig(model=str(smollm2_dir), adapter=str(adapter) if adapter else None,
+                                           dtype="float32", max_batch_size=8)), requests)
+
+
+# -- one shared server ------------------------------------------------------------------------------
+
+
+def test_greedy_completions_of_the_served_model_and_adapter_match_transformers_and_peft(server, smollm2_dir,
+                                                                                       adapter):
+    from pipeline.llm.openai_http import OpenAICompatibleLLM
+
+    # The base as it is prompted (6-shot), the adapter as a student decodes (zero-shot): each model
+    # on its own kind of prompt, and the fp32 PEFT reference stays short.
+    cases = {BASE: (None, first_step_prompts(6)), LORA_NAME: (adapter, first_step_prompts(8, "zero_shot"))}
+    shares = {}
+    for name, (folder, requests) in cases.items():
+        served_texts = texts(OpenAICompatibleLLM(replace(server.client, model=name)), requests)
+        reference = transformers_texts(smollm2_dir, folder, requests)
+        same = sum(a == b for a, b in zip(served_texts, reference, strict=True))
+        shares[name] = (same, len(requests))
+        print(f"[test] {name}: {same}/{len(requests)} greedy completions identical to transformers"
+              f"{' + PEFT' if folder else ''} (fp32 both; {load()})")
+        for a, b in zip(served_texts, reference, strict=True):
+            if a != b:
+                print(f"[test]   vLLM {a!r}\n[test]   HF   {b!r}")
+    for name, (same, total) in shares.items():
+        assert same / total >= MIN_IDENTICAL_SHARE, (name, same, total)
+    requests = cases[LORA_NAME][1]
+    base = texts(OpenAICompatibleLLM(replace(server.client, model=BASE)), requests)
+    lora = texts(OpenAICompatibleLLM(replace(server.client, model=LORA_NAME)), requests)
+    changed = sum(a != b for a, b in zip(base, lora, strict=True))
+    print(f"[test] the adapter changed {changed}/{len(requests)} zero-shot completions of the base")
+    assert changed >= 1, "the adapter changed nothing"
+
+
+def test_the_teacher_role_generate_continuously_against_vllm_matches_the_round_based_runner(
+        server, index, tmp_path):
+    """`python -m pipeline generate` with the served model as its teacher (continuous scheduling,
+    as for any server), against the round-based runner on the same server and questions."""
+    from pipeline.agent import run_episodes
+    from pipeline.hotpotqa import load_question_set
+    from pipeline.llm.openai_http import OpenAICompatibleLLM
+    from pipeline.methods import MethodSettings, build_method
+    from pipeline.wiki.index import LocalIndex
+
+    questions = load_question_set("offline-eval", limit=6)
+    qfile = write_questions(tmp_path / "q.jsonl", questions)
+    teacher = {"backend": "openai", "base_url": server.client.base_url, "model": BASE, "api_key_env": "",
+               "max_concurrency": 8, "timeout_s": 600}
+    config = {"teacher": teacher, "methods": ["react"], "questions": str(qfile), "wiki": {"index": str(index)},
+              "max_in_flight": 6, "prompting": {"max_new_tokens": 48, "max_steps": 3},
+              "out_dir": str(tmp_path / "gen")}
+    (tmp_path / "gen.yaml").write_text(yaml.safe_dump({"generate": config}))
+    proc = run_pipeline("generate", "--config", str(tmp_path / "gen.yaml"), timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    continuous = {r["id"]: r for r in read_records(tmp_path / "gen" / "react.jsonl")}
+
+    llm = OpenAICompatibleLLM(replace(server.client, model=BASE))
+    settings = MethodSettings(max_new_tokens=48, max_steps=3)
+    local = LocalIndex(index)
+    rounds = {r["id"]: r for r in run_episodes(llm, lambda: local, questions, build_method("react", settings),
+                                               max_in_flight=6, schedule="rounds")}
+    assert set(continuous) == set(rounds) == {q.id for q in questions}
+    fields = [k for k in rounds[questions[0].id] if k in continuous[questions[0].id] and k != "seconds"]
+    same = sum({k: continuous[i][k] for k in fields} == {k: without_timing(rounds[i])[k] for k in fields}
+               for i in rounds)
+    print(f"[test] teacher role: {same}/{len(rounds)} records identical, continuous (generate) vs rounds "
+          f"(fields {fields}; {load()})")
+    assert same / len(rounds) >= MIN_IDENTICAL_SHARE
+
+
+def finished_requests(server) -> dict[str, float]:
+    """vLLM's own count of the requests it finished, by finish reason (its /metrics)."""
+    with urllib.request.urlopen(server.client.base_url.removesuffix("/v1") + "/metrics", timeout=30) as response:
+        text = response.read().decode()
+    counts: dict[str, float] = {}
+    for match in re.finditer(r'^vllm:request_success_total\{([^}]*)\} ([0-9.e+]+)$', text, re.M):
+        reason = re.search(r'finished_reason="([^"]+)"', match.group(1))
+        key = reason.group(1) if reason else "?"
+        counts[key] = counts.get(key, 0.0) + float(match.group(2))
+    return counts
+
+
+def total(counts: dict[str, float]) -> int:
+    return int(sum(counts.values()))
+
+
+def test_a_busy_managed_server_is_waited_for_and_never_asked_twice(server):
+    """8 long requests at once on 2 cores take far longer than the client's 1 s timeout. A plain
+    client times out and re-sends them (the server computes them again); the managed server's
+    client keeps waiting while the server is alive and healthy: each request reaches vLLM once."""
+    from pipeline.llm.openai_http import OpenAICompatibleLLM
+
+    requests = [GenerationRequest(f"Count from {k} to 500, one number after another: {k}, {k + 1},",
+                                  max_new_tokens=96) for k in range(1, 9)]
+    cfg = replace(server.client, model=BASE, timeout_s=1.0, max_retries=2)
+    before = finished_requests(server)
+    started = time.monotonic()
+    plain = OpenAICompatibleLLM(cfg).generate(requests)
+    time.sleep(3)  # let requests the plain client gave up on finish or be aborted
+    middle = finished_requests(server)
+    plain_errors = sum(c[0].finish_reason == "error" for c in plain)
+    print(f"[test] plain client, timeout 1 s, 2 retries: {plain_errors}/8 failed, vLLM finished "
+          f"{total(middle) - total(before)} requests for 8 sent ({time.monotonic() - started:.0f} s; {load()})")
+    started = time.monotonic()
+    patient = ServedLLM(OpenAICompatibleLLM(cfg), server.managed).generate(requests)
+    took = time.monotonic() - started
+    after = finished_requests(server)
+    print(f"[test] managed client, same settings: vLLM finished {total(after) - total(middle)} requests "
+          f"for 8 sent in {took:.0f} s ({load()})")
+    assert took > 2 * cfg.timeout_s, "the server was not slow enough for this test to mean anything"
+    assert all(c[0].finish_reason == "length" and c[0].completion_tokens == 96 for c in patient), \
+        [(c[0].finish_reason, c[0].error) for c in patient]
+    assert total(after) - total(middle) == 8
+    assert plain_errors or total(middle) - total(before) > 8  # what the managed client is spared
+
+
+# -- servers of their own: killed evals, failed starts ----------------------------------------------
+
+
+def eval_config(tmp_path: Path, adapter: Path, index: Path, tag: str, **serve) -> Path:
+    from pipeline.hotpotqa import load_question_set
+
+    qfile = write_questions(tmp_path / "q.jsonl", load_question_set("offline-eval", limit=4))
+    config = {"checkpoint": str(adapter), "model": {"backend": "vllm", **MODEL_SETTINGS},
+              "methods": ["react"], "questions": str(qfile), "wiki": {"index": str(index)},
+              "max_in_flight": 1, "prompting": {"max_new_tokens": 24, "max_steps": 2},
+              "out_dir": str(tmp_path / "eval"),
+              "serve": {"port": 0, "startup_timeout_s": 900, "stop_grace_s": 20,
+                        "env": {**SERVER_ENV, TAG_VAR: tag}, **serve}}
+    path = tmp_path / "eval.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def start_eval(config: Path, out) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "pipeline", "eval", "--config", str(config)],
+                            env=child_env(), stdout=out, stderr=subprocess.STDOUT)
+
+
+def wait_for(what: str, condition, proc: subprocess.Popen, timeout_s: float = 900) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert proc.poll() is None, f"the eval exited (code {proc.returncode}) before {what}"
+        assert time.monotonic() < deadline, f"no {what} within {timeout_s:g} s"
+        time.sleep(0.5)
+
+
+def engine_core_started(tag: str) -> bool:
+    return any("EngineCore" in p.name() for p in tagged_processes(tag))
+
+
+def records(tmp_path: Path) -> list[dict]:
+    path = tmp_path / "eval" / "react.jsonl"
+    return read_records(path) if path.exists() else []
+
+
+def test_an_eval_killed_by_sigterm_or_sigkill_in_start_up_or_mid_run_leaves_no_vllm_process_and_resumes(
+        tmp_path, adapter, index):
+    """Four runs of one eval (a managed server of the LoRA adapter), each killed: SIGTERM and
+    SIGKILL while vLLM is starting (its engine core up, not yet healthy), then SIGKILL and SIGTERM
+    mid-run once a new record is written. After each, no process of the server is left (found by
+    an environment tag they all inherit, wherever they were re-parented), and each later run
+    keeps the records before it."""
+    tag = new_tag()
+    config = eval_config(tmp_path, adapter, index, tag)
+    log = open(tmp_path / "eval.out", "ab")
+    kept: list[dict] = []
+    for sig, when in ((signal.SIGTERM, "start-up"), (signal.SIGKILL, "start-up"),
+                      (signal.SIGKILL, "mid-run"), (signal.SIGTERM, "mid-run")):
+        proc = start_eval(config, log)
+        try:
+            if when == "start-up":
+                wait_for("vLLM engine core", lambda: engine_core_started(tag), proc)
+            else:
+                before = len(kept)
+                wait_for("a new record", lambda: len(records(tmp_path)) > before, proc)  # noqa: B023 (called at once)
+            seen = tagged_processes(tag)  # the guardian, API server, engine core, worker, ...
+            assert any("EngineCore" in p.name() for p in seen), f"no engine core to leave behind ({when})"
+            proc.send_signal(sig)
+            code = proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        left = wait_until_gone(tag, 5 if sig == signal.SIGTERM else 60, seen)
+        assert left == [], f"{signal.Signals(sig).name} {when}: vLLM processes left behind: {left}"
+        if sig == signal.SIGTERM:  # the eval's own orderly stop ran before it exited
+            assert code == 130, (when, code, (tmp_path / "eval.out").read_text()[-3000:])
+        now = records(tmp_path)
+        assert now[:len(kept)] == kept and len({r["id"] for r in now}) == len(now), "records lost or repeated"
+        kept = now
+    assert len(kept) >= 2
+    text = (tmp_path / "eval.out").read_text(errors="replace")
+    assert text.count("[serve] stopped") >= 2 and "--max-lora-rank 64" in text
+
+
+def test_a_server_that_exits_before_it_is_healthy_is_one_line_with_vllms_own_reason(tmp_path, adapter, index):
+    tag = new_tag()
+    config = eval_config(tmp_path, adapter, index, tag, extra_args=["--no-such-vllm-flag"])
+    proc = run_pipeline("eval", "--config", str(config), timeout=600)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    [line] = [x for x in proc.stderr.splitlines() if x.startswith("error: ")]
+    assert "exited with code 2 before it was healthy" in line and "unrecognized arguments: --no-such-vllm-flag" in line, line
+    assert wait_until_gone(tag, 5) == []
+    assert not (tmp_path / "eval" / "react.jsonl").exists()
+
+
+# -- the in-process engine (backend: vllm), in .venv-vllm ------------------------------------------
+
+
+def in_process_config(tmp_path: Path, name: str, index: Path, **keys) -> Path:
+    from pipeline.hotpotqa import load_question_set
+
+    qfile = write_questions(tmp_path / "q.jsonl", load_question_set("offline-eval", limit=4))
+    config = {"methods": ["react"], "questions": str(qfile), "wiki": {"index": str(index)}, "max_in_flight": 4,
+              "prompting": {"max_new_tokens": 32, "max_steps": 3}, "out_dir": str(tmp_path / name), **keys}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.mark.parametrize("student", ["full model, prompted", "rank-64 LoRA adapter"])
+def test_the_in_process_vllm_backend_evaluates_in_venv_vllm(tmp_path, student, adapter, index):
+    """`.venv-vllm/bin/python -m pipeline eval model.backend=vllm`: SmolLM2 prompted 6-shot, and the
+    rank-64 adapter (vLLM's default max_lora_rank, 16, would refuse it), fp32; the adapter's
+    records against the same eval through the transformers backend with PEFT (the base model's
+    completions are compared with transformers above, through the server)."""
+    from vllm_testdata import VLLM_PYTHON
+
+    keys = {"checkpoint": str(adapter)} if "LoRA" in student else {"model": {"model": "smollm2"}}
+    model = {**keys.get("model", {}), "dtype": "float32", "max_context": 4096}
+    vllm_keys = {**keys, "model": {**model, "backend": "vllm", "extra": {"enforce_eager": True}}}
+    started = time.monotonic()
+    proc = subprocess.run([str(VLLM_PYTHON), "-m", "pipeline", "eval", "--config",
+                           str(in_process_config(tmp_path, "vllm", index, **vllm_keys))],
+                          env=child_env(SERVER_ENV), capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    took = time.monotonic() - started
+    ours = {r["id"]: without_timing(r) for r in read_records(tmp_path / "vllm" / "react.jsonl")}
+    manifest = json.loads((tmp_path / "vllm" / "manifest.json").read_text())
+    assert len(ours) == 4 and manifest["complete"] and manifest["precision"] == "fp32"
+    print(f"[test] in-process vLLM, {student}: eval {took:.0f} s with start-up ({load()})")
+    if "LoRA" not in student:
+        return
+    hf_keys = {**keys, "model": {**model, "backend": "transformers"}}
+    proc = run_pipeline("eval", "--config", str(in_process_config(tmp_path, "hf", index, **hf_keys)), timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    theirs = {r["id"]: without_timing(r) for r in read_records(tmp_path / "hf" / "react.jsonl")}
+    same = sum(ours[i] == theirs.get(i) for i in ours)
+    print(f"[test] in-process vLLM + LoRA: {same}/4 records identical to transformers + PEFT ({load()})")
+    assert same >= 3
