@@ -45,6 +45,7 @@ from pipeline.methods.base import (
     EpisodeContext,
     Method,
     Outcome,
+    seed_requests,
 )
 from pipeline.tasks import Task
 from pipeline.trajectory import render
@@ -61,12 +62,14 @@ def episode_record(question: Any, method: str, outcome: Outcome, *, teacher: str
                    task: Task | None = None) -> dict:
     """The episode record (one JSON line per finished episode; README, "Formats between stages"),
     its `em` / `f1` by `task` (a pipeline.tasks Task; default HotpotQA): for FEVER `em` is accuracy."""
+    from pipeline.sampling import record_fields
     from pipeline.tasks import get_task
 
     traj, prediction, gold = outcome.trajectory, outcome.prediction, question.answer
     scores = get_task(task).scores(prediction, gold)
     return {
         "id": str(question.id),
+        **record_fields(question),  # a sample of a question (pipeline.sampling): question_id, sample
         "question": question.question,
         "gold_answer": gold,
         "method": method,
@@ -97,6 +100,7 @@ class Episode:
         self.program = method.run(ctx)
         self.started = time.monotonic()
         self.prompt_tokens = self.completion_tokens = 0
+        self.requests_made = 0  # numbers each sampled request's seed (seed_requests)
         self.pending: list[GenerationRequest] = []
         self.outcome: Outcome | None = None
         self._resume(None)
@@ -116,6 +120,8 @@ class Episode:
             return
         if not self.pending:
             raise RuntimeError(f"method {self.method.name} yielded no requests")
+        self.requests_made = seed_requests(self.pending, str(self.question.id), self.method.settings.seed,
+                                           self.requests_made)
 
     def record(self, teacher: str, source: str) -> dict:
         return episode_record(self.question, self.method.name, self.outcome, teacher=teacher,

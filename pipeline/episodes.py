@@ -281,10 +281,14 @@ def require_methods(methods: list[str]) -> None:
 OPERATIONAL_KEYS = ("max_batch_size", "max_concurrency", "timeout_s", "max_retries", "device", "base_url")
 
 
+# Identity keys added after runs were written, with the value every older run had.
+LATER_KEYS = {"samples": 1}
+
+
 def identity(config: dict, keys: tuple[str, ...]) -> dict:
     """The part of a stage config (`keys`) that decides what its records hold (a config older than
-    the `task` key was a HotpotQA run's)."""
-    config = {k: task_of(config) if k == "task" else config.get(k) for k in keys}
+    the `task` key was a HotpotQA run's; one older than `samples` ran one episode per question)."""
+    config = {k: task_of(config) if k == "task" else config.get(k, LATER_KEYS.get(k)) for k in keys}
     for k in ("teacher", "model"):  # the LLM sections: how it is served does not matter
         if isinstance(config.get(k), dict):
             config[k] = {key: v for key, v in config[k].items() if key not in OPERATIONAL_KEYS}

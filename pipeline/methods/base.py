@@ -121,6 +121,18 @@ def episode_seed(question_id: str, seed: int) -> int:
     return (zlib.crc32(str(question_id).encode()) ^ (seed * 0x9E3779B1)) & 0x7FFFFFFF
 
 
+def seed_requests(requests: list[GenerationRequest], episode_id: str, seed: int, made: int) -> int:
+    """Give each sampled request (temperature > 0) that has no seed of its own one drawn from the
+    episode's id (a sample's `<question id>#<j>`: pipeline.sampling), the settings' seed and the
+    request's number in the episode, so that a sampled episode draws the same tokens in any batch
+    and on resume, and k samples of one question draw different ones. Returns the requests made so far."""
+    for r in requests:
+        made += 1
+        if r.temperature > 0 and r.seed is None:
+            r.seed = episode_seed(f"{episode_id}:{made}", seed)
+    return made
+
+
 def request(prompt: str, stop: list[str], settings: MethodSettings, *, n: int = 1,
             temperature: float | None = None, seed: int | None = None) -> GenerationRequest:
     return GenerationRequest(prompt=prompt, stop=stop, max_new_tokens=settings.max_new_tokens,

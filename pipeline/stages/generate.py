@@ -19,6 +19,16 @@ any transformers / vllm / openai model is a real teacher.
 `teacher.oracle_style=agent` makes the oracle search names as the question writes them, miss and
 recover (`exact`, the default, searches the gold titles). The stats (manifest, summary lines) say
 how often Act / ReAct episodes missed a search, recovered, and used Lookup.
+
+Rejection sampling (`samples=k prompting.temperature=0.7`): k episodes per question, each a
+sample `<question id>#<j>` with its own seeded draws (pipeline.sampling: the same under any batch
+and on resume, for a given `prompting.seed`); `filter` keeps the correct ones. The stats say how
+many questions at least one episode solved, and with `earlier_runs` (other generate folders, e.g.
+the earlier rounds of self-training) how many of those no earlier run had solved.
+`serve:` starts `vllm serve` for the teacher (as eval's `serve:` does, pipeline/serving.py).
+
+    python -m pipeline generate teacher.model=checkpoints/x/react/final prompting.mode=zero_shot \
+        methods=[react] samples=4 prompting.temperature=0.7 limit=50 out_dir=runs/gen/round2
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ from typing import ClassVar
 from pipeline.config import add_config_arguments, stage_config, to_dict
 from pipeline.episodes import (
     MAX_ERROR_SHARE,
+    ORACLE,
     answerer,
     method_stats,
     run_methods,
@@ -41,7 +52,9 @@ from pipeline.episodes import (
 from pipeline.errors import PipelineError
 from pipeline.llm.config import LLMConfig
 from pipeline.methods import MethodSettings
-from pipeline.storage import check_writable_dir, write_manifest
+from pipeline.sampling import expand, question_id, solved_questions
+from pipeline.serving import ServeConfig
+from pipeline.storage import check_writable_dir, read_jsonl, require_complete, write_manifest
 from pipeline.tasks import Task, get_task
 from pipeline.wiki.config import WikiConfig
 
@@ -65,10 +78,19 @@ class GenerateConfig:
     # Stop, the run left incomplete, once more than this share of a method's episodes (of a target
     # mode batch) end in a model or page-source error; a re-run runs those episodes again
     max_error_share: float = MAX_ERROR_SHARE
+    # Episodes per question: k > 1 samples each question k times (records `<id>#<j>`, pipeline.sampling;
+    # set prompting.temperature > 0 for a model teacher), for rejection sampling
+    samples: int = 1
+    # Generate folders of earlier runs (e.g. earlier self-training rounds): the stats count the
+    # questions solved here that none of them solved
+    earlier_runs: list[str] = field(default_factory=list)
+    # Start `vllm serve` for the teacher (its tensor_parallel_size, gpu_memory_utilization, max_context,
+    # dtype, extra), generate over HTTP, stop it (pipeline/serving.py; keys as eval's `serve`)
+    serve: ServeConfig | None = None
 
 
 # Keys whose change makes old records incomparable with new ones (a larger `limit` is fine).
-IDENTITY_KEYS = ("task", "teacher", "questions", "prompting", "wiki", "shard")
+IDENTITY_KEYS = ("task", "teacher", "questions", "prompting", "wiki", "shard", "samples")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -83,24 +105,64 @@ def main(args: argparse.Namespace) -> int:
 def generate(cfg: GenerateConfig) -> dict[str, dict]:
     """Run every method; return per-method stats. Validates everything before writing."""
     check_writable_dir(cfg.out_dir)  # before any model is loaded or episode run
+    check_samples(cfg)
+    if cfg.serve is None:
+        return run_generation(cfg, cfg.teacher)
+    from pipeline.episodes import check_resumable
+    from pipeline.serving import ServerGone, served
+
+    check_resumable(cfg.out_dir, "generate", cfg, identity_keys(cfg))  # refuse before a server loads for minutes
+    with served(cfg.teacher, cfg.serve, cfg.out_dir / "serve.log") as (llm, server):
+        try:
+            return run_generation(cfg, llm, server)
+        except ServerGone as gone:
+            raise PipelineError(f"generate {cfg.out_dir}: {gone}") from None
+
+
+def identity_keys(cfg: GenerateConfig) -> tuple[str, ...]:
+    return IDENTITY_KEYS if cfg.target_correct is None else (*IDENTITY_KEYS, "order_seed")
+
+
+def check_samples(cfg: GenerateConfig) -> None:
+    if cfg.samples < 1:
+        raise PipelineError(f"samples must be >= 1 (episodes per question), got {cfg.samples}")
+    if cfg.samples > 1 and cfg.target_correct is not None:
+        raise PipelineError("samples > 1 runs k episodes per question of the set; target_correct draws one per "
+                            "question: use one of them (limit= sizes a sampled run)")
+    if cfg.samples > 1 and cfg.teacher.backend != ORACLE and cfg.prompting.temperature <= 0:
+        raise PipelineError(f"samples={cfg.samples} with prompting.temperature=0: greedy decoding writes "
+                            f"{cfg.samples} identical episodes per question; set prompting.temperature (e.g. 0.7)")
+
+
+def run_generation(cfg: GenerateConfig, teacher_cfg: LLMConfig, server=None) -> dict[str, dict]:
+    """Generate with `teacher_cfg`: the configured teacher, or the endpoint of a server started
+    for it (`server`, watched for dying mid-run)."""
     task = get_task(cfg.task)
-    teacher = answerer(cfg.teacher, task)
-    keys = IDENTITY_KEYS if cfg.target_correct is None else (*IDENTITY_KEYS, "order_seed")
+    teacher = answerer(teacher_cfg, task)
+    keys = identity_keys(cfg)
     questions, backend, llm, exemplar_sources = start_run(cfg, "generate", teacher, cfg.prompting, keys)
+    earlier = earlier_solved(cfg, task)  # checked before any episode runs
+    if server is not None:
+        from pipeline.serving import ServedLLM
+
+        llm = ServedLLM(llm, server)
+    episodes = expand(questions, cfg.samples)
     manifest = dict(stage="generate", config=to_dict(cfg), task=task.name, teacher=teacher.label,
                     exemplar_sources=exemplar_sources, n_questions=len(questions))
     with writing_run(cfg, keys, manifest) as manifest_path:
         if cfg.target_correct is None:
-            stats = run_methods(teacher, llm, cfg.methods, questions, cfg.prompting, backend, cfg.out_dir,
+            stats = run_methods(teacher, llm, cfg.methods, episodes, cfg.prompting, backend, cfg.out_dir,
                                 max_in_flight=cfg.max_in_flight, source="generate",
                                 max_error_share=cfg.max_error_share)
         else:
             stats = run_to_target(teacher, llm, cfg, questions, backend)
-        add_search_stats(stats, cfg.out_dir, questions, task)
+        add_search_stats(stats, cfg.out_dir, episodes, task)
+        add_solved_stats(stats, cfg, episodes, earlier, task)
         write_manifest(manifest_path, complete=True, stats=stats, **manifest)
     for name, s in stats.items():
         print(f"{name:>16}: {s['n']} episodes, {task.metric_label} {s['em']:.3f}, F1 {s['f1']:.3f}, "
               f"finished {s['finish_rate']:.0%} -> {cfg.out_dir / (name + '.jsonl')}")
+        print(" " * 18 + solved_line(s))
         if "target" in s:
             t = s["target"]
             reached = (f"reached after {t['questions_needed']} questions" if t["reached"]
@@ -109,6 +171,39 @@ def generate(cfg: GenerateConfig) -> dict[str, dict]:
         if "search" in s:
             print(" " * 18 + search_line(s["search_correct"]))
     return stats
+
+
+def earlier_solved(cfg: GenerateConfig, task: Task) -> dict[str, set[str]]:
+    """Per method, the questions the `earlier_runs` folders solved (each must be a complete generate run)."""
+    solved: dict[str, set[str]] = {name: set() for name in cfg.methods}
+    for folder in map(Path, cfg.earlier_runs):
+        require_complete(folder / "manifest.json", f"earlier_runs: generate output {folder}")
+        for name in cfg.methods:
+            path = folder / f"{name}.jsonl"
+            if path.exists():
+                solved[name] |= solved_questions(read_jsonl(path), task)
+    return solved
+
+
+def add_solved_stats(stats: dict[str, dict], cfg: GenerateConfig, episodes: list, earlier: dict[str, set[str]],
+                     task: Task) -> None:
+    """Per method: the questions asked (in target mode: drawn), samples per question, the questions at least one episode
+    solved and, with earlier_runs, how many of those no earlier run solved."""
+    ids = {str(e.id) for e in episodes}
+    for name, s in stats.items():
+        path = cfg.out_dir / f"{name}.jsonl"
+        records = [r for r in read_jsonl(path) if str(r["id"]) in ids] if path.exists() else []
+        solved = solved_questions(records, task)
+        s.update(questions=len({question_id(r) for r in records}), samples=cfg.samples, solved=len(solved))
+        if cfg.earlier_runs:
+            s.update(first_solved=len(solved - earlier[name]), earlier_runs=len(cfg.earlier_runs))
+
+
+def solved_line(s: dict) -> str:
+    line = f"solved {s['solved']} of {s['questions']} questions ({s['samples']} episode(s) each)"
+    if "first_solved" in s:
+        line += f", {s['first_solved']} for the first time (solved in none of {s['earlier_runs']} earlier run(s))"
+    return line
 
 
 def draw_order(questions: list, seed: int) -> list:
@@ -148,7 +243,6 @@ def run_to_target(teacher, llm, cfg: GenerateConfig, questions: list, backend) -
     of the pool, pipeline.shards) aims at ceil(target_correct / n): the merged shards hold at
     least target_correct, and filter's max_per_method keeps a seeded draw of that many."""
     from pipeline.shards import parse_shard
-    from pipeline.storage import read_jsonl
 
     if cfg.target_correct < 1:
         raise PipelineError(f"target_correct must be >= 1, got {cfg.target_correct}")
@@ -182,7 +276,6 @@ def add_search_stats(stats: dict[str, dict], out_dir: Path, questions: list, tas
     """For Act / ReAct files: how the episodes searched (pipeline.search_stats), over all of them
     (`search`) and over the correct ones the filter keeps for training (`search_correct`)."""
     from pipeline.search_stats import search_stats
-    from pipeline.storage import read_jsonl
 
     ids = {str(q.id) for q in questions}
     for name, s in stats.items():
