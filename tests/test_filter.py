@@ -156,8 +156,11 @@ def test_rerun_skips_until_inputs_or_settings_change(tmp_path, capsys):
     (inputs / "react.jsonl").write_text(json.dumps(episode("c", em=0.0)) + "\n")
     (inputs / "cot.jsonl").write_text(json.dumps(episode("c", "cot")) + "\n")
     run_filter(cfg)
-    assert not (tmp_path / "sft" / "react").exists() and (tmp_path / "sft" / "cot" / "train.jsonl").exists()
+    assert not (tmp_path / "sft" / "react" / "train.jsonl").exists() and (tmp_path / "sft" / "cot" / "train.jsonl").exists()
     assert read_manifest(tmp_path / "sft" / "manifest.json")["empty_methods"] == ["react"]
+    # what failed is still kept, with why (and no train.jsonl a training could mistake for data)
+    assert [(r["id"], r["why"]) for r in read_jsonl(tmp_path / "sft" / "react" / "failed.jsonl")] == [("c", "incorrect")]
+    assert sorted(p.name for p in (tmp_path / "sft" / "react").iterdir()) == ["failed.jsonl", "manifest.json", "stats.json"]
 
 
 def test_failed_write_keeps_the_previous_dataset(tmp_path, monkeypatch):
@@ -247,3 +250,53 @@ def test_rows_are_shuffled_with_the_seed_and_the_card_gives_paper_epochs(tmp_pat
     # 4,000 steps x 64 / 40 rows = 6,400 epochs at both size classes
     assert "8B-class students: 6400.0 epochs; 62B-class students: 6400.0 epochs" in card
     assert "shuffled with the seed" in card
+
+
+def sample(qid: str, j: int, **kwargs) -> dict:
+    """Sample j of question qid, as `generate samples=k` records it (pipeline.sampling)."""
+    return {**episode(qid, **kwargs), "id": f"{qid}#{j}", "question_id": qid, "sample": j}
+
+
+def test_samples_of_one_question_keep_their_distinct_correct_trajectories():
+    episodes = [sample("a", 0), sample("a", 1), sample("a", 2, answer="paris"),  # 1 repeats 0's trajectory
+                sample("a", 3, em=0.0), sample("b", 0, answer="PARIS")]
+    kept = select("react", episodes, FilterConfig(shuffle=False))
+    assert [e["id"] for e in kept.kept] == ["a#0", "a#2", "b#0"]
+    assert dict(kept.dropped) == {"duplicate": 1, "incorrect": 1}
+    one = select("react", episodes, FilterConfig(shuffle=False, per_question=1))
+    assert [e["id"] for e in one.kept] == ["a#0", "b#0"] and one.dropped["over_per_question"] == 1
+
+
+def test_failed_episodes_are_kept_beside_the_dataset_with_why(tmp_path):
+    errored = {**episode("e", finished=False), "end_reason": "llm_error: HTTP 500"}
+    inputs = generate_folder(tmp_path / "gen", {"react": [
+        episode("a"), episode("b", em=0.0), episode("c", finished=False), errored, episode("b", em=0.0)]})
+    stats = run_filter(FilterConfig(inputs=[str(inputs)], out_dir=str(tmp_path / "sft")))
+    failed = read_jsonl(tmp_path / "sft" / "react" / "failed.jsonl")
+    assert [(r["id"], r["why"], r["end_reason"]) for r in failed] == [
+        ("b", "incorrect", "finish"), ("c", "unfinished", "step_limit"), ("e", "error", "llm_error: HTTP 500")]
+    expected = render(Trajectory.from_dict(episode("b", em=0.0)["trajectory"]))
+    assert failed[0]["prompt"] == expected.prompt and failed[0]["completion"] == expected.completion
+    assert failed[0]["prediction"] == "Paris" and failed[0]["gold_answer"] == "Paris"
+    assert stats["react"]["failed"] == {"incorrect": 1, "unfinished": 1, "error": 1}
+    assert stats["react"]["dropped"] == {"incorrect": 2, "unfinished": 1, "error": 1}
+    assert "failed.jsonl" in (tmp_path / "sft" / "react" / "README.md").read_text()
+
+
+def test_a_union_starts_from_the_earlier_dataset_and_adds_only_new_trajectories(tmp_path):
+    first = generate_folder(tmp_path / "gen1", {"react": [episode("a"), episode("b")]})
+    run_filter(FilterConfig(inputs=[str(first)], out_dir=str(tmp_path / "sft1")))
+    second = generate_folder(tmp_path / "gen2", {"react": [sample("a", 0), sample("a", 1, answer="paris"),
+                                                           sample("c", 0), sample("c", 1, em=0.0)]})
+    cfg = FilterConfig(inputs=[str(second)], out_dir=str(tmp_path / "sft2"), union_with=[str(tmp_path / "sft1")])
+    stats = run_filter(cfg)
+    rows = read_jsonl(tmp_path / "sft2" / "react" / "train.jsonl")
+    # a#0 is round 1's "a" again (same text): not added twice; a#1 and c#0 are new
+    assert sorted(r["id"] for r in rows) == ["a", "a#1", "b", "c#0"]
+    assert stats["react"]["union"] == {"datasets": [str(tmp_path / "sft1")], "rows_from_them": 2, "new_rows": 2}
+    assert stats["react"]["kept"] == 4 and stats["react"]["failed"] == {"incorrect": 1}
+    assert "A union: the 2 rows of" in (tmp_path / "sft2" / "react" / "README.md").read_text()
+    # the earlier dataset is an input: rebuilt when it changes, skipped while it does not
+    assert run_filter(cfg)["react"]["kept"] == 4
+    run_filter(FilterConfig(inputs=[str(first)], out_dir=str(tmp_path / "sft1"), max_per_method=1))
+    assert run_filter(cfg)["react"]["union"]["rows_from_them"] == 1

@@ -12,10 +12,15 @@ the order in which concurrent episodes happened to finish, nor on how the questi
 The inputs' task (their manifests' `task`: HotpotQA when older manifests name none; FireAct's
 files are HotpotQA) decides what counts as correct. Per method it keeps episodes that finished
 correct (HotpotQA: EM = 1; FEVER: the gold label; optionally F1 >= min_f1), drops repeated
-question ids (the first is kept), caps the rest at `max_per_method` by a seeded draw, shuffles them with the same seed (so training batches mix
+episode ids (the first is kept) and repeated trajectories of one question (the k samples of
+rejection sampling, `generate samples=k`, are episodes `<question id>#<j>`: pipeline.sampling),
+keeps at most `per_question` of each question (default: every distinct trajectory), caps the rest at `max_per_method` by a seeded draw, shuffles them with the same seed (so training batches mix
 questions and sources rather than follow the generate order; `shuffle=false` keeps input order),
 and writes `<out_dir>/<method>/` (README, "Formats between stages"): train.jsonl,
-README.md (dataset card), stats.json, manifest.json. The folder appears by one rename, so a reader
+failed.jsonl (every episode that ended in a backend error, did not finish, was wrong or below
+min_f1, each with `why`: the data a negative-aware method trains on), README.md (dataset card),
+stats.json, manifest.json. `union_with` names earlier datasets whose rows each dataset starts
+from (self-training rounds, pipeline/rounds.py): a new row joins unless its text is already there. The folder appears by one rename, so a reader
 never sees half a dataset. A re-run whose inputs (fingerprints) and settings match the manifest
 skips the method; `force=true` rebuilds.
 """
@@ -53,14 +58,19 @@ from pipeline.tasks import Task, get_task, task_of
 from pipeline.trajectory import FORMATS, Trajectory, render
 
 REQUIRED_FIELDS = ("id", "method", "em", "finished", "trajectory")
-# Why an episode was not kept, in the order the checks run.
-DROP_REASONS = ("unfinished", "incorrect", "low_f1", "bad_trajectory", "duplicate", "over_cap")
+# Why an episode was not kept, in the order the checks run ("error": a backend error ended it).
+DROP_REASONS = ("error", "unfinished", "incorrect", "low_f1", "bad_trajectory", "duplicate", "over_per_question",
+                "over_cap")
+# The episodes that failed (the model's, or a backend's, doing), written to failed.jsonl with `why`;
+# the others were dropped as data problems (bad_trajectory) or as surplus correct ones.
+FAILED_REASONS = ("error", "unfinished", "incorrect", "low_f1")
+FAILED_FILE = "failed.jsonl"
 # Settings that change a dataset's content; out_dir/force/methods do not.
-CONTENT_KEYS = ("min_f1", "require_finished", "max_per_method", "seed", "tokenizer", "fireact_other_tasks",
-                "shuffle")
+CONTENT_KEYS = ("min_f1", "require_finished", "max_per_method", "per_question", "seed", "tokenizer",
+                "fireact_other_tasks", "shuffle")
 # The generate config keys that make shards parts of one run (generate's identity keys, which
 # also decide what a resumed folder may hold, without `shard`; plus `limit`, which cuts the set).
-SHARD_SET_KEYS = ("task", "teacher", "questions", "prompting", "wiki", "limit")
+SHARD_SET_KEYS = ("task", "teacher", "questions", "prompting", "wiki", "samples", "limit")
 GLOBAL_BATCH = 64  # the paper's batch size, for the epochs the dataset card reports
 
 
@@ -69,11 +79,18 @@ class FilterConfig:
     inputs: list[str] = field(default_factory=list)  # generate output folders
     fireact: list[str] = field(default_factory=list)  # FireAct alpaca .json / gpt .jsonl files or folders
     fireact_other_tasks: bool = False  # keep non-HotpotQA questions of FireAct's multitask files
+    # SFT dataset folders (this stage's out_dirs) whose <method>/train.jsonl rows come first in each
+    # dataset, the new episodes' rows added unless already there (self-training's union of rounds);
+    # max_per_method caps the new rows only
+    union_with: list[str] = field(default_factory=list)
     out_dir: str = "runs/sft"
     methods: list[str] = field(default_factory=list)  # empty: every method the inputs hold
     min_f1: float | None = None  # also require F1 >= this (EM = 1 is always required)
     require_finished: bool = True
     max_per_method: int = 3000
+    # Correct trajectories kept per question (k samples of one question, pipeline.sampling):
+    # null = every distinct one; 1 = the first
+    per_question: int | None = None
     seed: int = 0
     shuffle: bool = True  # the written order: seeded shuffle (True) or input order
     tokenizer: str | None = None  # "smollm2", a local folder or a hub id: token-length stats
@@ -98,6 +115,7 @@ class Selection:
     kept: list[dict]
     seen: int
     dropped: Counter
+    failed: list[tuple[dict, str]] = field(default_factory=list)  # (episode, why: a FAILED_REASONS name)
 
 
 # ---------------------------------------------------------------- reading inputs
@@ -197,19 +215,27 @@ def _read_generate_folder(folder: Path) -> list[tuple[Path, list[dict]]]:
 
 
 def select(method: str, episodes: list[dict], cfg: FilterConfig, task: Task | None = None) -> Selection:
-    """Keep finished, correct (the task's rule: HotpotQA EM = 1; and F1 >= min_f1) episodes,
-    first of each question id, at most N."""
+    """Keep finished, correct (the task's rule: HotpotQA EM = 1; and F1 >= min_f1) episodes: the
+    first of each episode id and of each trajectory of a question, at most `per_question` of one
+    question, at most N; the failed ones are set apart with why."""
+    from pipeline.sampling import question_id
+
     task = get_task(task)
     dropped: Counter = Counter()
-    eligible, seen_ids = [], set()
+    eligible, failed, failed_ids = [], [], set()
+    seen_ids, seen_texts, per_question = set(), set(), Counter()
     for episode in episodes:
         reason = _drop_reason(episode, method, cfg, task)
-        if reason is None and episode["id"] in seen_ids:
-            reason = "duplicate"
+        if reason in FAILED_REASONS and episode["id"] not in failed_ids:
+            failed.append((episode, reason))
+            failed_ids.add(episode["id"])
+        if reason is None:
+            reason = _surplus_reason(episode, cfg, seen_ids, seen_texts, per_question)
         if reason:
             dropped[reason] += 1
             continue
         seen_ids.add(episode["id"])
+        per_question[question_id(episode)] += 1
         eligible.append(episode)
     kept = eligible
     if len(eligible) > cfg.max_per_method:
@@ -219,7 +245,24 @@ def select(method: str, episodes: list[dict], cfg: FilterConfig, task: Task | No
     if cfg.shuffle:  # the trainer reads the file in order: mix questions (and sources) here
         kept = list(kept)
         random.Random(f"{cfg.seed}:shuffle:{method}").shuffle(kept)
-    return Selection(method, kept, len(episodes), dropped)
+    return Selection(method, kept, len(episodes), dropped, failed)
+
+
+def _surplus_reason(episode: dict, cfg: FilterConfig, seen_ids: set, seen_texts: set,
+                    per_question: Counter) -> str | None:
+    """Why a correct episode is not needed: its id was seen (the same episode twice), its
+    question already has this very trajectory, or `per_question` of them."""
+    from pipeline.sampling import question_id
+
+    if episode["id"] in seen_ids:
+        return "duplicate"
+    text = render(Trajectory.from_dict(episode["trajectory"])).text  # the question line and the trajectory
+    if text in seen_texts:
+        return "duplicate"
+    seen_texts.add(text)
+    if cfg.per_question is not None and per_question[question_id(episode)] >= cfg.per_question:
+        return "over_per_question"
+    return None
 
 
 def paper_epochs(method: str, examples: int) -> dict[str, float]:
@@ -233,6 +276,10 @@ def paper_epochs(method: str, examples: int) -> dict[str, float]:
 
 
 def _drop_reason(episode: dict, method: str, cfg: FilterConfig, task: Task) -> str | None:
+    from pipeline.methods.base import ended_in_error
+
+    if ended_in_error(episode.get("end_reason")):
+        return "error"
     if cfg.require_finished and not episode.get("finished"):
         return "unfinished"
     if not task.is_correct(episode):
@@ -259,6 +306,22 @@ def sft_example(episode: dict) -> dict:
         "observation_spans": [list(span) for span in rendered.observation_spans],
         "answer": traj.answer, "source": episode.get("source", "generate"),
     }
+
+
+def failed_row(episode: dict, why: str) -> dict:
+    """One row of failed.jsonl: the episode as a training row would render it, why it failed,
+    and what it answered."""
+    from pipeline.sampling import question_id
+
+    traj = Trajectory.from_dict(episode["trajectory"])
+    rendered = render(traj)
+    return {"id": episode["id"], "question_id": question_id(episode), "question": traj.question,
+            "method": traj.method, "why": why, "end_reason": episode.get("end_reason"),
+            "prediction": episode.get("prediction"), "gold_answer": episode.get("gold_answer"),
+            "em": episode.get("em"), "f1": episode.get("f1"), "prompt": rendered.prompt,
+            "completion": rendered.completion,
+            "observation_spans": [list(span) for span in rendered.observation_spans],
+            "source": episode.get("source", "generate")}
 
 
 # ---------------------------------------------------------------- statistics
@@ -295,9 +358,10 @@ def dataset_stats(selection: Selection, examples: list[dict], tokenizer=None, to
         "seen": selection.seen,
         "kept": len(examples),
         "dropped": {r: selection.dropped[r] for r in DROP_REASONS if selection.dropped[r]},
+        "failed": dict(Counter(why for _, why in selection.failed)),  # rows of failed.jsonl, by why
         "sources": dict(Counter(e["source"] for e in examples)),
         "steps": {"histogram": {str(k): steps[k] for k in sorted(steps)},
-                  "mean": round(statistics.fmean(steps.elements()), 2) if examples else None},
+                  "mean": round(statistics.fmean(steps.elements()), 2) if selection.kept else None},
         "chars": summarize([len(e["prompt"]) + len(e["completion"]) for e in examples]),
         "tokens": None,
     }
@@ -311,6 +375,8 @@ def stats_line(stats: dict) -> str:
     dropped = ", ".join(f"{r} {n}" for r, n in stats["dropped"].items()) or "none"
     steps = " ".join(f"{k}:{v}" for k, v in stats["steps"]["histogram"].items())
     line = f"{stats['method']}: kept {stats['kept']} / {stats['seen']} seen (dropped: {dropped})"
+    if "union" in stats:
+        line += f" = {stats['union']['rows_from_them']} earlier rows + {stats['union']['new_rows']} new"
     if steps and steps != f"0:{stats['kept']}":
         line += f"; steps {steps}"
     tokens = stats.get("tokens")
@@ -335,6 +401,9 @@ def dataset_card(stats: dict, cfg: FilterConfig, task: Task | None = None) -> st
         "",
         f"{stats['kept']} training examples kept of {stats['seen']} seen. Sources: {sources}.",
         "",
+        *([f"A union: the {stats['union']['rows_from_them']} rows of {', '.join(stats['union']['datasets'])} "
+           f"first, then {stats['union']['new_rows']} new rows (a new row whose text is already there is "
+           "not added again).", ""] if "union" in stats else []),
         "Rows: `{id, question, method, prompt, completion, observation_spans, answer, source}`.",
         "`prompt` is the question line, `completion` the trajectory as pipeline.trajectory renders it",
         "(append the tokenizer's EOS token at tokenization); `observation_spans` are [start, end)",
@@ -342,8 +411,14 @@ def dataset_card(stats: dict, cfg: FilterConfig, task: Task | None = None) -> st
         "",
         f"Selection (pipeline.stages.filter): finished episodes with {task.correct_rule}"
         + (f" and F1 >= {cfg.min_f1}" if cfg.min_f1 is not None else "")
-        + f"; repeated question ids dropped (first kept); at most {cfg.max_per_method} by a seeded draw"
+        + "; repeated episode ids and repeated trajectories of a question dropped (first kept)"
+        + (f"; at most {cfg.per_question} per question" if cfg.per_question is not None else "")
+        + f"; at most {cfg.max_per_method} by a seeded draw"
         f" (seed {cfg.seed}). Drops: {json.dumps(stats['dropped'])}.",
+        "",
+        f"`{FAILED_FILE}`: the {sum(stats['failed'].values())} episodes that failed, each with `why` "
+        f"({', '.join(FAILED_REASONS)}; {json.dumps(stats['failed'])}), in the same rendering plus "
+        "`end_reason`, `prediction` and `gold_answer`: data for methods that learn from failures too.",
         "",
         ("Row order: shuffled with the seed, so batches mix questions." if cfg.shuffle
          else "Row order: the inputs' order (shuffle=false)."),
@@ -392,6 +467,43 @@ def write_dataset_dir(target: Path, files: dict[str, str], manifest: dict) -> No
             shutil.rmtree(old, ignore_errors=True)
 
 
+def union_inputs(cfg: FilterConfig, methods: list[str]) -> list[dict]:
+    """The fingerprints of the `union_with` datasets' files, each checked complete."""
+    out = []
+    for folder in map(Path, cfg.union_with):
+        for method in methods:
+            require_complete(folder / method / "manifest.json", f"union_with: SFT dataset {folder / method}")
+            out.append(file_fingerprint(folder / method / "train.jsonl"))
+    return out
+
+
+def union_rows(cfg: FilterConfig, method: str, new: list[dict]) -> tuple[list[dict], dict]:
+    """The `union_with` datasets' rows, then each new row whose text (prompt and completion) is not
+    among them, shuffled with the seed; and how many came from where."""
+    rows, texts = [], set()
+    for folder in map(Path, cfg.union_with):
+        for row in read_jsonl(folder / method / "train.jsonl"):
+            if row["prompt"] + row["completion"] not in texts:
+                texts.add(row["prompt"] + row["completion"])
+                rows.append(row)
+    earlier = len(rows)
+    rows += [r for r in new if r["prompt"] + r["completion"] not in texts]
+    if cfg.shuffle:
+        random.Random(f"{cfg.seed}:union:{method}").shuffle(rows)
+    return rows, {"datasets": list(cfg.union_with), "rows_from_them": earlier, "new_rows": len(rows) - earlier}
+
+
+def failed_lines(selection: Selection) -> str:
+    return "".join(json.dumps(failed_row(e, why), ensure_ascii=False) + "\n" for e, why in selection.failed)
+
+
+def dataset_manifest(cfg: FilterConfig, task: Task, method: str, inputs: list[dict], stats: dict,
+                     reports: list[dict]) -> dict:
+    return {"stage": "filter", "config": to_dict(cfg), "complete": True, "task": task.name, "method": method,
+            "inputs": inputs, "settings": content_key(cfg), "counts": {"seen": stats["seen"], "kept": stats["kept"]},
+            "fireact_imports": reports}
+
+
 def content_key(cfg: FilterConfig) -> dict:
     settings = to_dict(cfg)
     return {k: settings[k] for k in CONTENT_KEYS}
@@ -405,8 +517,10 @@ def is_up_to_date(folder: Path, inputs: list[dict], cfg: FilterConfig) -> bool:
 # ---------------------------------------------------------------- the stage
 
 
-def run_filter(cfg: FilterConfig) -> dict:
-    """Build every method's dataset; returns {method: stats} (stats of skipped methods are re-read)."""
+def run_filter(cfg: FilterConfig, allow_empty: bool = False) -> dict:
+    """Build every method's dataset; returns {method: stats} (stats of skipped methods are re-read).
+    A method that keeps nothing gets no dataset; when none keeps anything that is an error, unless
+    `allow_empty` (a self-training round whose student solved nothing: pipeline/rounds.py)."""
     if not cfg.inputs and not cfg.fireact:
         raise PipelineError("filter: nothing to read; set inputs=[<generate output folder>] or pass --from-fireact PATH")
     if cfg.max_per_method < 1:
@@ -423,6 +537,7 @@ def run_filter(cfg: FilterConfig) -> dict:
     if missing or not methods:
         raise PipelineError(f"filter: no input episodes for {missing or 'any method'} "
                             f"(inputs hold: {sorted(by_method) or 'nothing'})")
+    inputs = inputs + union_inputs(cfg, methods)
     out_dir = Path(cfg.out_dir)
     tokenizer = None
     results, empty = {}, []
@@ -434,29 +549,36 @@ def run_filter(cfg: FilterConfig) -> dict:
             continue
         selection = select(method, by_method[method], cfg, task)
         examples = [sft_example(e) for e in selection.kept]
+        union = None
+        if cfg.union_with:
+            examples, union = union_rows(cfg, method, examples)
         if not examples:
             empty.append(method)
             print(f"warning: {method}: 0 of {selection.seen} episodes kept ({dict(selection.dropped)}); no dataset written")
             if folder.is_dir():  # a dataset from earlier inputs would now be a lie
                 shutil.rmtree(folder)
                 print(f"removed the stale {folder}")
+            if selection.failed:  # still the data of what failed: the folder without a train.jsonl
+                stats = dataset_stats(selection, examples)
+                write_dataset_dir(folder, {FAILED_FILE: failed_lines(selection), "stats.json": json.dumps(stats, indent=2) + "\n"},
+                                  dataset_manifest(cfg, task, method, inputs, stats, reports))
+                print(f"{method}: the {len(selection.failed)} failed episodes are in {folder / FAILED_FILE}")
             continue
         if cfg.tokenizer and tokenizer is None:
             tokenizer = load_tokenizer(cfg.tokenizer, key="filter.tokenizer")
         stats = dataset_stats(selection, examples, tokenizer, cfg.tokenizer)
+        if union is not None:
+            stats["union"] = union
         files = {
             "train.jsonl": "".join(json.dumps(e, ensure_ascii=False) + "\n" for e in examples),
+            FAILED_FILE: failed_lines(selection),
             "stats.json": json.dumps(stats, indent=2) + "\n",
             "README.md": dataset_card(stats, cfg, task),
         }
-        write_dataset_dir(folder, files, {"stage": "filter", "config": to_dict(cfg), "complete": True,
-                                          "task": task.name, "method": method, "inputs": inputs,
-                                          "settings": content_key(cfg),
-                                          "counts": {"seen": stats["seen"], "kept": stats["kept"]},
-                                          "fireact_imports": reports})
+        write_dataset_dir(folder, files, dataset_manifest(cfg, task, method, inputs, stats, reports))
         print(stats_line(stats))
         results[method] = stats
-    if not results:
+    if not results and not allow_empty:
         raise PipelineError(f"filter: no method kept any episode ({', '.join(empty)}); check the inputs' em/finished fields")
     write_manifest(out_dir / "manifest.json", stage="filter", config=to_dict(cfg), complete=True,
                    task=task.name, inputs=inputs, methods=sorted(results), empty_methods=empty,
