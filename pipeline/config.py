@@ -278,6 +278,18 @@ def coerce(value: Any, annotation: Any, name: str, where: str) -> Any:
     raise PipelineError(f"{where}: '{name}' must be {getattr(annotation, '__name__', annotation)}, got {value!r}")
 
 
+def merged(*layers: dict) -> dict[str, Any]:
+    """Deep-merge config mappings, later layers winning."""
+    out: dict[str, Any] = {}
+    for layer in layers:
+        for key, value in (layer or {}).items():
+            if isinstance(value, dict) and isinstance(out.get(key), dict):
+                out[key] = merged(out[key], value)
+            else:
+                out[key] = value
+    return out
+
+
 def to_dict(cfg: Any) -> dict[str, Any]:
     """A JSON-friendly copy for manifests (paths as strings)."""
     def convert(v):

@@ -5,9 +5,11 @@ LoRA student as one of its `--lora-modules` (addressed by its unit's name). Each
 own `python -m pipeline eval` process, folder, records and resume: the child is told of the
 server through pipeline.serving.SHARED_SERVER_ENV and uses it instead of starting its own.
 
-Units share a server when they are in the same phase, serve the same base model with the same
+Units share a server when they are in the same phase (and scope: a self-training round's eval
+and the next round's generate, whose teacher is that student, share one, never across the
+training between rounds: pipeline/rounds.py), serve the same base model with the same
 model settings (tensor parallel size, memory fraction, dtype, max context, extra flags) and the
-same `serve:` section. A full fine-tune is a model of its own: its unit keeps its own server.
+same `serve:` section. A full fine-tune is a model of its own: its units share only among themselves.
 A shared server that dies mid-unit stops that unit (ServerGone in its child: one line) and with
 it the run; the next run starts it again and the unit resumes.
 """
@@ -51,14 +53,14 @@ class ServerGroup:
         from pipeline.llm.models import model_label
 
         prompted = [m for m in self.members if m.serves[1] is None]
-        return prompted[0].config.model.label if prompted else model_label(self.base)
+        return served_model(prompted[0].config).label if prompted else model_label(self.base)
 
     def describe(self, index: dict[int, int]) -> str:
         units = ", ".join(str(index[id(m)]) for m in self.members)
         lora = sum(m.serves[1] is not None for m in self.members)
         first = self.members[0].config
         return (f"shared server #{self.number} for {self.base} (units {units}; {lora} LoRA adapter(s) by name): "
-                f"`{' '.join(first.serve.command)}`, tensor parallel {first.model.tensor_parallel_size}, "
+                f"`{' '.join(first.serve.command)}`, tensor parallel {served_model(first).tensor_parallel_size}, "
                 "started once before the first of them that runs, stopped after the last")
 
     def wrap(self, unit) -> Callable[[Any], Any]:
@@ -88,10 +90,13 @@ class ServerGroup:
         from pipeline.llm.models import resolve_model_path
 
         todo = [m for m in self.members if m.selected and not self.done(m)]
-        adapters = {lora_name(m): m.serves[1] for m in todo
-                    if m.serves[1] is not None and (Path(m.serves[1]) / "adapter_config.json").is_file()}
+        adapters: dict[str, str] = {}
+        for m in todo:  # one name per adapter (a round's eval and the next round's generate share it)
+            if m.serves[1] is not None and (Path(m.serves[1]) / "adapter_config.json").is_file() \
+                    and m.serves[1] not in adapters.values():
+                adapters[lora_name(m)] = m.serves[1]
         first = self.members[0].config
-        base = replace(first.model, model=resolve_model_path(self.base), adapter=None, name=self.base_name())
+        base = replace(served_model(first), model=resolve_model_path(self.base), adapter=None, name=self.base_name())
         serve = first.serve
         port = serve.port or free_port(serve.host)
         log = Path(first.out_dir).parent / f"shared-server-{self.number}.log"
@@ -110,6 +115,11 @@ class ServerGroup:
             server.stop()
 
 
+def served_model(config):
+    """The LLM section a unit's server loads: an eval's `model`, a generate's `teacher`."""
+    return config.teacher if hasattr(config, "teacher") else config.model
+
+
 def lora_name(unit) -> str:
     """A LoRA student's name in a shared server: its eval folder's name (unique in a run)."""
     return Path(unit.config.out_dir).name
@@ -120,10 +130,10 @@ def server_key(unit) -> tuple | None:
     ev = unit.config
     if getattr(unit, "serves", None) is None or getattr(ev, "serve", None) is None:
         return None
-    m = ev.model
+    m = served_model(ev)
     settings = (m.backend, m.tensor_parallel_size, m.gpu_memory_utilization, m.dtype, m.max_context,
                 m.trust_remote_code, json.dumps(m.extra, sort_keys=True), json.dumps(to_dict(ev.serve), sort_keys=True))
-    return (unit.phase, unit.serves[0], *settings)
+    return (unit.phase, getattr(unit, "scope", ""), unit.serves[0], *settings)
 
 
 def plan_groups(units: list, done: Callable[[Any], bool]) -> list[ServerGroup]:

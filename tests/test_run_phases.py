@@ -70,7 +70,7 @@ def test_the_prompted_70b_and_its_lora_students_share_one_server_and_the_full_fi
     (None, None, None, list(PHASES)),
     ("teacher", None, None, ["teacher"]),
     ("eval,train", None, None, ["train", "eval"]),
-    (None, "filter", None, ["filter", "train", "eval", "plot"]),
+    (None, "filter", None, ["filter", "train", "eval", "rounds", "plot"]),
     (None, None, "train", ["teacher", "filter", "train"]),
     (None, "train", "eval", ["train", "eval"]),
 ])

@@ -19,6 +19,13 @@ The plan printed first lists every unit with its phase and what it needs served 
 outside the selection are listed as "not selected" and never run; selected units still skip
 when complete. Each eval runs in its own `python -m pipeline eval` process (as training runs
 under `accelerate launch`), so one model's GPU memory is free before the next one loads.
+
+Self-training (`self_training: {rounds: N, ...}`, pipeline/rounds.py): after round 1 (the grid
+above), rounds 2..N run in the `rounds` phase, each four units with their own folders
+(generate with the last round's student as the teacher, filter, train, eval), and `plot` adds
+the rounds table and figure (EM by round):
+
+    python -m pipeline run --config configs/small-rounds.yaml
 """
 
 from __future__ import annotations
@@ -36,11 +43,12 @@ from typing import Any
 
 import yaml
 
-from pipeline import gpu_memory, precision
+from pipeline import gpu_memory, precision, rounds
 from pipeline.config import (
     add_config_arguments,
     build,
     load_config,
+    merged,
     read_section,
     read_yaml,
     to_dict,
@@ -48,6 +56,8 @@ from pipeline.config import (
 from pipeline.errors import PipelineError
 from pipeline.finetune import FinetuneConfig, resolve
 from pipeline.relay import pieces
+from pipeline.report.rounds import RoundsReport, write_rounds_report
+from pipeline.rounds import SelfTrainingConfig
 from pipeline.serve_groups import plan_groups, running
 from pipeline.stages.eval import EvalConfig, model_under_test, precision_record
 from pipeline.stages.filter import FilterConfig, run_filter
@@ -92,6 +102,9 @@ class RunConfig:
     # Student entries: name, config, size_class, params_b, prompt_model, finetune, train, checkpoint,
     # format, and eval (this student's EvalConfig keys, e.g. model.tensor_parallel_size or serve)
     students: list[dict] = field(default_factory=list)
+    # Self-training rounds after round 1 (the grid): each round's student is the next round's
+    # teacher (pipeline/rounds.py)
+    self_training: SelfTrainingConfig = field(default_factory=SelfTrainingConfig)
 
 
 # The order units run in, and the names --only / --from / --until take.
@@ -100,6 +113,7 @@ PHASES = {
     "filter": "correct trajectories -> SFT datasets (CPU)",
     "train": "every student x format training (accelerate launch)",
     "eval": "every other eval: prompted students, fine-tuned students, released checkpoints",
+    "rounds": "self-training rounds 2..N (self_training:), each: the last student generates, filter, train, eval",
     "plot": "figure 3, the table and the orderings check",
 }
 
@@ -179,6 +193,9 @@ class Unit:
     # units that need the same server share one (pipeline/serve_groups.py sets `group`)
     serves: tuple[str, str | None] | None = None
     group: Any = None
+    # Units share a server only within one scope of a phase: a round's eval and the next round's
+    # generate, not the training between them (pipeline/serve_groups.py)
+    scope: str = ""
 
 
 def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
@@ -218,14 +235,77 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
             check_adapter_reachable(ev, ft)
             units.append(Unit(f"eval: {student.name} fine-tuned on {method}", ev,
                               with_model_card(final, skip_or(evaluate_in_child, eval_precision)), "eval", needs_eval(ev),
-                              precision=eval_precision,
-                              serves=(str(final), None) if ft.finetuning == "full" else (ft.student, str(final))))
+                              precision=eval_precision, serves=served_as(ft, final)))
     summaries = [u.config.out_dir / "summary.json" for u in units if u.title.startswith("eval")]
+    units += round_units(cfg, students, dataset_dir)  # self-training rounds 2..N and their report
     units.append(Unit("plot: figure 3 and the table", plot_config(cfg, summaries), run_plot, "plot", "no model: CPU only"))
     order = list(PHASES)
     units = sorted(units, key=lambda u: order.index(u.phase))  # stable: the grid's order within a phase
     plan_groups(units, done=lambda unit: unit_done(unit.config, eval_precision))
     return units
+
+
+def served_as(ft, final: Path) -> tuple[str, str | None]:
+    """What a server loads for a student trained by `ft` into `final`: (base model, LoRA adapter or None)."""
+    return (str(final), None) if ft.finetuning == "full" else (ft.student, str(final))
+
+
+def round_units(cfg: RunConfig, students: list[Student], dataset_dir: Path) -> list[Unit]:
+    """Self-training rounds 2..N of each student and format that self-trains (pipeline/rounds.py),
+    then the rounds report; none without a `self_training` section."""
+    trained = {s.name: s for s in students if s.finetune and not s.checkpoint}
+    st, units, report = cfg.self_training, [], []
+    for name, fmt in rounds.lines(st, list(trained), cfg.methods):
+        student = trained[name]
+        ft = train_config(cfg, student, fmt, dataset_dir)
+        ev = eval_config(cfg, student, Path(ft.output_dir) / "final", fmt)
+        earlier = [rounds.Round(1, name, fmt, cfg.out_dir / "generate", dataset_dir, Path(ft.output_dir) / "final",
+                                Path(ev.out_dir))]
+        for _ in range(2, st.rounds + 1):
+            r = rounds.next_round(cfg.out_dir, earlier[-1])
+            round_of, ft, ev = one_round(cfg, student, earlier, r, ft, ev)
+            units += round_of
+            earlier.append(r)
+        prompted = Path(eval_config(cfg, student, None).out_dir) if student.prompt_model else None
+        report.append(rounds.report_line(earlier[0], earlier[1:], prompted))
+    if report:
+        units.append(Unit("plot: self-training rounds (EM by round)", RoundsReport(str(cfg.out_dir / "plot"), report),
+                          write_rounds_report, "plot", "no model: CPU only"))
+    return units
+
+
+def one_round(cfg: RunConfig, student: Student, earlier: list, r, ft_before, ev_before) -> tuple[list[Unit], Any, Any]:
+    """Round r's four units (generate, filter, train, eval: pipeline/rounds.py), and its train and
+    eval configs, from the round before's (`ft_before`, `ev_before`: its student is r's teacher)."""
+    st, before = cfg.self_training, earlier[-1]
+    where = f"self_training (round {r.number} of {student.name} on {r.format})"
+    teacher = rounds.teacher(to_dict(ev_before.model), ft_before.finetuning, ft_before.student, before)
+    serve = to_dict(ev_before.serve) if ev_before.serve is not None else None
+    gen = build(GenerateConfig, merged({"task": cfg.task, "wiki": cfg.wiki}, rounds.generate_layer(
+        st, cfg.generate, merged(cfg.eval, student.eval), teacher, serve, earlier, r)), where=f"{where}: generate")
+    flt = build(FilterConfig, rounds.filter_layer(st, cfg.filter, before, r), where=f"{where}: filter")
+    ft = train_config(cfg, student, r.format, r.dataset_dir, rounds.train_layer(st, before, r))
+    rounds.check_init(st, ft.finetuning, where)
+    ev = eval_config(cfg, student, r.final, r.format, r.number)
+    check_adapter_reachable(ev, ft)
+
+    def generate_unit(config):
+        rounds.check_teacher_ready(r, before)
+        return generate_in_child(config)
+
+    def filter_unit(config):
+        return rounds.check_round_data(run_filter(config, allow_empty=True), r, st)
+
+    title = f"(round {r.number}): {student.name} on {r.format}"
+    teacher_line = needs_model(gen.teacher, gen.serve, what=f"round {before.number}'s student {before.final}")
+    return [
+        Unit(f"generate {title}, round {before.number}'s student as the teacher", gen, skip_or(generate_unit),
+             "rounds", teacher_line, serves=served_as(ft_before, before.final), scope=f"{r.student}-{r.format}-{before.number}"),
+        Unit(f"filter {title}: correct trajectories -> SFT dataset", flt, filter_unit, "rounds", "no model: CPU only"),
+        Unit(f"train {title}", ft, launch_train, "rounds", needs_train(ft), precision=training_precision_record),
+        Unit(f"eval {title}", ev, with_model_card(r.final, skip_or(evaluate_in_child, eval_precision)), "rounds",
+             needs_eval(ev), precision=eval_precision, serves=served_as(ft, r.final), scope=f"{r.student}-{r.format}-{r.number}"),
+    ], ft, ev
 
 
 def check_serving(ev, where: str) -> None:
@@ -384,18 +464,6 @@ def stage(title: str) -> None:
     print(f"\n[run] === {title}", flush=True)
 
 
-def merged(*layers: dict) -> dict[str, Any]:
-    """Deep-merge config mappings, later layers winning."""
-    out: dict[str, Any] = {}
-    for layer in layers:
-        for key, value in (layer or {}).items():
-            if isinstance(value, dict) and isinstance(out.get(key), dict):
-                out[key] = merged(out[key], value)
-            else:
-                out[key] = value
-    return out
-
-
 def skip_or(action, identity=None):
     """Run a generate/eval unit unless its manifest says it is complete with this config (and
     the same `identity(config)`: an eval run in another precision is not this one)."""
@@ -441,10 +509,22 @@ def evaluate_in_child(config) -> None:
     through; its own error line becomes this unit's error. First, the GPUs its model loads on
     must have the memory free (pipeline/gpu_memory.py)."""
     gpu_memory.check(gpu_memory.llm_need(f"eval {config.out_dir}", config.model, config.serve, config.params_b))
-    with tempfile.TemporaryDirectory(prefix="pipeline-eval-") as folder:
-        path = Path(folder) / "eval.yaml"
+    in_child("eval", config)
+
+
+def generate_in_child(config) -> None:
+    """`python -m pipeline generate` in its own process, as evaluate_in_child: a self-training
+    round's teacher is a student the next training must not find still loaded."""
+    gpu_memory.check(gpu_memory.llm_need(f"generate {config.out_dir}", config.teacher, config.serve))
+    in_child("generate", config)
+
+
+def in_child(stage: str, config) -> None:
+    """Run `python -m pipeline <stage>` with this config; its error line becomes this unit's error."""
+    with tempfile.TemporaryDirectory(prefix=f"pipeline-{stage}-") as folder:
+        path = Path(folder) / f"{stage}.yaml"
         path.write_text(yaml.safe_dump(to_dict(config), sort_keys=False), encoding="utf-8")
-        proc = subprocess.Popen([sys.executable, "-m", "pipeline", "eval", "--config", str(path)],
+        proc = subprocess.Popen([sys.executable, "-m", "pipeline", stage, "--config", str(path)],
                                 stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         try:
             error = relay_stderr(proc)
@@ -456,8 +536,8 @@ def evaluate_in_child(config) -> None:
                 proc.kill()
             raise
     if code != 0:
-        failure = PipelineError(f"eval {config.out_dir}: {error}" if error else
-                                f"eval {config.out_dir} failed (exit code {code}); fix the cause and "
+        failure = PipelineError(f"{stage} {config.out_dir}: {error}" if error else
+                                f"{stage} {config.out_dir} failed (exit code {code}); fix the cause and "
                                 "re-run: finished episodes are kept and it resumes")
         failure.exit_code = code if error else 1
         raise failure
@@ -489,12 +569,13 @@ def filter_config(cfg: RunConfig, dataset_dir: Path):
     return build(FilterConfig, layers, where="filter")  # filter skips unchanged methods itself
 
 
-def train_config(cfg: RunConfig, student: Student, fmt: str, dataset_dir: Path):
+def train_config(cfg: RunConfig, student: Student, fmt: str, dataset_dir: Path, round_layer: dict | None = None):
     """The student's FinetuneConfig (its YAML < the experiment's `train` < the student's `train`
-    < this unit's keys), built and resolved once; `train` hands it to the launched processes."""
+    < this unit's keys < a self-training round's: pipeline/rounds.py), built and resolved once;
+    `train` hands it to the launched processes."""
     layers = merged(read_section(student.config, "train"), cfg.train, student.train, {
         "experiment": cfg.experiment, "student_name": student.name, "format": fmt,
-        "dataset_dir": str(dataset_dir), "size_class": student.size_class})
+        "dataset_dir": str(dataset_dir), "size_class": student.size_class}, round_layer)
     return resolve(build(FinetuneConfig, layers, where=f"{student.config} (train, {student.name} on {fmt})"))
 
 
@@ -548,9 +629,11 @@ def eval_precision(config) -> dict:
     return precision_record(model_under_test(config))
 
 
-def eval_config(cfg: RunConfig, student: Student, final: Path | None, fmt: str | None = None):
+def eval_config(cfg: RunConfig, student: Student, final: Path | None, fmt: str | None = None,
+                round_number: int = 1):
     """The eval unit of a prompted base model (final=None) or of the checkpoint `final`
-    trained on trajectory format `fmt` (evaluated with the method of the same name)."""
+    trained on trajectory format `fmt` (evaluated with the method of the same name), in round 1
+    or a later self-training round (pipeline/rounds.py: its own folder and model label)."""
     if final is None:
         name, layer = f"{student.name}-prompt", {
             "model": student.prompt_model, "methods": cfg.methods,
@@ -559,6 +642,9 @@ def eval_config(cfg: RunConfig, student: Student, final: Path | None, fmt: str |
         name, layer = f"{student.name}-ft-{fmt}", {
             "checkpoint": str(final), "methods": [fmt],
             "size_class": student.size_class, "params_b": student.params_b}
+    if round_number > 1:
+        name, layer = f"{name}-round{round_number}", merged(layer, {"model": {
+            "name": f"{student.name} round {round_number} (fine-tuned)"}})
     layers = merged({"task": cfg.task, "wiki": cfg.wiki}, cfg.eval, student.eval, layer,
                     {"out_dir": str(cfg.out_dir / "eval" / name)})
     ev = build(EvalConfig, layers, where=f"eval ({name})")
