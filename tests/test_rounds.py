@@ -95,6 +95,65 @@ def test_questions_solved_for_the_first_time_count_against_the_earlier_runs(tmp_
     assert len({r["id"] for r in read_records(tmp_path / "r2" / "react.jsonl")}) == 10
 
 
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_a_round_teacher_served_by_a_real_vllm_samples_the_same_draws_in_any_batch(tmp_path, index, smollm2_dir):
+    """A LoRA round-1 student of SmolLM2 as the round-2 teacher, through ONE real vLLM server that
+    its generate units attach to as a run's shared server (fp32, so batching changes no logit):
+    2 samples of 2 questions at temperature 0.7, twice: with 4 episodes in flight, and 1."""
+    from dataclasses import asdict
+
+    from vllm_testdata import (
+        MODEL_SETTINGS,
+        SERVER_ENV,
+        TAG_VAR,
+        build_lora_adapter,
+        new_tag,
+        require_vllm,
+        wait_until_gone,
+    )
+
+    from pipeline.llm.config import LLMConfig
+    from pipeline.llm.models import resolve_model_path
+    from pipeline.serving import (
+        SHARED_SERVER_ENV,
+        ManagedServer,
+        ServeConfig,
+        SharedServer,
+        free_port,
+        serve_command,
+    )
+    from pipeline.stages.generate import GenerateConfig, generate
+
+    require_vllm()
+    adapter = build_lora_adapter(smollm2_dir, tmp_path / "round-1-final")
+    tag = new_tag()
+    serve = build(ServeConfig, {"port": 0, "startup_timeout_s": 900, "stop_grace_s": 20, "env": {**SERVER_ENV, TAG_VAR: tag}})
+    port = free_port("127.0.0.1")
+    base = LLMConfig(backend="vllm", model="smollm2", name="SmolLM2", **MODEL_SETTINGS)
+    server = ManagedServer(serve_command(base, serve, port, {"round1": str(adapter)}), "127.0.0.1", port,
+                           ["SmolLM2", "round1"], tmp_path / "serve.log", serve)
+    server.start()
+    try:
+        shared = SharedServer(host="127.0.0.1", port=port, model=resolve_model_path("smollm2"), name="SmolLM2",
+                              adapters={"round1": str(adapter)}, pid=server.server_pid, log=str(tmp_path / "serve.log"))
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv(SHARED_SERVER_ENV, json.dumps(asdict(shared)))
+            for out, in_flight in (("a", 4), ("b", 1)):
+                generate(build(GenerateConfig, {
+                    "teacher": {"backend": "vllm", "model": "smollm2", "adapter": str(adapter), "name": "round 1",
+                                **MODEL_SETTINGS},
+                    "methods": ["react"], "limit": 2, "samples": 2, "max_in_flight": in_flight,
+                    "prompting": {"mode": "zero_shot", "temperature": 0.7, "max_new_tokens": 24, "max_steps": 2},
+                    "wiki": {"index": str(index)}, "serve": {"port": 0}, "out_dir": str(tmp_path / out)}))
+    finally:
+        server.stop()
+    assert wait_until_gone(tag, 10) == []
+    first = records(tmp_path / "a" / "react.jsonl")
+    assert len(first) == 4 and len({r["text"] for r in first}) == 4 and all(r["teacher"] == "round 1" for r in first)
+    assert records(tmp_path / "b" / "react.jsonl") == first
+
+
 # ---------------------------------------------------------------- the plan
 
 
@@ -196,6 +255,58 @@ def test_help_lists_the_self_training_keys():
     assert proc.returncode == 0
     for key in ("self_training.rounds", "self_training.samples", "self_training.init", "self_training.data", "rounds "):
         assert key in proc.stdout, key
+
+
+def served_rounds_grid(tmp_path: Path, index: Path, questions: Path, serve: dict) -> Path:
+    """Three rounds of a LoRA student of SmolLM2 whose evals are served (`serve:`), round 1's
+    teacher the oracle, every question from one file."""
+    student = tmp_path / "student.yaml"
+    student.write_text(yaml.safe_dump({"student": "smollm2", "size_class": "135m", "finetuning": "lora",
+                                       "lora": {"r": 64, "alpha": 64}, "output_root": str(tmp_path / "ckpt")}))
+    grid = {"experiment": "served", "out_dir": str(tmp_path / "run"), "methods": ["react"], "wiki": {"index": str(index)},
+            "generate": {"teacher": {"backend": "oracle"}, "questions": str(questions)},
+            "filter": {"tokenizer": "smollm2"},
+            "eval": {"questions": str(questions), "max_in_flight": 2, "model": {"backend": "vllm"}, "serve": serve,
+                     "prompting": {"max_new_tokens": 24, "max_steps": 2}},
+            "plot": {"reference_points": False},
+            "students": [{"name": "tiny", "config": str(student), "size_class": "135m", "params_b": 0.135}],
+            "self_training": {"rounds": 3, "samples": 2, "temperature": 0.7}}
+    path = tmp_path / "grid.yaml"
+    path.write_text(yaml.safe_dump(grid))
+    return path
+
+
+def test_served_rounds_generate_through_a_server_and_share_one_with_the_round_befores_eval(
+        tmp_path, index, smollm2_dir):
+    """Against tests/standin_vllm_serve.py (a labelled stand-in that answers with the gold
+    trajectory and loads no model; the students' trainings are marked done): round 2's teacher
+    gets its own server, round 2's eval and round 3's teacher share one, round 3's eval its own."""
+    from episode_testdata import write_questions
+    from test_shared_server import STANDIN, server_events
+    from vllm_testdata import TAG_VAR, mark_trained, new_tag, wait_until_gone
+
+    from pipeline.hotpotqa import load_question_set
+
+    questions = write_questions(tmp_path / "q.jsonl", load_question_set("offline-bootstrap", limit=2))
+    tag = new_tag()
+    serve = {"command": [sys.executable, str(STANDIN)], "port": 0, "startup_timeout_s": 60, "stop_grace_s": 5,
+             "env": {TAG_VAR: tag}, "extra_args": ["--standin-questions", str(questions),
+                                                   "--standin-record", str(tmp_path / "server.jsonl")]}
+    grid = served_rounds_grid(tmp_path, index, questions, serve)
+    assert run_pipeline("run", "--config", str(grid), "--until", "filter", timeout=300).returncode == 0
+    mark_trained(grid, phases=("train", "rounds"))
+    proc = run_pipeline("run", "--config", str(grid), "--only", "rounds", timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.count("[serve] starting:") == 3, proc.stdout[-4000:]
+    assert proc.stdout.count("[serve] using the shared server") == 2  # round 2's eval, round 3's generate
+    assert wait_until_gone(tag, 10) == []
+    asked = {e["model"] for e in server_events(tmp_path) if "model" in e}
+    assert asked == {"student-lora", "tiny-ft-react-round2"}
+    round3 = tmp_path / "run" / "rounds" / "tiny-react" / "round-3"
+    manifest = json.loads((round3 / "generate" / "manifest.json").read_text())
+    assert manifest["teacher"] == "tiny round 2 (react)" and manifest["config"]["teacher"]["adapter"].endswith("react-round2/final")
+    assert manifest["stats"]["react"]["solved"] == 2 and manifest["stats"]["react"]["first_solved"] == 0
+    assert json.loads((round3 / "sft" / "react" / "stats.json").read_text())["union"]["new_rows"] == 0  # the same gold text
 
 
 # ---------------------------------------------------------------- the report

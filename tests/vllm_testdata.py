@@ -132,10 +132,11 @@ def grid_config(tmp_path: Path, index: Path, questions: Path, model: dict, serve
     return path
 
 
-def mark_trained(config_path: Path, adapter: Path | None = None) -> list[Path]:
-    """Each LoRA student of the grid as its training would leave it (complete, with this config),
-    so that `run` skips training and evaluates: the adapter's files copied from `adapter` (or
-    only an adapter_config.json of rank 64, for a stand-in server that loads no weights)."""
+def mark_trained(config_path: Path, adapter: Path | None = None, phases: tuple[str, ...] = ("train",)) -> list[Path]:
+    """Each LoRA student of the grid (its training units in `phases`: "rounds" for self-training
+    rounds' students too) as its training would leave it (complete, with this config), so that
+    `run` skips training and evaluates: the adapter's files copied from `adapter` (or only an
+    adapter_config.json of rank 64, for a stand-in server that loads no weights)."""
     import shutil
 
     from pipeline.config import build, load_config, to_dict
@@ -146,7 +147,7 @@ def mark_trained(config_path: Path, adapter: Path | None = None) -> list[Path]:
     cfg = load_config(RunConfig, config_path, [])
     finals = []
     for unit in plan(cfg, [build(Student, s) for s in cfg.students]):
-        if unit.phase != "train":
+        if unit.phase not in phases or not unit.title.startswith("train"):
             continue
         ft = unit.config
         final = Path(ft.output_dir) / "final"

@@ -241,7 +241,7 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
     units.append(Unit("plot: figure 3 and the table", plot_config(cfg, summaries), run_plot, "plot", "no model: CPU only"))
     order = list(PHASES)
     units = sorted(units, key=lambda u: order.index(u.phase))  # stable: the grid's order within a phase
-    plan_groups(units, done=lambda unit: unit_done(unit.config, eval_precision))
+    plan_groups(units, done=lambda unit: unit_done(unit.config, unit.precision))  # an eval's, or none
     return units
 
 
