@@ -205,6 +205,19 @@ def test_the_plan_lists_each_round_as_its_own_units_after_round_one(tmp_path, in
     assert previous[5].config.union_with == []
 
 
+def test_the_shipped_rounds_config_plans_the_500_question_grid_and_two_rounds_of_react():
+    from pipeline.config import read_yaml
+
+    units = planned(read_yaml(REPO / "configs" / "small-rounds.yaml"))
+    titles = [u.title for u in units]
+    assert sum(t.startswith("train") for t in titles) == 2 + 2  # Standard and ReAct; rounds 2 and 3 of ReAct
+    evals = [u for u in units if u.title.startswith("eval")]
+    assert len(evals) == 1 + 2 + 2 and all(u.config.limit is None for u in evals)  # all 500 questions
+    rounds = [u for u in units if u.phase == "rounds" and u.title.startswith("generate")]
+    assert [(u.config.limit, u.config.samples, u.config.prompting.temperature) for u in rounds] == [(150, 4, 0.7)] * 2
+    assert titles[-2:] == ["plot: self-training rounds (EM by round)", "plot: figure 3 and the table"]
+
+
 def test_a_rounds_eval_and_the_next_rounds_generate_share_one_server_and_no_training_between(tmp_path, index):
     grid = rounds_grid(tmp_path, index)
     grid["eval"].update(model={"backend": "vllm"}, serve={"command": ["vllm-stand-in"], "port": 0})
@@ -240,6 +253,41 @@ def test_a_bad_self_training_section_is_one_line_and_exit_code_2_before_anything
     proc = run_pipeline("run", "--config", str(path))
     assert proc.returncode == 2 and proc.stderr.startswith("error: self_training: methods ['cot']"), proc.stderr[-2000:]
     assert proc.stderr.count("\n") == 1 and not (tmp_path / "run").exists()
+
+
+def test_a_round_whose_teacher_is_not_trained_yet_stops_in_one_line(tmp_path, index):
+    """`--only rounds` on a fresh grid: round 2's teacher (round 1's student) has no final/."""
+    path = tmp_path / "grid.yaml"
+    path.write_text(yaml.safe_dump(rounds_grid(tmp_path, index)))
+    proc = run_pipeline("run", "--config", str(path), "--only", "rounds")
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.stderr.count("\n") == 1 and "its teacher, round 1's student" in proc.stderr
+    assert "is not trained yet; run the phases before `rounds` first" in proc.stderr
+    assert not (tmp_path / "run" / "rounds" / "tiny-react" / "round-2" / "generate" / "react.jsonl").exists()
+
+
+def test_a_round_whose_student_solved_nothing_trains_on_the_earlier_rows_or_stops_with_data_new(tmp_path):
+    from test_filter import episode, generate_folder
+
+    from pipeline.rounds import Round, SelfTrainingConfig, check_round_data, filter_layer
+    from pipeline.stages.filter import FilterConfig, run_filter
+
+    first = generate_folder(tmp_path / "gen1", {"react": [episode("a"), episode("b")]})
+    run_filter(FilterConfig(inputs=[str(first)], out_dir=str(tmp_path / "sft1")))
+    before = Round(1, "tiny", "react", first, tmp_path / "sft1", tmp_path / "ckpt" / "react" / "final", tmp_path / "e1")
+    generate_folder(tmp_path / "gen2", {"react": [episode("c", em=0.0), episode("d", finished=False)]})
+    for data in ("union", "new"):
+        st = SelfTrainingConfig(rounds=2, data=data)
+        r = Round(2, "tiny", "react", tmp_path / "gen2", tmp_path / f"sft2-{data}", tmp_path / "f2", tmp_path / "e2")
+        stats = run_filter(FilterConfig(**filter_layer(st, {}, before, r)), allow_empty=True)
+        assert len(read_records(r.dataset_dir / "react" / "failed.jsonl")) == 2
+        if data == "union":
+            assert check_round_data(stats, r, st)["react"]["union"] == {
+                "datasets": [str(tmp_path / "sft1")], "rows_from_them": 2, "new_rows": 0}
+        else:
+            assert not (r.dataset_dir / "react" / "train.jsonl").exists()
+            with pytest.raises(PipelineError, match="the teacher solved none of the bootstrap questions"):
+                check_round_data(stats, r, st)
 
 
 def test_a_lora_student_cannot_continue_from_the_previous_round(tmp_path, index):
