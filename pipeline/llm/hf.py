@@ -87,16 +87,29 @@ class TransformersLLM:
     def __init__(self, cfg: LLMConfig):
         import torch
 
+        device = torch.device(_resolve_device(cfg.device))
+        dtype = _resolve_dtype(cfg.dtype, device)
+        source, kwargs = resolve_model_source(cfg)
+        tokenizer = _load_tokenizer(source, kwargs, cfg)
+        model = _load_model(source, kwargs, cfg, dtype, device)
+        if cfg.adapter:
+            model = _apply_adapter(model, cfg.adapter)
+        model.eval()
+        self._setup(cfg, model, tokenizer, device, dtype)
+
+    @classmethod
+    def from_loaded(cls, cfg: LLMConfig, model, tokenizer):
+        """The same decoding over a model already in memory (GRPO's policy, mid-training): its
+        device, dtype and train/eval mode are left as they are."""
+        self = cls.__new__(cls)
+        self._setup(cfg, model, tokenizer, model.device, model.dtype)
+        return self
+
+    def _setup(self, cfg: LLMConfig, model, tokenizer, device, dtype) -> None:
         self.cfg = cfg
         self.name = cfg.label
-        self.device = torch.device(_resolve_device(cfg.device))
-        self.dtype = _resolve_dtype(cfg.dtype, self.device)
-        source, kwargs = resolve_model_source(cfg)
-        self.tokenizer = _load_tokenizer(source, kwargs, cfg)
-        self.model = _load_model(source, kwargs, cfg, self.dtype, self.device)
-        if cfg.adapter:
-            self.model = _apply_adapter(self.model, cfg.adapter)
-        self.model.eval()
+        self.device, self.dtype = device, dtype
+        self.tokenizer, self.model = tokenizer, model
         self.max_context = _context_window(cfg, self.model, self.tokenizer)
         self.eos_ids = _eos_ids(self.model, self.tokenizer)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos_ids, default=0)
@@ -117,7 +130,7 @@ class TransformersLLM:
         rows: list[_Row] = []
         for i, req in enumerate(requests):
             problem = _invalid(req)
-            ids = [] if problem else self.tokenizer(req.prompt).input_ids
+            ids = [] if problem else self._prompt_ids(req)
             if not problem and len(ids) > self.max_context:
                 problem = f"context window exceeded: {len(ids)} > {self.max_context} tokens"
             if problem:
@@ -143,6 +156,9 @@ class TransformersLLM:
         return results  # type: ignore[return-value]
 
     # ---- decoding -------------------------------------------------------------------------
+    def _prompt_ids(self, req: GenerationRequest) -> list[int]:
+        return self.tokenizer(req.prompt).input_ids
+
     def _completion(self, row: _Row) -> Completion:
         if row.finish == "error":
             return Completion("", len(row.ids), 0, "error", row.text)
