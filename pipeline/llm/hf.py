@@ -118,7 +118,9 @@ class TransformersLLM:
         # cfg.extra["prefix_cache"]=False turns the shared-prefix cache off (benchmarks, debugging).
         self.use_prefix_cache = bool(cfg.extra.get("prefix_cache", True)) and self._plain_kv
         # transformers 5.x renamed `past_key_values` to `cache`; older releases know only the former.
-        self._cache_kw = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
+        # A PEFT model passes either on to its base model, whose signature says which.
+        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        self._cache_kw = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
         self._prefix_ids: list[int] = []
         self._prefix_cache = None
         self.stats = {"calls": 0, "sequences": 0, "forward_passes": 0, "prefix_tokens_reused": 0, "prefill_tokens": 0}
