@@ -166,6 +166,7 @@ def test_config_refusals_are_one_line(world, random_student, tmp_path, capsys):
          "9 rollouts per step (questions_per_step x group_size) do not divide over 2 processes"),
         (["student=forestai/fireact_llama_2_7b_lora"], "decodes in the 'fireact' format"),
         (["base_model=/somewhere"], "is not one; drop it"),
+        ([f"student={tmp_path}/no-such-student/react/final"], "no-such-student/react/final not found"),
     ]
     for extra, needle in cases:
         assert main(["grpo", *base, *extra]) == 2, extra

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.errors import PipelineError
-from pipeline.llm.models import model_label, resolve_model_path
+from pipeline.llm.models import SMOLLM2, model_label, resolve_model_path
 from pipeline.storage import require_complete
 
 
@@ -58,6 +58,11 @@ def resolve_start(student: str, *, fmt: str, base_model: str | None = None, size
         return _released(student, fmt, base_model, size_class)
     if base_model:
         raise PipelineError(f"base_model={base_model} names the base of an adapter, but {student} is not one; drop it")
+    from pipeline.llm.hf import looks_like_path
+
+    if student != SMOLLM2 and looks_like_path(student) and not folder.is_dir():
+        raise PipelineError(f"student: {student} not found; give a final/ of ours (e.g. from `train`), a model or "
+                            f"adapter folder, a hub id, or '{SMOLLM2}'")
     return StartPoint(resolve_model_path(student), None, student, model_label(student), size_class, "base", None)
 
 
