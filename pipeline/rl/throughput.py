@@ -52,6 +52,13 @@ class RolloutThroughput(ThroughputMeter):
         self._trained += tokens
         self._generated += counts.generated
 
+    def end_warm_up(self, tokens_seen: int) -> None:
+        """The first step's rollouts are warm-up too: its FLOPs and tokens leave the figures
+        with its time (pipeline.flops.ThroughputMeter)."""
+        super().end_warm_up(tokens_seen)
+        self._flops = self._hardware = 0.0
+        self._trained = self._generated = 0
+
     def _attention_width(self) -> int:
         heads = self.config.num_attention_heads
         return (getattr(self.config, "head_dim", None) or self.config.hidden_size // heads) * heads

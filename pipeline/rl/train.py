@@ -74,7 +74,8 @@ def student_settings(cfg: GrpoConfig, start: StartPoint) -> FinetuneConfig:
     return FinetuneConfig(student=start.model, tokenizer=cfg.tokenizer or start.tokenizer,
                           trust_remote_code=cfg.trust_remote_code, finetuning=cfg.finetuning, lora=cfg.lora,
                           precision=cfg.precision, attn_implementation=cfg.attn_implementation,
-                          gradient_checkpointing=cfg.gradient_checkpointing, optim=cfg.optim, seed=cfg.seed)
+                          gradient_checkpointing=cfg.gradient_checkpointing, optim=cfg.optim, seed=cfg.seed,
+                          deepspeed_on_cpu=cfg.deepspeed_on_cpu)
 
 
 def load_policy(ft: FinetuneConfig, start: StartPoint, tokenizer):
