@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.config import to_dict
+from pipeline.deepspeed_setup import deepspeed_line, settle_deepspeed_config
 from pipeline.errors import PipelineError
 from pipeline.finetune import (
     FINAL_DIR,
@@ -209,6 +210,7 @@ def check_resume(resume: Path | None, layout: Layout) -> str:
 def run(cfg: GrpoConfig) -> dict:
     """Train (or resume) and save the final policy; returns the final manifest."""
     cfg = resolve(cfg)
+    deepspeed = settle_deepspeed_config()  # before anything reads the launch's strategy (SFT's run does the same)
     start = resolve_start(cfg.student, fmt=cfg.format, base_model=cfg.base_model, size_class=cfg.size_class)
     ft = student_settings(cfg, start)
     final = cfg.output_dir / FINAL_DIR
@@ -226,6 +228,8 @@ def run(cfg: GrpoConfig) -> dict:
     rank0 = int(os.environ.get("RANK", "0")) == 0
     if rank0:
         print(choice.line("training"))
+        if deepspeed:
+            print(deepspeed_line(*deepspeed).replace("[finetune]", "[grpo]"))
         print(f"[grpo] {cfg.format} from {start.kind} {cfg.student}: {cfg.questions_per_step} questions x "
               f"{cfg.group_size} rollouts = {cfg.rollouts_per_step} per step = {plan.per_device} per device x "
               f"{plan.grad_accum} accumulation x {plan.num_processes} processes; {cfg.max_steps} steps; "
