@@ -1,5 +1,5 @@
 """Reinforcement learning in the environment: GRPO of a student, its rollouts in the project's
-own ReAct / Act loop (`python -m pipeline grpo`; README, "Reinforcement learning in the environment").
+own ReAct / Act loop (`python -m pipeline grpo`; docs/grpo.md).
 
     config.py     the stage's config (GrpoConfig)            start.py   where the policy starts
     train.py      the script `accelerate launch` runs         rollout.py TRL's rollout_func: episodes

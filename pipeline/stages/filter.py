@@ -14,7 +14,7 @@ files are HotpotQA) decides what counts as correct. Per method it keeps episodes
 correct (HotpotQA: EM = 1; FEVER: the gold label; optionally F1 >= min_f1), drops repeated
 question ids (the first is kept), caps the rest at `max_per_method` by a seeded draw, shuffles them with the same seed (so training batches mix
 questions and sources rather than follow the generate order; `shuffle=false` keeps input order),
-and writes `<out_dir>/<method>/` (README, "Formats between stages"): train.jsonl,
+and writes `<out_dir>/<method>/` (docs/formats.md): train.jsonl,
 README.md (dataset card), stats.json, manifest.json. The folder appears by one rename, so a reader
 never sees half a dataset. A re-run whose inputs (fingerprints) and settings match the manifest
 skips the method; `force=true` rebuilds.
@@ -185,7 +185,7 @@ def _read_generate_folder(folder: Path) -> list[tuple[Path, list[dict]]]:
         for i, episode in enumerate(episodes, 1):
             missing = [k for k in REQUIRED_FIELDS if k not in episode]
             if missing:
-                raise PipelineError(f"{path}: record {i} lacks {', '.join(missing)}; not an episode record (README, Formats between stages)")
+                raise PipelineError(f"{path}: record {i} lacks {', '.join(missing)}; not an episode record (docs/formats.md)")
             episode.setdefault("source", "generate")
         out.append((path, episodes))
     if not out:
@@ -250,7 +250,7 @@ def _drop_reason(episode: dict, method: str, cfg: FilterConfig, task: Task) -> s
 
 
 def sft_example(episode: dict) -> dict:
-    """One training row (README, "Formats between stages": SFT dataset): the renderer's prompt/completion and observation spans."""
+    """One training row (docs/formats.md: SFT dataset): the renderer's prompt/completion and observation spans."""
     traj = Trajectory.from_dict(episode["trajectory"])
     rendered = render(traj)
     return {

@@ -17,7 +17,7 @@ output folder writable, accelerate config readable, a DeepSpeed config with no G
 unless `deepspeed_on_cpu=true`). When the child stops on an error, its one
 line and exit code are relayed, without the launcher's traceback.
 
-Several machines (README, "Training on several nodes"): run `python -m pipeline train` once on
+Several machines (docs/several-nodes.md): run `python -m pipeline train` once on
 every machine (under SLURM: `srun --ntasks-per-node=1`, scripts/slurm/train.sbatch). The machine
 count and this machine's rank come from --num-machines / --machine-rank, else from SLURM
 (SLURM_STEP_NUM_NODES or SLURM_NNODES, SLURM_NODEID); machine 0's address and port from
