@@ -217,6 +217,29 @@ def test_start_points(world, random_student, tmp_path):
     assert resolve_start(str(random_student), fmt="react").kind == "base"
 
 
+def test_eval_reads_a_grpo_final_as_a_student_whose_rows_say_grpo(random_student, tmp_path):
+    """A `grpo` final/ (its manifest as pipeline.rl.train writes it) is a fine-tuned student to
+    `eval`: zero-shot in its format, sized from its manifest, labelled GRPO, and its summary rows
+    carry `training: grpo` (what plot draws with its own marker); a `train` final/'s rows do not."""
+    import shutil
+
+    from pipeline.stages.eval import EvalConfig, model_under_test, summary_row
+    from pipeline.storage import write_manifest
+
+    rows = {}
+    for stage in ("grpo", "train"):
+        final = tmp_path / stage / "final"
+        shutil.copytree(random_student, final)
+        write_manifest(final / "manifest.json", stage=stage, config={}, complete=True, student=f"tiny-{stage}",
+                       format="react", adapter=False, size_class="tiny", params_b=0.0001, precision="fp32")
+        target = model_under_test(EvalConfig(checkpoint=final))
+        assert (target.mode, target.decode_mode, target.trained_format, target.llm.model) == \
+            ("finetune", "zero_shot", "react", str(final))
+        rows[stage] = summary_row(target, "react", "offline-eval", {"em": 0.5, "n": 2}, {"precision": "fp32"})
+    assert rows["grpo"]["model"] == "tiny-grpo (GRPO)" and rows["grpo"]["training"] == "grpo"
+    assert rows["train"]["model"] == "tiny-train (fine-tuned)" and "training" not in rows["train"]
+
+
 def test_grpo_report_compares_em_with_intervals(tmp_path, capsys):
     """scripts/grpo_report.py: EM before / after on the questions both evaluated, Wilson and Newcombe."""
     sys.path.insert(0, str(REPO / "scripts"))

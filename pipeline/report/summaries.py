@@ -190,5 +190,11 @@ def pct_ci(row: dict) -> str:
     return pct(row) + (f" [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]" if ci else "")
 
 
+def is_grpo(row: dict) -> bool:
+    """A GRPO student's row (eval writes `training: grpo` for a `grpo` final/): drawn with its own
+    marker, not judged by the paper's orderings (they are about the SFT recipe)."""
+    return row.get("training") == "grpo"
+
+
 def method_label(row: dict) -> str:
     return method_spec(row["method"]).label
