@@ -60,7 +60,7 @@ SCHEDULES = ("rounds", "continuous")
 def episode_record(question: Any, method: str, outcome: Outcome, *, teacher: str, prompt_tokens: int = 0,
                    completion_tokens: int = 0, seconds: float = 0.0, source: str = "generate",
                    task: Task | None = None) -> dict:
-    """The episode record (one JSON line per finished episode; README, "Formats between stages"),
+    """The episode record (one JSON line per finished episode; docs/formats.md),
     its `em` / `f1` by `task` (a pipeline.tasks Task; default HotpotQA): for FEVER `em` is accuracy."""
     from pipeline.sampling import record_fields
     from pipeline.tasks import get_task

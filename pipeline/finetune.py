@@ -383,17 +383,8 @@ def model_loss_trainer_class():
 
 def sft_arguments(cfg: FinetuneConfig, per_device: int, grad_accum: int, max_length: int, bf16: bool,
                   distributed_cpu: bool):
-    import torch
     from trl import SFTConfig
-    # TRL turns activation (gradient) checkpointing ON by default; ours is the config's choice,
-    # and under FSDP it is FSDP's own (accelerate config), never transformers' too.
-    # transformers 5.24 renamed it to activation_checkpointing (the old name warns).
-    checkpointing = fsdp_plan(cfg.gradient_checkpointing).transformers_checkpointing
-    names = {f.name for f in dataclasses.fields(SFTConfig)}
-    prefix = "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
-    extra: dict[str, Any] = {prefix: checkpointing}
-    if checkpointing:
-        extra[f"{prefix}_kwargs"] = {"use_reentrant": False}
+    extra = checkpointing_arguments(SFTConfig, cfg.gradient_checkpointing)
     return SFTConfig(
         output_dir=str(cfg.output_dir),
         max_steps=cfg.max_steps,
@@ -427,6 +418,31 @@ def sft_arguments(cfg: FinetuneConfig, per_device: int, grad_accum: int, max_len
         seed=cfg.seed,
         data_seed=cfg.seed,
         dataloader_num_workers=cfg.dataloader_num_workers,
+        remove_unused_columns=False,
+        disable_tqdm=False,
+        **device_arguments(bf16, distributed_cpu),
+        **extra,
+    )
+
+
+def checkpointing_arguments(config_class, enabled: bool) -> dict[str, Any]:
+    """The activation-checkpointing keys of a TRL config class (SFTConfig, GRPOConfig).
+    TRL turns activation (gradient) checkpointing ON by default; ours is the config's choice,
+    and under FSDP it is FSDP's own (accelerate config), never transformers' too.
+    transformers 5.24 renamed it to activation_checkpointing (the old name warns)."""
+    checkpointing = fsdp_plan(enabled).transformers_checkpointing
+    names = {f.name for f in dataclasses.fields(config_class)}
+    prefix = "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
+    extra: dict[str, Any] = {prefix: checkpointing}
+    if checkpointing:
+        extra[f"{prefix}_kwargs"] = {"use_reentrant": False}
+    return extra
+
+
+def device_arguments(bf16: bool, distributed_cpu: bool) -> dict[str, Any]:
+    """The Trainer keys that say where a launch runs (shared by SFT and GRPO)."""
+    import torch
+    return dict(
         # DDP on CPU: accelerate's multi-process launcher does not pass the config's use_cpu on,
         # so say it here; never under DeepSpeed: with use_cpu=True the trainer silently runs without it.
         # bf16 without a GPU also needs use_cpu (transformers refuses bf16 otherwise; accelerate
@@ -434,10 +450,7 @@ def sft_arguments(cfg: FinetuneConfig, per_device: int, grad_accum: int, max_len
         use_cpu=(distributed_cpu or (bf16 and not torch.cuda.is_available())) and not under_deepspeed(),
         ddp_backend="gloo" if distributed_cpu else None,
         ddp_find_unused_parameters=False if distributed_cpu else None,
-        remove_unused_columns=False,
         dataloader_pin_memory=torch.cuda.is_available(),
-        disable_tqdm=False,
-        **extra,
     )
 
 
@@ -553,7 +566,39 @@ def check_same_precision(done: dict | None, precision: str, final: Path) -> None
 
 def save_final(trainer, cfg: FinetuneConfig, tokenizer, dataset_path: Path, report, result, started: float,
                per_device: int, grad_accum: int, num_processes: int) -> dict:
-    """Save model (or adapter) + tokenizer to <output_dir>/final.partial, then rename to final."""
+    """The trained model (or adapter) in <output_dir>/final, with its manifest and model card."""
+    from pipeline.cards import model_card
+
+    task = dataset_task(dataset_path)
+    fields = dict(
+        student=cfg.student_name, base_model=None if cfg.init == "random" else resolve_model_path(cfg.student),
+        init=cfg.init, adapter=cfg.finetuning != "full", finetuning=cfg.finetuning, format=cfg.format,
+        size_class=cfg.size_class, steps=trainer.state.global_step, max_steps=cfg.max_steps,
+        tokenizer=".", tokenizer_source=cfg.tokenizer or cfg.student, eos_token=tokenizer.eos_token,
+        task=task.name, prompt_format=f"{task.question_label}: {{question}}\n",
+        mask_observations=cfg.mask_observations,
+        params_b=model_params_b(trainer),
+        global_batch_size=cfg.global_batch_size, per_device_batch_size=per_device,
+        gradient_accumulation_steps=grad_accum, num_processes=num_processes,
+        dataset={**file_fingerprint(dataset_path), "examples": report.n_kept}, lengths=report.to_dict(),
+        train_loss=getattr(result, "training_loss", None), seconds=round(time.time() - started, 1),
+        precision=precision_choice(cfg).precision, weights=weights_choice(cfg).precision,
+        deepspeed=deepspeed_record(trainer),
+    )
+    return write_final(trainer, cfg, tokenizer, "train", fields, lambda manifest: model_card(manifest, []),
+                       label="finetune")
+
+
+def model_params_b(trainer) -> float:
+    return sum(getattr(p, "ds_numel", p.numel()) for p in trainer.model.parameters()) / 1e9  # ZeRO-3 shards: ds_numel
+
+
+def write_final(trainer, cfg, tokenizer, stage: str, fields: dict, card, label: str) -> dict:
+    """Save model (or adapter) + tokenizer to <output_dir>/final.partial with the manifest
+    (`stage`, the config, `fields`) and the model card (`card(manifest)`), then rename it to
+    final. Every rank joins (ZeRO-3 gathers the shards); rank 0 writes and prints as `[label]`.
+    `cfg` is the run's config (`train`'s or `grpo`'s: output_dir, gradient_checkpointing,
+    precision, keep_checkpoints)."""
     import shutil
     final = cfg.output_dir / FINAL_DIR
     partial = cfg.output_dir / f"{FINAL_DIR}.partial"
@@ -568,34 +613,17 @@ def save_final(trainer, cfg: FinetuneConfig, tokenizer, dataset_path: Path, repo
     manifest: dict = {}
     if rank0:
         tokenizer.save_pretrained(str(partial))
-        adapter = cfg.finetuning != "full"
-        task = dataset_task(dataset_path)
-        manifest = write_manifest(
-            partial / "manifest.json", stage="train", config=to_dict(cfg), complete=True,
-            student=cfg.student_name, base_model=None if cfg.init == "random" else resolve_model_path(cfg.student),
-            init=cfg.init, adapter=adapter, finetuning=cfg.finetuning, format=cfg.format,
-            size_class=cfg.size_class, steps=trainer.state.global_step, max_steps=cfg.max_steps,
-            tokenizer=".", tokenizer_source=cfg.tokenizer or cfg.student, eos_token=tokenizer.eos_token,
-            task=task.name, prompt_format=f"{task.question_label}: {{question}}\n", mask_observations=cfg.mask_observations,
-            params_b=sum(getattr(p, "ds_numel", p.numel()) for p in trainer.model.parameters()) / 1e9,  # ZeRO-3 shards: ds_numel
-            global_batch_size=cfg.global_batch_size, per_device_batch_size=per_device,
-            gradient_accumulation_steps=grad_accum, num_processes=num_processes,
-            dataset={**file_fingerprint(dataset_path), "examples": report.n_kept}, lengths=report.to_dict(),
-            train_loss=getattr(result, "training_loss", None), seconds=round(time.time() - started, 1),
-            precision=precision_choice(cfg).precision, weights=weights_choice(cfg).precision,
-            deepspeed=deepspeed_record(trainer),
-        )
-        from pipeline.cards import model_card
-
+        manifest = write_manifest(partial / "manifest.json", stage=stage, config=to_dict(cfg), complete=True,
+                                  **fields)
         # The model card every checkpoint carries (replacing PEFT's template); `run` adds eval results.
-        (partial / "README.md").write_text(model_card(manifest, []), encoding="utf-8")
+        (partial / "README.md").write_text(card(manifest), encoding="utf-8")
         if final.exists():
             shutil.rmtree(final)
         partial.rename(final)
-        print(f"[finetune] saved {'adapter' if adapter else 'model'} to {final}")
+        print(f"[{label}] saved {'adapter' if fields.get('adapter') else 'model'} to {final}")
         if not cfg.keep_checkpoints:
             freed = remove_checkpoints(cfg.output_dir)
-            print(f"[finetune] keep_checkpoints: false: removed {len(freed)} checkpoint folder(s), "
+            print(f"[{label}] keep_checkpoints: false: removed {len(freed)} checkpoint folder(s), "
                   f"{sum(size for _, size in freed) / 1e9:.1f} GB (final/ is complete)")
     trainer.accelerator.wait_for_everyone()
     return manifest
@@ -647,13 +675,22 @@ def load_finetuned(final_dir: str | Path, merge: bool = True, dtype=None):
 
 
 def main(argv: list[str] | None = None) -> int:
+    return script_main(argv, FinetuneConfig, section="train", resolve=resolve, run=run,
+                       prog="python -m pipeline.finetune", description=__doc__.split("\n")[0])
+
+
+def script_main(argv: list[str] | None, config_class: type, *, section: str, resolve, run, prog: str,
+                description: str) -> int:
+    """The body of a script `accelerate launch` runs (this one, pipeline.rl.train): its config
+    from --config and overrides, then `run`; a bad input or a failed write ends in one line
+    (relayed by the stage that launched it), a bug keeps its traceback."""
     import argparse
-    parser = argparse.ArgumentParser(prog="python -m pipeline.finetune", description=__doc__.split("\n")[0])
-    add_config_arguments(parser, FinetuneConfig)
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    add_config_arguments(parser, config_class)
     args = parser.parse_args(argv)
     cfg = None
     try:
-        cfg = stage_config(FinetuneConfig, args, section="train", finish=resolve)
+        cfg = stage_config(config_class, args, section=section, finish=resolve)
         run(cfg)
     except PipelineError as exc:
         return report_error(str(exc), exc.exit_code)

@@ -314,7 +314,7 @@ def fireact_run_model(stem: str) -> tuple[str, str, float | None]:
 
 
 def read_fireact_eval_run(path: str | Path, *, question_set: str = "react-dev500") -> dict:
-    """A FireAct eval run (dict keyed by dev index) -> one summary row (README, "Formats between stages").
+    """A FireAct eval run (dict keyed by dev index) -> one summary row (docs/formats.md).
 
     EM and F1 are recomputed from `pred` and `gt` with our HotpotQA metrics; `em_recorded` is
     FireAct's own field, and a disagreement between the two raises. `n` counts the records in the

@@ -89,7 +89,7 @@ class LengthReport:
 def tokenize_records(records: Iterable[dict], tokenizer: Any, *, mask_observations: bool = False,
                      max_length: int | None = None, long_examples: str = "drop",
                      ) -> tuple[list[dict[str, list[int]]], LengthReport]:
-    """Tokenise SFT dataset records (README, "Formats between stages": prompt, completion, observation_spans, id).
+    """Tokenise SFT dataset records (docs/formats.md: prompt, completion, observation_spans, id).
 
     `max_length=None`: keep everything (the longest example sets the length). Otherwise examples
     longer than it are dropped and reported (`long_examples="drop"`) or refused ("error")."""

@@ -107,7 +107,7 @@ def micro_batch_cap(batching: str, attention: str, max_per_device: int) -> tuple
     the packed length and SDPA loses its fused causal kernel. One trajectory per micro-batch
     needs no mask at all. Measured on this project's 2-core CPU (SmolLM2-135M, ReAct
     trajectories of ~440 tokens, 8 per step): 53 tokens/s packed 8 to a row, 115 one per row,
-    71 padded (README, Training)."""
+    71 padded (docs/training.md)."""
     if batching == "padding_free" and attention not in FLASH and max_per_device > 1:
         return 1, (f"micro-batch: 1 trajectory (padding-free under {attention} would pack several into one row "
                    "with a dense block-diagonal mask; set per_device_batch_size to override)")

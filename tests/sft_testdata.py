@@ -1,4 +1,4 @@
-"""Small real SFT datasets for the training tests (README, "Formats between stages": SFT dataset), written by hand
+"""Small real SFT datasets for the training tests (docs/formats.md: SFT dataset), written by hand
 here so these tests do not depend on the `filter` stage: real GPT-4 ReAct trajectories from
 FireAct's release and the paper's own exemplars, rendered by pipeline.trajectory."""
 

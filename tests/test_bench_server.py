@@ -1,5 +1,5 @@
 """bench/bench_server.py's code path, run tiny against STAND-INS for a continuous-batching server
-(no timing is asserted: the figures come from a real llama-server, see the README):
+(no timing is asserted: the figures come from a real llama-server, see docs/measurements.md):
 the fake OpenAI endpoint at --base-url, and tests/stand_in_llama_server.py launched as the
 llama-server binary (health polling, one server per run, shutdown).
 

@@ -19,7 +19,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "build_llama_server.sh"
-VERSION = "11434.0.0"  # the release the script was written against (README, Measured)
+VERSION = "11434.0.0"  # the release the script was written against (docs/measurements.md)
 
 # An in-tree PEP 517 backend with no requirements: pip can read the stand-in's metadata without
 # downloading any build dependency.

@@ -478,7 +478,8 @@ def test_killed_run_resumes_from_latest_complete_checkpoint(dataset, reference_r
     args = (f"experiment={name}", f"max_steps={steps}", "save_steps=3")
     # Every strategy trains the same 8 examples per step (16 examples cut evenly under any split),
     # all in fp32 (launch pins it), so the uninterrupted 2-process DDP run is the reference for
-    # all; each run prints its largest difference from it (the README quotes the measured figures).
+    # all; each run prints its largest difference from it (docs/faults.md quotes the measured
+    # figures).
     reference = losses_by_step(reference_run[0] / f"checkpoint-{LONG}")
     kill_after_checkpoint(launch(dataset, *args, processes=processes, config=config), run_dir / "checkpoint-3")
     last = latest_complete_checkpoint(run_dir)

@@ -223,6 +223,40 @@ def test_reference_points_off(tmp_path):
     assert json.loads(paths["orderings_json"].read_text())[3]["verdict"] == "cannot check"
 
 
+def test_a_grpo_student_is_a_triangle_beside_the_fine_tuned_points_and_a_column_of_its_own(tmp_path):
+    """A row with `training: grpo` (eval of a `grpo` final/) is drawn apart from the ReAct line, as
+    a triangle with its Wilson interval right of the fine-tuned 8B point; the table gives it a
+    column, the CSV a `training` column; the paper's orderings do not judge it."""
+    import matplotlib.pyplot as plt
+
+    from pipeline.report.figure import GRPO_DODGE, GRPO_MARKER, draw_figure
+
+    grpo = dict(row("M-8B-grpo (GRPO)", "8b", 8.0, "finetune", "react", 0.45, n=100), training="grpo")
+    summary = write_summary(tmp_path / "summary.json", PAPER_LIKE + [grpo])
+    paths = run_plot(PlotConfig(summaries=[str(summary)], out_dir=str(tmp_path / "plot"), reference_points=False))
+    md = paths["md"].read_text()
+    assert "| method | M-8B (8b) | M-8B-grpo (GRPO) (8b) | M-70B (62b) |" in md
+    assert "| ReAct | 31.0 [28.2, 33.9] (n=1000) | 45.0 [35.6, 54.8] (n=100) | 38.0 [35.0, 41.0] (n=1000) |" in md
+    table = list(csv.DictReader(paths["csv"].open()))
+    assert [(t["model"], t["method"]) for t in table if t["training"] == "grpo"] == [("M-8B-grpo (GRPO)", "react")]
+    assert json.loads(paths["orderings_json"].read_text())[1]["verdict"] == "holds"  # not "partly": not judged
+    assert "M-8B-grpo" not in paths["orderings"].read_text()
+
+    fig = draw_figure(load_summaries([summary]), [], "t")
+    prompting, tuning = fig.axes
+    triangles = [line for ax in fig.axes for line in ax.get_lines() if line.get_marker() == GRPO_MARKER]
+    assert len(triangles) == 1 and triangles[0].axes is tuning
+    assert list(triangles[0].get_xdata()) == [8.0 * GRPO_DODGE] and list(triangles[0].get_ydata()) == [45.0]
+    bars = [c for c in tuning.collections if c.get_segments() and abs(c.get_segments()[0][0][0] - 8.0 * GRPO_DODGE) < 1e-9]
+    (low, high), = [(seg[0][1], seg[1][1]) for seg in bars[0].get_segments()]
+    assert (round(low, 1), round(high, 1)) == (35.6, 54.8)  # the Wilson interval of 45/100
+    react = [line for line in tuning.get_lines() if line.get_marker() == "o" and line.get_color() == "#d62728"]
+    assert [list(line.get_xdata()) for line in react] == [[8.0 * 1.07 ** 1.5, 70.0 * 1.07 ** 1.5]]  # its line: SFT only
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert legend[-1] == "fine-tuned, then GRPO in the environment"
+    plt.close(fig)
+
+
 @pytest.mark.skipif(not FIREACT_TRAJS.is_dir(), reason="FireAct data not present")
 def test_fireact_runs_as_reference_points(tmp_path, capsys):
     summary = write_summary(tmp_path / "summary.json", [dict(r, question_set="react-dev500") for r in PAPER_LIKE])

@@ -4,6 +4,7 @@ and a tiny grid runs end to end, survives a kill, and finishes at once when run 
 from __future__ import annotations
 
 import contextlib
+import csv
 import json
 import os
 import signal
@@ -178,4 +179,52 @@ def test_a_tiny_grid_killed_mid_training_resumes_from_its_checkpoint_and_then_sk
                            f"compute it in {other} and 4 more unit(s); run mixes no precisions"), line
     assert f"REACT_PIPELINE_PRECISION={was}, or" in line
     assert "[run] ===" not in changed.stdout  # before the first unit
+    assert outputs(run_dir) == before
+
+
+GRPO_STEPS = 2
+
+
+@pytest.mark.slow
+def test_a_tiny_grid_with_a_grpo_section_trains_evaluates_and_plots_its_grpo_student(tmp_path, shared_data, smollm2_dir):
+    """The grpo phase for real, lean: the oracle STAND-IN teacher (gold facts, labelled so in the
+    plan) writes ReAct trajectories, the tiny student trains 4 steps, GRPO continues it for 2 steps
+    of 1 question x 2 rollouts under a real `accelerate launch` (one process), and the GRPO student
+    is evaluated (its own process) and plotted beside the fine-tuned one; run again, every unit is
+    skipped, the grpo unit by its final/ manifest."""
+    grid = read_yaml(tiny_grid(tmp_path, shared_data, smollm2_dir))
+    grid["methods"] = ["react"]
+    grid["students"][0].pop("prompt_model")
+    grid["grpo"] = {"formats": ["react"], "settings": {
+        "questions": "offline-bootstrap", "limit": 2, "questions_per_step": 1, "group_size": 2,
+        "max_steps": GRPO_STEPS, "save_steps": 1, "accelerate_config": "cpu", "rollout": {"max_batch_size": 2},
+        "prompting": {"max_new_tokens": 8, "max_steps": 2}}}
+    path = tmp_path / "grid-grpo.yaml"
+    path.write_text(yaml.safe_dump(grid))
+    run_dir, grpo_dir = tmp_path / "run", tmp_path / "ckpt" / "e2e" / "tiny-grpo" / "react"
+
+    done = run_pipeline("run", "--config", str(path), timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    plan_lines = [line for line in done.stdout.splitlines() if line.startswith("[run]  ")]
+    assert "no model: the oracle stand-in teacher (gold facts)" in "\n".join(plan_lines)
+    assert any(line.endswith("grpo     grpo: tiny from its react fine-tune") for line in plan_lines), plan_lines
+    assert done.stdout.index("] grpo: tiny from its react fine-tune") > done.stdout.index("] train: tiny on react")
+    manifest = json.loads((grpo_dir / "final" / "manifest.json").read_text())
+    assert (manifest["stage"], manifest["steps"], manifest["student"]) == ("grpo", GRPO_STEPS, "tiny-grpo")
+    assert manifest["start"]["checkpoint"] == str(tmp_path / "ckpt" / "e2e" / "tiny" / "react" / "final")
+    [row] = json.loads((run_dir / "eval" / "tiny-grpo-react" / "summary.json").read_text())
+    assert (row["model"], row["training"], row["mode"], row["method"], row["n"]) == \
+        ("tiny-grpo (GRPO)", "grpo", "finetune", "react", 3)
+    md = (run_dir / "plot" / "results.md").read_text()
+    assert "| method | tiny (fine-tuned) (tiny) | tiny-grpo (GRPO) (tiny) |" in md
+    table = list(csv.DictReader((run_dir / "plot" / "results.csv").open()))
+    assert [(t["model"], t["training"]) for t in table] == [("tiny (fine-tuned)", ""), ("tiny-grpo (GRPO)", "grpo")]
+    assert "fine-tuned, then GRPO in the environment" in (run_dir / "plot" / "figure3.svg").read_text()  # its legend entry
+    assert f"| react | offline-eval | 3 | {100 * row['em']:.1f} |" in (grpo_dir / "final" / "README.md").read_text()
+    before = outputs(run_dir)
+
+    again = run_pipeline("run", "--config", str(path), timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"[run] skip: {grpo_dir / 'final'} is complete" in again.stdout
+    assert again.stdout.count("[run] skip:") == 5  # generate, training, grpo, 2 evals
     assert outputs(run_dir) == before

@@ -23,9 +23,13 @@ from pipeline.stages.run import PHASES, RunConfig, Student, plan, selected_phase
 REPO = Path(__file__).resolve().parents[1]
 
 
-def paper_units():
-    cfg = build(RunConfig, read_yaml(REPO / "configs" / "paper.yaml"))
+def grid_units(name: str = "paper.yaml") -> list:
+    cfg = build(RunConfig, read_yaml(REPO / "configs" / name))
     return plan(cfg, [build(Student, s) for s in cfg.students])
+
+
+def paper_units():
+    return grid_units("paper.yaml")
 
 
 def test_the_paper_grid_runs_the_teacher_first_then_training_then_the_other_evals():
@@ -70,9 +74,9 @@ def test_the_prompted_70b_and_its_lora_students_share_one_server_and_the_full_fi
     (None, None, None, list(PHASES)),
     ("teacher", None, None, ["teacher"]),
     ("eval,train", None, None, ["train", "eval"]),
-    (None, "filter", None, ["filter", "train", "eval", "rounds", "plot"]),
+    (None, "filter", None, ["filter", "train", "grpo", "eval", "rounds", "plot"]),
     (None, None, "train", ["teacher", "filter", "train"]),
-    (None, "train", "eval", ["train", "eval"]),
+    (None, "train", "eval", ["train", "grpo", "eval"]),
 ])
 def test_selectors_name_phases(only, start, until, expected):
     assert selected_phases(only, start, until) == expected
@@ -95,6 +99,67 @@ def test_a_lora_student_evaluated_over_http_without_serve_is_refused_at_plan_tim
     students[1].eval = {"model": {"backend": "openai"}, "serve": None}  # the 70B LoRA student
     with pytest.raises(PipelineError, match="adapter cannot be evaluated at .* as the base model's name"):
         plan(cfg, students)
+
+
+def demo_with_grpo(**section) -> tuple[RunConfig, list[Student]]:
+    data = read_yaml(REPO / "configs" / "demo.yaml")
+    data["grpo"] = section
+    cfg = build(RunConfig, data)
+    return cfg, [build(Student, s) for s in cfg.students]
+
+
+def test_a_grpo_section_adds_a_grpo_unit_per_format_after_training_and_an_eval_of_its_result():
+    cfg, students = demo_with_grpo(formats=["react"], config=str(REPO / "configs" / "grpo" / "smollm2-135m.yaml"),
+                                   settings={"max_steps": 3, "group_size": 4})
+    units = plan(cfg, students)
+    phases = [u.phase for u in units]
+    assert phases.index("grpo") > max(i for i, p in enumerate(phases) if p == "train")
+    assert phases.index("grpo") < phases.index("eval")
+    [unit] = [u for u in units if u.phase == "grpo"]
+    assert unit.title == "grpo: smollm2-135m from its react fine-tune"
+    gr = unit.config  # the section's YAML < the grid's wiki < settings < this unit's start and names
+    assert gr.student == "checkpoints/demo/smollm2-135m/react/final" and gr.format == "react"
+    assert (gr.max_steps, gr.group_size, gr.prompting.temperature) == (3, 4, 0.7)
+    assert str(gr.output_dir) == "checkpoints/demo/smollm2-135m-grpo/react" and gr.experiment == "demo"
+    assert str(gr.wiki.index) == cfg.wiki["index"]
+    assert unit.needs.startswith("launches accelerate with 1 process (cpu;")
+    [ev] = [u for u in units if u.title == "eval: smollm2-135m after GRPO on react"]
+    assert ev.phase == "eval" and str(ev.config.checkpoint) == f"{gr.output_dir}/final"
+    assert str(ev.config.out_dir) == "runs/demo/eval/smollm2-135m-grpo-react" and ev.config.methods == ["react"]
+    assert ev.config.out_dir / "summary.json" in [Path(s) for s in units[-1].config.summaries]
+    assert len(units) == len(grid_units("demo.yaml")) + 2  # nothing else changes
+
+
+@pytest.mark.parametrize("section, message", [
+    ({"formats": ["cot"]}, "grpo.formats: 'cot' must be a format this grid trains .* and an interactive loop"),
+    ({"formats": ["react"], "settings": {"group_sise": 4}}, "unknown key 'group_sise'; did you mean 'group_size'"),
+    ({"formts": ["react"]}, "unknown key 'grpo.formts'; did you mean 'grpo.formats'"),
+])
+def test_a_bad_grpo_section_fails_at_plan_time(section, message):
+    with pytest.raises(PipelineError, match=message):
+        plan(*demo_with_grpo(**section))
+
+
+def test_without_a_grpo_section_or_for_other_students_there_is_no_grpo_unit():
+    assert not [u for u in grid_units("demo.yaml") if u.phase == "grpo"]
+    assert not [u for u in plan(*demo_with_grpo(formats=["react"], students=["someone-else"])) if u.phase == "grpo"]
+
+
+def test_a_grpo_unit_whose_final_is_complete_with_its_config_is_skipped(tmp_path, monkeypatch, capsys):
+    from pipeline.config import to_dict
+    from pipeline.storage import write_manifest
+
+    cfg, students = demo_with_grpo(formats=["react"], settings={"output_root": str(tmp_path), "max_steps": 2})
+    [unit] = [u for u in plan(cfg, students) if u.phase == "grpo"]
+    launched = []
+    monkeypatch.setattr("pipeline.stages.run.grpo", lambda gr: launched.append(gr) or 0)  # records the launch
+    final = unit.config.output_dir / "final"
+    write_manifest(final / "manifest.json", stage="grpo", config=dict(to_dict(unit.config), max_steps=1), complete=True)
+    unit.action(unit.config)  # another config's final/: launched again (it resumes or redoes)
+    assert launched == [unit.config]
+    write_manifest(final / "manifest.json", stage="grpo", config=to_dict(unit.config), complete=True)
+    unit.action(unit.config)
+    assert launched == [unit.config] and f"[run] skip: {final} is complete" in capsys.readouterr().out
 
 
 # -- a real small grid, phase by phase ----------------------------------------------------------

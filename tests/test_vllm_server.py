@@ -57,7 +57,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm,
 
 BASE = "smollm2-base"  # the base model's served name
 # Greedy completions of two engines agree only up to numerics: a near-tie between two tokens can
-# go either way and the rest of the text follows. Measured here: see the README (Serving).
+# go either way and the rest of the text follows. Measured here: docs/full-scale.md ("What ran
+# against a real vLLM here").
 MIN_IDENTICAL_SHARE = 0.75
 
 

@@ -3,7 +3,9 @@ scale); y = the task's metric (%). Each method is drawn as its registry row says
 (pipeline.methods.registry: a line across sizes with each point's 95% Wilson interval as an error
 bar, or points), in its colour and marker; every method in the rows is drawn (one without a row
 is an error, never left out). Reference points are hollow and labelled; released checkpoints
-evaluated here are filled plus markers labelled with their own name, apart from our lines.
+evaluated here are filled plus markers labelled with their own name, apart from our lines; our
+GRPO students (rows with `training: grpo`) are triangles with their intervals, beside the
+fine-tuned points of their size.
 matplotlib (Agg backend) is imported only when drawing.
 
     fig = draw_figure(rows, references, "HotpotQA EM", task); save_figure(fig, Path("f.png"), "png")
@@ -16,7 +18,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from pipeline.methods.registry import METHODS, in_figure_order, method_spec
-from pipeline.report.summaries import MODES, em_interval, method_label
+from pipeline.report.summaries import MODES, em_interval, is_grpo, method_label
 from pipeline.storage import atomic_path
 from pipeline.tasks import Task, get_task
 
@@ -32,13 +34,17 @@ def draw_figure(rows: list[dict], references: list[dict], title: str, task: Task
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.6), sharey=True)
     top = max([100 * (em_interval(r) or (0, r["em"]))[1] for r in [*rows, *references]] + [10.0])
     released = [r for r in rows if r.get("released")]
+    grpo = [r for r in rows if is_grpo(r)]
     for ax, (mode, panel) in zip(axes, MODES.items(), strict=True):
-        mode_rows = [r for r in rows if r["mode"] == mode and not r.get("released")]
+        mode_rows = [r for r in rows if r["mode"] == mode and not r.get("released") and not is_grpo(r)]
         _draw_methods(ax, mode_rows)
         mode_refs = [r for r in references if r["mode"] == mode]
         _draw_references(ax, mode_refs)
         mode_released = [r for r in released if r["mode"] == mode]
         _draw_released(ax, mode_released)
+        mode_grpo = [r for r in grpo if r["mode"] == mode]
+        _draw_grpo(ax, mode_grpo)
+        mode_released += mode_grpo  # for the ticks and the "no runs" note: drawn, not on a line
         ours = sorted({r["params_b"] for r in mode_rows} | {r["params_b"] for r in mode_released})
         everything = sorted({*ours, *(r["params_b"] for r in mode_refs)})
         ax.set_xscale("log")
@@ -54,7 +60,7 @@ def draw_figure(rows: list[dict], references: list[dict], title: str, task: Task
             ax.text(0.5, 0.5, "no runs", transform=ax.transAxes, ha="center", color="gray")
     axes[0].set_ylabel(f"{task.title} {task.metric_label} (%)")
     axes[0].set_ylim(-1.5, top * 1.15 + 2)  # below 0 so points at EM 0 are not cut
-    handles = _legend_handles(rows, references, bool(released))
+    handles = _legend_handles(rows, references, bool(released), bool(grpo))
     fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 0.03), ncol=min(len(handles), 6),
                fontsize=8, frameon=False)
     if references:
@@ -84,7 +90,7 @@ def _draw_methods(ax, rows: list[dict]) -> None:
                        label=spec.label, zorder=3)
 
 
-def _legend_handles(rows: list[dict], references: list[dict], any_released: bool) -> list:
+def _legend_handles(rows: list[dict], references: list[dict], any_released: bool, any_grpo: bool = False) -> list:
     from matplotlib.lines import Line2D
 
     handles = [Line2D([], [], color=spec.color, marker=spec.marker, label=spec.label,
@@ -93,6 +99,9 @@ def _legend_handles(rows: list[dict], references: list[dict], any_released: bool
     if any_released:
         handles.append(Line2D([], [], color="black", marker=RELEASED_MARKER, linestyle="none",
                               label="released fine-tuned agent, evaluated here"))
+    if any_grpo:
+        handles.append(Line2D([], [], color="black", marker=GRPO_MARKER, linestyle="none",
+                              label="fine-tuned, then GRPO in the environment"))
     kinds = {_ref_kind(r) for r in references}
     handles += [Line2D([], [], color="black", marker=mk, markerfacecolor="none", linestyle="none", label=lab)
                 for src, mk, lab in REFERENCE_STYLES if src in kinds]
@@ -145,6 +154,18 @@ def _draw_released(ax, rows: list[dict]) -> None:
                    color=method_spec(row["method"]).color, edgecolors="black", linewidths=0.6)
         ax.annotate(row["model"], (row["params_b"], 100 * row["em"]), textcoords="offset points",
                     xytext=(7, -10), fontsize=7)
+
+
+GRPO_MARKER = "^"  # the third kind of point: a student of ours fine-tuned, then trained by GRPO
+GRPO_DODGE = 1.15  # drawn just right of the fine-tuned point at its size, never joined to its line
+
+
+def _draw_grpo(ax, rows: list[dict]) -> None:
+    """Each GRPO student's point in its method's colour, with its 95% Wilson interval as an error bar."""
+    for row in rows:
+        ax.errorbar([row["params_b"] * GRPO_DODGE], [100 * row["em"]], yerr=_error_bars([row]), marker=GRPO_MARKER,
+                    markersize=8, color=method_spec(row["method"]).color, markeredgecolor="black",
+                    linestyle="none", capsize=3, elinewidth=1, zorder=5)
 
 
 def _base_model(model: str) -> str:

@@ -61,7 +61,7 @@ ORDERINGS = {
 
 
 def reference_rows() -> list[dict]:
-    """The published points as summary rows (README, "Formats between stages"), with `source` paper / fireact and a
+    """The published points as summary rows (docs/formats.md), with `source` paper / fireact and a
     `reference` string naming the publication. Counts, F1 and costs were not published: None."""
     rows = [
         _row("PaLM-540B (ReAct paper)", "540b", 540.0, "prompt", method, em, "paper", REACT_PAPER,

@@ -35,7 +35,7 @@ def load_summaries(paths: list[str | Path]) -> list[dict]:
             require_complete(path.parent / "manifest.json", f"summary {path}")
         data = read_json(path)
         if not isinstance(data, list):
-            raise PipelineError(f"{path}: expected a JSON list of summary rows (README, Formats between stages)")
+            raise PipelineError(f"{path}: expected a JSON list of summary rows (docs/formats.md)")
         if not data:
             raise PipelineError(f"{path}: the summary is empty (no evaluated rows); run eval on at least one model")
         rows += [validate_row(row, f"{path} row {i}") for i, row in enumerate(data)]
@@ -90,7 +90,7 @@ def validate_row(row: dict, where: str) -> dict:
         raise PipelineError(f"{where}: expected an object")
     missing = [k for k in REQUIRED if row.get(k) in (None, "")]
     if missing:
-        raise PipelineError(f"{where}: missing {', '.join(missing)} (README, Formats between stages: Summary)")
+        raise PipelineError(f"{where}: missing {', '.join(missing)} (docs/formats.md: Summary)")
     if row["mode"] not in MODES:
         raise PipelineError(f"{where}: mode must be 'prompt' or 'finetune', got {row['mode']!r}")
     try:  # a method without a registry row would have no label, colour or marker: refused, never dropped
@@ -188,6 +188,12 @@ def pct(row: dict) -> str:
 def pct_ci(row: dict) -> str:
     ci = em_interval(row)
     return pct(row) + (f" [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]" if ci else "")
+
+
+def is_grpo(row: dict) -> bool:
+    """A GRPO student's row (eval writes `training: grpo` for a `grpo` final/): drawn with its own
+    marker, not judged by the paper's orderings (they are about the SFT recipe)."""
+    return row.get("training") == "grpo"
 
 
 def method_label(row: dict) -> str:

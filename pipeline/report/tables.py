@@ -17,12 +17,14 @@ CSV_COLUMNS = ("source", "mode", "model", "size_class", "params_b", "method", "q
 
 def results_csv(rows: list[dict], references: list[dict]) -> str:
     out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=CSV_COLUMNS, lineterminator="\n")
+    # `training` (grpo) only where a row has it: a grid without GRPO keeps its columns
+    columns = CSV_COLUMNS + (("training",) if any(r.get("training") for r in rows) else ())
+    writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
     writer.writeheader()
     for row in [*_sorted(rows), *_sorted(references)]:
         ci = em_interval(row) or (None, None)
         writer.writerow({
-            **{k: row.get(k) for k in CSV_COLUMNS},
+            **{k: row.get(k) for k in columns},
             "em_lo_pct": None if ci[0] is None else round(100 * ci[0], 2),
             "em_hi_pct": None if ci[1] is None else round(100 * ci[1], 2),
             "source": row.get("source") or "ours",

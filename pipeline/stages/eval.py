@@ -93,6 +93,7 @@ class ModelUnderTest:
     decode_mode: str = "zero_shot"  # how its prompts are built (pipeline.methods MODES)
     released: dict | None = None  # a checkpoint not trained here: {checkpoint, format}
     train_precision: str | None = None  # a fine-tuned student's training precision (its manifest)
+    training: str | None = None  # "grpo" for a `grpo` final/ (its manifest's stage); None: SFT or prompted
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -196,15 +197,17 @@ def model_under_test(cfg: EvalConfig) -> ModelUnderTest:
         llm = replace(cfg.model, model=str(base), adapter=str(final), gguf_file=None)
     else:
         llm = replace(cfg.model, model=str(final), adapter=None, gguf_file=None)
-    # One label per student across its methods, so the figure groups them as one model.
-    label = cfg.model.name or f"{manifest['student']} (fine-tuned)"
+    # One label per student across its methods, so the figure groups them as one model; a GRPO
+    # student (a `grpo` final/, read like a `train` one) says so, and its rows carry `training`.
+    training = "grpo" if manifest.get("stage") == "grpo" else None
+    label = cfg.model.name or f"{manifest['student']} ({'GRPO' if training else 'fine-tuned'})"
     llm = replace(llm, name=label)
     size_class = cfg.size_class or manifest.get("size_class") or ""
     params_b = cfg.params_b or manifest.get("params_b")
     if not size_class or not params_b:
         raise PipelineError(f"{final}: its manifest has no size; set size_class= and params_b=")
     return ModelUnderTest(llm, label, "finetune", size_class, float(params_b), fmt,
-                          train_precision=manifest.get("precision"))
+                          train_precision=manifest.get("precision"), training=training)
 
 
 SIZE_HINTS = {"size_class": "e.g. 8b", "params_b": "billions, e.g. 8.0"}
@@ -251,6 +254,8 @@ def summary_row(target: ModelUnderTest, method: str, question_set: str, stats: d
         row["task"] = task
     if target.released:  # evaluated here, trained elsewhere: plot draws it apart from our students
         row["released"] = target.released
+    if target.training:  # a GRPO student: plot draws it beside the fine-tuned ones, with its own marker
+        row["training"] = target.training
     return row
 
 

@@ -16,7 +16,7 @@ episode ids (the first is kept) and repeated trajectories of one question (the k
 rejection sampling, `generate samples=k`, are episodes `<question id>#<j>`: pipeline.sampling),
 keeps at most `per_question` of each question (default: every distinct trajectory), caps the rest at `max_per_method` by a seeded draw, shuffles them with the same seed (so training batches mix
 questions and sources rather than follow the generate order; `shuffle=false` keeps input order),
-and writes `<out_dir>/<method>/` (README, "Formats between stages"): train.jsonl,
+and writes `<out_dir>/<method>/` (docs/formats.md): train.jsonl,
 failed.jsonl (every episode that ended in a backend error, did not finish, was wrong or below
 min_f1, each with `why`: the data a negative-aware method trains on), README.md (dataset card),
 stats.json, manifest.json. `union_with` names earlier datasets whose rows each dataset starts
@@ -203,7 +203,7 @@ def _read_generate_folder(folder: Path) -> list[tuple[Path, list[dict]]]:
         for i, episode in enumerate(episodes, 1):
             missing = [k for k in REQUIRED_FIELDS if k not in episode]
             if missing:
-                raise PipelineError(f"{path}: record {i} lacks {', '.join(missing)}; not an episode record (README, Formats between stages)")
+                raise PipelineError(f"{path}: record {i} lacks {', '.join(missing)}; not an episode record (docs/formats.md)")
             episode.setdefault("source", "generate")
         out.append((path, episodes))
     if not out:
@@ -297,7 +297,7 @@ def _drop_reason(episode: dict, method: str, cfg: FilterConfig, task: Task) -> s
 
 
 def sft_example(episode: dict) -> dict:
-    """One training row (README, "Formats between stages": SFT dataset): the renderer's prompt/completion and observation spans."""
+    """One training row (docs/formats.md: SFT dataset): the renderer's prompt/completion and observation spans."""
     traj = Trajectory.from_dict(episode["trajectory"])
     rendered = render(traj)
     return {

@@ -15,7 +15,8 @@ numbers and FireAct's released runs when `fireact_runs` is set) are drawn hollow
 and never enter the orderings check except where it says so. Rows of released checkpoints
 evaluated here (`released` in the row: eval of a checkpoint trained elsewhere) are drawn as
 filled plus markers labelled with their own name, apart from our students' lines, and are not judged
-by the orderings check. Writes <name>.png, <name>.svg,
+by the orderings check; GRPO students' rows (`training: grpo`) are triangles with their intervals
+beside the fine-tuned points of their size, a column of their own in the table, not judged either. Writes <name>.png, <name>.svg,
 results.csv, results.md, orderings.md, orderings.json and manifest.json into out_dir, each by an
 atomic rename.
 
@@ -44,6 +45,7 @@ from pipeline.report.summaries import (
     check_duplicates,
     check_question_sets,
     check_task,
+    is_grpo,
     label_precisions,
     load_summaries,
 )
@@ -79,9 +81,9 @@ def run_plot(cfg: PlotConfig) -> dict[str, Path]:
     label_precisions(rows)
     check_duplicates(rows)
     references = collect_references(task, cfg.reference_points, cfg.fireact_runs)
-    # The paper's orderings are about students trained by this recipe: released agents are plotted, not
-    # judged; they are stated about HotpotQA only.
-    ours = [r for r in rows if not r.get("released")]
+    # The paper's orderings are about students trained by this recipe: released agents and GRPO students
+    # are plotted, not judged; they are stated about HotpotQA only.
+    ours = [r for r in rows if not r.get("released") and not is_grpo(r)]
     results = check_orderings(ours, references, cfg.clear_margin) if task.states_orderings else []
     out = Path(cfg.out_dir)
     paths = {"png": out / f"{cfg.name}.png", "svg": out / f"{cfg.name}.svg", "csv": out / "results.csv",

@@ -12,15 +12,16 @@ unit resumes (episodes by id, training from its latest complete checkpoint). The
 the table and the figure's path.
 
 GPUs: the units run in phases, so that one model holds the GPUs at a time (PHASES below):
-teacher (generate, and the teacher's own prompted eval), filter, train, eval (every other
-eval), plot. `--only`, `--from` and `--until` take phase names and select a part of the grid,
-e.g. `--only teacher` while the teacher is served, then `--from filter` once it is stopped.
+teacher (generate, and the teacher's own prompted eval), filter, train, grpo (only with a
+`grpo` section: GRPO of the fine-tuned students, docs/grpo.md), eval (every other eval), rounds
+(only with a `self_training` section: docs/rounds.md), plot.
+`--only`, `--from` and `--until` take phase names and select a part of the grid, e.g. `--only teacher` while the teacher is served, then `--from filter` once it is stopped.
 The plan printed first lists every unit with its phase and what it needs served where; units
 outside the selection are listed as "not selected" and never run; selected units still skip
 when complete. Each eval runs in its own `python -m pipeline eval` process (as training runs
 under `accelerate launch`), so one model's GPU memory is free before the next one loads.
 
-Self-training (`self_training: {rounds: N, ...}`, pipeline/rounds.py): after round 1 (the grid
+Self-training (`self_training: {rounds: N, ...}`, pipeline/rounds.py, docs/rounds.md): after round 1 (the grid
 above), rounds 2..N run in the `rounds` phase, each four units with their own folders
 (generate with the last round's student as the teacher, filter, train, eval), and `plot` adds
 the rounds table and figure (EM by round):
@@ -37,7 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,8 @@ from pipeline.serve_groups import plan_groups, running
 from pipeline.stages.eval import EvalConfig, model_under_test, precision_record
 from pipeline.stages.filter import FilterConfig, run_filter
 from pipeline.stages.generate import GenerateConfig, generate
+from pipeline.stages.grpo import GrpoConfig, grpo
+from pipeline.stages.grpo import resolve as resolve_grpo
 from pipeline.stages.plot import PlotConfig, run_plot
 from pipeline.stages.train import gpu_count, pick_accelerate_config, processes_for, train
 from pipeline.storage import check_writable_dir, is_done, read_manifest
@@ -88,6 +91,17 @@ class Student:
 
 
 @dataclass
+class GrpoPhase:
+    """The grid's optional `grpo` section: GRPO (pipeline/stages/grpo.py) of each trained student's
+    fine-tuned checkpoint of these formats, then an eval of each result (docs/grpo.md)."""
+
+    formats: list[str] = field(default_factory=list)  # react and/or act; [] (the default): no grpo phase
+    config: Path | None = None  # a GrpoConfig YAML to start from (its `grpo` section or the whole file)
+    students: list[str] | None = None  # the student names to run it for; None: every student trained here
+    settings: dict = field(default_factory=dict)  # GrpoConfig keys over `config` (e.g. max_steps, group_size)
+
+
+@dataclass
 class RunConfig:
     experiment: str = "default"
     out_dir: Path = Path("runs/default")
@@ -102,6 +116,7 @@ class RunConfig:
     # Student entries: name, config, size_class, params_b, prompt_model, finetune, train, checkpoint,
     # format, and eval (this student's EvalConfig keys, e.g. model.tensor_parallel_size or serve)
     students: list[dict] = field(default_factory=list)
+    grpo: GrpoPhase = field(default_factory=GrpoPhase)  # GRPO of the trained students; off unless `formats` names one
     # Self-training rounds after round 1 (the grid): each round's student is the next round's
     # teacher (pipeline/rounds.py)
     self_training: SelfTrainingConfig = field(default_factory=SelfTrainingConfig)
@@ -112,6 +127,7 @@ PHASES = {
     "teacher": "generate, and the teacher's own prompted eval (while the teacher is served)",
     "filter": "correct trajectories -> SFT datasets (CPU)",
     "train": "every student x format training (accelerate launch)",
+    "grpo": "GRPO of the grid's fine-tuned students, when the `grpo` section names formats (accelerate launch)",
     "eval": "every other eval: prompted students, fine-tuned students, released checkpoints",
     "rounds": "self-training rounds 2..N (self_training:), each: the last student generates, filter, train, eval",
     "plot": "figure 3, the table and the orderings check",
@@ -236,6 +252,8 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
             units.append(Unit(f"eval: {student.name} fine-tuned on {method}", ev,
                               with_model_card(final, skip_or(evaluate_in_child, eval_precision)), "eval", needs_eval(ev),
                               precision=eval_precision, serves=served_as(ft, final)))
+            if method in grpo_formats(cfg, student):
+                units += grpo_units(cfg, student, ft)
     summaries = [u.config.out_dir / "summary.json" for u in units if u.title.startswith("eval")]
     units += round_units(cfg, students, dataset_dir)  # self-training rounds 2..N and their report
     units.append(Unit("plot: figure 3 and the table", plot_config(cfg, summaries), run_plot, "plot", "no model: CPU only"))
@@ -407,9 +425,9 @@ def check_outputs(cfg: RunConfig, units: list[Unit]) -> None:
     a read-only checkpoint root should not surface after hours of generation."""
     check_writable_dir(cfg.out_dir, "out_dir")
     for unit in units:
-        if unit.action is launch_train:
+        if unit.action in (launch_train, launch_grpo):
             ft = unit.config
-            check_writable_dir(ft.output_dir, f"train output_dir ({ft.student_name}, {ft.format})")
+            check_writable_dir(ft.output_dir, f"{unit.phase} output_dir ({ft.student_name}, {ft.format})")
 
 
 def check_precisions(units: list[Unit]) -> None:
@@ -684,3 +702,64 @@ def checkpoint_eval_config(cfg: RunConfig, student: Student):
 def plot_config(cfg: RunConfig, summaries: list[Path]):
     layers = merged(cfg.plot, {"summaries": [str(s) for s in summaries], "out_dir": str(cfg.out_dir / "plot")})
     return build(PlotConfig, layers, where="plot")
+
+
+# ---------------------------------------------------------------- the optional grpo phase
+
+
+def grpo_formats(cfg: RunConfig, student: Student) -> list[str]:
+    """The formats the `grpo` section continues this student in (checked against the grid)."""
+    phase = cfg.grpo
+    if not phase.formats or (phase.students is not None and student.name not in phase.students):
+        return []
+    from pipeline.rl.config import RL_FORMATS
+
+    for fmt in phase.formats:
+        if fmt not in RL_FORMATS or fmt not in cfg.methods:
+            raise PipelineError(f"grpo.formats: '{fmt}' must be a format this grid trains ({', '.join(cfg.methods)}) "
+                                f"and an interactive loop GRPO runs ({', '.join(RL_FORMATS)})")
+    return phase.formats
+
+
+def grpo_units(cfg: RunConfig, student: Student, ft) -> list[Unit]:
+    """The grpo unit that continues the fine-tuned `ft` student in its loop, and that result's eval."""
+    gr = grpo_config(cfg, student, ft)
+    final = Path(gr.output_dir) / "final"
+    ev = eval_config(cfg, student, final, gr.format)
+    ev = replace(ev, out_dir=cfg.out_dir / "eval" / f"{student.name}-grpo-{gr.format}")
+    check_adapter_reachable(ev, gr)
+    sft_final = str(Path(ft.output_dir) / "final")
+    base = sft_final if ft.finetuning == "full" else ft.student  # what a LoRA GRPO adapter sits on
+    return [Unit(f"grpo: {student.name} from its {gr.format} fine-tune", gr, launch_grpo, "grpo", needs_train(gr)),
+            Unit(f"eval: {student.name} after GRPO on {gr.format}", ev,
+                 with_model_card(final, skip_or(evaluate_in_child, eval_precision)), "eval", needs_eval(ev),
+                 precision=eval_precision, serves=(str(final), None) if gr.finetuning == "full" else (base, str(final)))]
+
+
+def grpo_config(cfg: RunConfig, student: Student, ft):
+    """The GrpoConfig of one unit: beside the student's checkpoints (its `output_root`) < the
+    section's `config` < the grid's wiki < its `settings` < this unit's start, format and names."""
+    phase = cfg.grpo
+    layers = merged({"output_root": str(ft.output_root)}, read_section(phase.config, "grpo") if phase.config else {},
+                    {"wiki": cfg.wiki}, phase.settings, {
+                        "experiment": cfg.experiment, "student": str(Path(ft.output_dir) / "final"),
+                        "student_name": f"{student.name}-grpo", "format": ft.format})
+    return resolve_grpo(build(GrpoConfig, layers, where=f"grpo ({student.name} on {ft.format})"))
+
+
+def launch_grpo(gr) -> None:
+    """`grpo` for one fine-tuned student, unless its final policy is done with this config."""
+    final = Path(gr.output_dir) / "final"
+    if is_done(final / "manifest.json", config=to_dict(gr)):
+        print(f"[run] skip: {final} is complete")
+        return
+    gpu_memory.check(train_gpu_need(gr))  # a launch like train's: its GPUs to itself
+    try:
+        code = grpo(gr)
+    except PipelineError as exc:  # the child's own error line, relayed by the launcher
+        failure = PipelineError(f"GRPO of {gr.student_name} on {gr.format}: {exc}")
+        failure.exit_code = exc.exit_code
+        raise failure from None
+    if code != 0:
+        raise PipelineError(f"GRPO of {gr.student_name} on {gr.format} failed (exit code {code}); "
+                            "fix the cause and re-run: it resumes from the latest checkpoint")

@@ -26,7 +26,7 @@ class WikiConfig:
     timeout_s: float = 20.0
     max_retries: int = 5
     # clean | original: the text and rules of the environment's observations (pipeline/wiki/env.py;
-    # "original" is wikienv.py's own, `..` and all; the README compares them side by side)
+    # "original" is wikienv.py's own, `..` and all; docs/environment.md compares them side by side)
     observation_style: str = "clean"
 
 
