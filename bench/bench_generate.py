@@ -226,7 +226,7 @@ def run_runner(args, questions, method, index) -> int:
 
 def main() -> int:
     args = parse_args()
-    from pipeline import precision
+    from pipeline.core import precision
 
     print(f"{load_average()}; {precision.inference('auto', args.device).line('auto would choose')}")
     limits = compute_limits()

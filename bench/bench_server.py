@@ -38,7 +38,7 @@ sys.path.insert(0, str(REPO / "bench"))
 from machine import load_average, spread  # noqa: E402
 
 from pipeline.agent import SCHEDULES, run_episodes  # noqa: E402
-from pipeline.errors import PipelineError  # noqa: E402
+from pipeline.core.errors import PipelineError  # noqa: E402
 from pipeline.hotpotqa import load_question_set  # noqa: E402
 from pipeline.llm.config import LLMConfig  # noqa: E402
 from pipeline.llm.openai_http import OpenAICompatibleLLM  # noqa: E402

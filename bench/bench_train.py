@@ -6,7 +6,7 @@ SFTTrainer on equal settings and as shipped, and bf16 against fp32.
     .venv/bin/python bench/bench_train.py --setups ours ours-bf16       # just the precision ratio
 
 Data: FireAct's 500 real GPT-4 ReAct trajectories (../shared/data), rendered by
-pipeline.trajectory; every setup sees the same examples in the same order (same seed). Setups:
+pipeline.core.trajectory; every setup sees the same examples in the same order (same seed). Setups:
   trl-default  what a user gets out of the box: SFTTrainer as shipped (prompt/completion records
                tokenised by TRL, padded batches, TRL's fused chunked loss, gradient checkpointing
                ON), fp32 (TRL's own default, bf16=True, refuses to start on a CPU without use_cpu).
@@ -76,7 +76,7 @@ RATIOS = [
 
 
 def records() -> list[dict]:
-    from pipeline.trajectory import parse, render
+    from pipeline.core.trajectory import parse, render
     out = []
     for i, row in enumerate(json.loads(DATA.read_text(encoding="utf-8"))):
         rendered = render(parse(f"Question: {row['instruction']}\n{row['output']}", "react"))
@@ -116,7 +116,7 @@ def step_timer():
 
 def finetune_cfg(model: str, out: Path, steps: int, batch: int, checkpointing: bool, precision: str,
                  overrides: tuple[str, ...] = ()):
-    from pipeline.config import load_config
+    from pipeline.core.config import load_config
     from pipeline.finetune import FinetuneConfig, resolve
     base = ["init=random", "tokenizer=smollm2", "student=tiny", "learning_rate=1.0e-3"] if model == "tiny" else [
         "student=smollm2", "learning_rate=2.0e-5"]
@@ -212,7 +212,7 @@ def main() -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
 
-    from pipeline import precision
+    from pipeline.core import precision
     recs = records()
     print(f"data: {len(recs)} FireAct ReAct trajectories; batch {args.batch}; {args.steps} steps x "
           f"{args.repeats} repeats per setup; torch threads {torch.get_num_threads()}; "

@@ -14,12 +14,12 @@ from collections.abc import Iterable
 from typing import Any
 
 from pipeline.agent import BackendFactory, episode_record
+from pipeline.core.trajectory import Step, Trajectory, one_line, render
 from pipeline.llm.base import LLM, Completion, GenerationRequest
 from pipeline.methods.base import Outcome, backend_errors, completion_failure
 from pipeline.methods.interactive import env_action, split_thought_action
 from pipeline.methods.prompts import PromptPrefix
 from pipeline.tasks import get_task
-from pipeline.trajectory import Step, Trajectory, one_line, render
 from pipeline.wiki.env import WikiEnv
 
 

@@ -39,7 +39,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict
 from typing import Any
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
+from pipeline.core.trajectory import render
 from pipeline.llm.base import LLM, Completion, GenerationRequest
 from pipeline.methods.base import (
     EpisodeContext,
@@ -47,7 +48,6 @@ from pipeline.methods.base import (
     Outcome,
 )
 from pipeline.tasks import Task
-from pipeline.trajectory import render
 from pipeline.wiki.backend import WikiBackend
 from pipeline.wiki.env import WikiEnv
 

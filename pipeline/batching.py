@@ -25,7 +25,7 @@ uses them as given (one varlen call over all rows), SDPA and eager ignore them.
 
 from __future__ import annotations
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.sft import IGNORE_INDEX
 
 

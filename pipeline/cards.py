@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline.storage import atomic_write_text, read_manifest
+from pipeline.core.storage import atomic_write_text, read_manifest
 from pipeline.tasks import Task, get_task, task_of
 
 HOTPOTQA = "HotpotQA (Yang et al. 2018): questions and answers, CC BY-SA 4.0"  # = its Task.data_line()

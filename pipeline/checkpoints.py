@@ -24,7 +24,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 
 # How a fine-tuned checkpoint decodes: the trajectory format it runs (methods must use only it)
 # and the method-settings mode that builds its prompts (pipeline.methods).

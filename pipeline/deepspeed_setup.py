@@ -14,7 +14,7 @@ import os
 from importlib import resources
 from pathlib import Path
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 
 # Shipped inside the package (pipeline/accelerate_configs links to the repository's
 # accelerate_configs/), so a non-editable install finds them too.

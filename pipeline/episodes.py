@@ -28,16 +28,10 @@ from typing import Any
 from tqdm import tqdm
 
 from pipeline.agent import run_episodes
-from pipeline.config import to_dict, upgrade_keys
-from pipeline.errors import PipelineError
-from pipeline.llm.base import LLM
-from pipeline.llm.config import LLMConfig
-from pipeline.llm.factory import load_llm
-from pipeline.methods import Method, MethodSettings, build_method, prompt_prefixes
-from pipeline.methods.base import ended_in_error
-from pipeline.methods.oracle import DEFAULT_STYLE, check_style
-from pipeline.shards import parse_shard, shard_questions
-from pipeline.storage import (
+from pipeline.core.config import to_dict, upgrade_keys
+from pipeline.core.errors import PipelineError
+from pipeline.core.shards import parse_shard, shard_questions
+from pipeline.core.storage import (
     JsonlAppender,
     atomic_write_text,
     jsonl_line,
@@ -46,8 +40,14 @@ from pipeline.storage import (
     remove_stale_temps,
     write_manifest,
 )
+from pipeline.core.trajectory import FORMATS
+from pipeline.llm.base import LLM
+from pipeline.llm.config import LLMConfig
+from pipeline.llm.factory import load_llm
+from pipeline.methods import Method, MethodSettings, build_method, prompt_prefixes
+from pipeline.methods.base import ended_in_error
+from pipeline.methods.oracle import DEFAULT_STYLE, check_style
 from pipeline.tasks import Task, get_task, task_of
-from pipeline.trajectory import FORMATS
 from pipeline.wiki.backend import WikiBackend
 from pipeline.wiki.config import open_backend
 

@@ -27,18 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pipeline.config import add_config_arguments, stage_config, to_dict
-from pipeline.deepspeed_setup import (
-    check_deepspeed_device,
-    deepspeed_line,
-    deepspeed_record,
-    settle_deepspeed_config,
-    under_deepspeed,
-)
-from pipeline.errors import PipelineError, os_error_message
-from pipeline.llm import models
-from pipeline.llm.models import model_label, resolve_model_path
-from pipeline.storage import (
+from pipeline.core.config import add_config_arguments, stage_config, to_dict
+from pipeline.core.errors import PipelineError, os_error_message
+from pipeline.core.storage import (
     atomic_write_json,
     file_fingerprint,
     is_done,
@@ -47,6 +38,16 @@ from pipeline.storage import (
     require_complete,
     write_manifest,
 )
+from pipeline.core.trajectory import FORMATS
+from pipeline.deepspeed_setup import (
+    check_deepspeed_device,
+    deepspeed_line,
+    deepspeed_record,
+    settle_deepspeed_config,
+    under_deepspeed,
+)
+from pipeline.llm import models
+from pipeline.llm.models import model_label, resolve_model_path
 from pipeline.train_checks import (  # noqa: F401  (is_complete_checkpoint: re-exported)
     Layout,
     check_config,
@@ -66,7 +67,6 @@ from pipeline.train_speed import (
     installed_kernels,
     micro_batch_cap,
 )
-from pipeline.trajectory import FORMATS
 
 # Paper (appendix B.1): batch 64; steps by size class and trajectory format.
 PAPER_STEPS = {
@@ -91,7 +91,7 @@ class LoraSettings:
 
 @dataclass
 class FinetuneConfig:
-    RENAMED_KEYS: ClassVar[dict[str, str]] = {"method": "format"}  # old key -> new (pipeline.config)
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {"method": "format"}  # old key -> new (pipeline.core.config)
 
     experiment: str = "default"
     student: str = "smollm2"  # hub id, local dir, or "smollm2" (the embedded SmolLM2-135M-Instruct)
@@ -258,14 +258,14 @@ def own_pad_token(tokenizer) -> str | None:
 
 
 def precision_choice(cfg: FinetuneConfig):
-    """bf16 / fp32 / fp16 for this run and why (pipeline/precision.py has the rule)."""
-    from pipeline import precision
+    """bf16 / fp32 / fp16 for this run and why (pipeline/core/precision.py has the rule)."""
+    from pipeline.core import precision
     return precision.training(cfg.precision, deepspeed=under_deepspeed())
 
 
 def weights_choice(cfg: FinetuneConfig):
-    """The dtype the student loads in and why (pipeline/precision.py: weights)."""
-    from pipeline import precision
+    """The dtype the student loads in and why (pipeline/core/precision.py: weights)."""
+    from pipeline.core import precision
     return precision.weights(precision_choice(cfg).precision, cfg.finetuning, launch_strategy())
 
 

@@ -27,9 +27,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import PipelineError
-from pipeline.paths import REPO_ROOT, resolve_source
-from pipeline.storage import read_jsonl
+from pipeline.core.errors import PipelineError
+from pipeline.core.paths import REPO_ROOT, resolve_source
+from pipeline.core.storage import read_jsonl
 
 DEV_SIZE = 7405
 REACT_SEED = 233

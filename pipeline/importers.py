@@ -30,10 +30,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
+from pipeline.core.storage import atomic_write_json, atomic_write_text
+from pipeline.core.trajectory import Step, Trajectory, render
 from pipeline.metrics import exact_match, f1_score
-from pipeline.storage import atomic_write_json, atomic_write_text
-from pipeline.trajectory import Step, Trajectory, render
 
 TEACHER = "gpt-4 (FireAct release)"
 OBSERVATION_SOURCE = (

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import to_dict
+from pipeline.core.config import to_dict
 from pipeline.serving import (
     SHARED_SERVER_ENV,
     ManagedServer,

@@ -17,7 +17,7 @@ of letting every waiting episode be recorded as failed; the next run resumes.
 The server runs under a guardian process (pipeline/guardian.py) that ends its whole process tree
 (vLLM's API server, engine core, workers) when the eval stops it or dies, even by SIGKILL; a
 SIGTERM to the eval runs its orderly stop. While the server's process is alive and answers
-/health, a slow request is waited for and never re-sent (pipeline/transport.py: still_working).
+/health, a slow request is waited for and never re-sent (pipeline/core/transport.py: still_working).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.llm.base import Completion, GenerationRequest
 from pipeline.llm.config import LLMConfig
 
@@ -408,7 +408,7 @@ class ServedLLM:
     def __init__(self, inner, server: ServerView):
         self.inner, self.server, self.name = inner, server, inner.name
         client = getattr(inner, "client", None)  # the OpenAI-compatible backend's HTTP client
-        if client is not None:  # a busy server is waited for, never asked twice (pipeline/transport.py)
+        if client is not None:  # a busy server is waited for, never asked twice (pipeline/core/transport.py)
             client.still_working = server.healthy
 
     def generate(self, requests: list[GenerationRequest]) -> list[list[Completion]]:

@@ -1,6 +1,6 @@
 """One SFT example -> token ids and labels; the batch-size arithmetic of a launch.
 
-The student is trained to decode the whole rendered trajectory (pipeline.trajectory.render)
+The student is trained to decode the whole rendered trajectory (pipeline.core.trajectory.render)
 conditioned on the question line alone, exactly as it is prompted at evaluation:
 
     prompt      "Question: ...\\n"                       labels -100 (never in the loss)
@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 
 IGNORE_INDEX = -100
 

@@ -32,7 +32,7 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 
 CHECKPOINT_PREFIX = "checkpoint-"
 HF_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",

@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 
 FLASH = ("flash_attention_3", "flash_attention_2")
 

@@ -26,8 +26,8 @@ from test_agent import (
 )
 
 from pipeline.agent import run_episodes, schedule_for
+from pipeline.core.errors import PipelineError
 from pipeline.episodes import PromptedModel, run_methods
-from pipeline.errors import PipelineError
 from pipeline.llm.config import LLMConfig
 from pipeline.llm.openai_http import OpenAICompatibleLLM
 from pipeline.llm.scripted import ScriptedLLM

@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 from sft_testdata import DATA, fireact_records, write_dataset
 
-from pipeline.config import load_config, to_dict
-from pipeline.errors import PipelineError
+from pipeline.core.config import load_config, to_dict
+from pipeline.core.errors import PipelineError
 from pipeline.finetune import (
     PAPER_STEPS,
     FinetuneConfig,

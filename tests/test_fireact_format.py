@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from pipeline.core.trajectory import Step, Trajectory
 from pipeline.llm.scripted import ScriptedLLM
 from pipeline.methods import MethodSettings, build_method
 from pipeline.methods.base import EpisodeContext
@@ -24,7 +25,6 @@ from pipeline.methods.fireact import (
     render,
     split_output,
 )
-from pipeline.trajectory import Step, Trajectory
 
 
 def generate_prompt(record: dict) -> str:
@@ -171,7 +171,7 @@ def test_output_splitting_follows_fireacts_loop():
 
 
 def test_fireacts_format_runs_react_only():
-    from pipeline.errors import PipelineError
+    from pipeline.core.errors import PipelineError
 
     with pytest.raises(PipelineError, match="FireAct's format is ReAct only"):
         build_method("cot", MethodSettings(mode="fireact"))

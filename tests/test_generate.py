@@ -22,7 +22,7 @@ from episode_testdata import (
 )
 from http_servers import FakeOpenAI
 
-from pipeline.trajectory import Trajectory, parse, render
+from pipeline.core.trajectory import Trajectory, parse, render
 
 METHODS = ("standard", "cot", "act", "react")
 MISSING_TITLE = "No Such Page At All 4711"

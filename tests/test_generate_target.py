@@ -11,8 +11,8 @@ from dataclasses import replace
 import pytest
 from episode_testdata import CORPUS, read_records, run_pipeline, write_questions
 
+from pipeline.core.storage import read_manifest
 from pipeline.stages.generate import draw_order, target_progress
-from pipeline.storage import read_manifest
 
 pytestmark = pytest.mark.skipif(not CORPUS.is_file(), reason=f"offline corpus not found at {CORPUS}")
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
+from pipeline.core.trajectory import Trajectory, parse, render
 from pipeline.importers import (
     Skip,
     fireact_episode,
@@ -22,7 +23,6 @@ from pipeline.importers import (
     read_fireact_eval_run,
     read_fireact_trajectories,
 )
-from pipeline.trajectory import Trajectory, parse, render
 
 REPO = Path(__file__).resolve().parents[1]
 FIREACT = REPO.parent / "shared" / "data" / "fireact"

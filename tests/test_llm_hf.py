@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from pipeline.errors import PipelineError  # noqa: E402
+from pipeline.core.errors import PipelineError  # noqa: E402
 from pipeline.llm import smollm2  # noqa: E402
 from pipeline.llm.base import GenerationRequest  # noqa: E402
 from pipeline.llm.config import LLMConfig  # noqa: E402

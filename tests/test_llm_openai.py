@@ -13,7 +13,7 @@ import socket
 import pytest
 from http_servers import FAULT_KINDS, FakeOpenAI, Fault
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.llm.base import Completion, GenerationRequest
 from pipeline.llm.config import LLMConfig
 from pipeline.llm.openai_http import OpenAICompatibleLLM
@@ -308,7 +308,7 @@ def test_bad_replica_lists_are_one_line_errors(urls, message):
 
 
 def test_a_list_of_base_urls_reads_from_yaml_and_the_command_line(tmp_path):
-    from pipeline.config import load_config
+    from pipeline.core.config import load_config
 
     cfg = load_config(LLMConfig, overrides=["base_url=[http://a:8000/v1, http://b:8000/v1]"])
     assert cfg.base_url == ["http://a:8000/v1", "http://b:8000/v1"]

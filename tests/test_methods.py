@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
+from pipeline.core.trajectory import Trajectory, parse, render
 from pipeline.llm.base import Completion
 from pipeline.methods import METHOD_NAMES, MethodSettings, build_method, prompt_prefixes
 from pipeline.methods.base import Outcome, completion_failure
@@ -24,7 +25,6 @@ from pipeline.methods.prompts import (
     load_prompt,
     paper_prefix,
 )
-from pipeline.trajectory import Trajectory, parse, render
 
 
 @pytest.fixture(scope="module")
@@ -149,8 +149,8 @@ def test_majority_vote_normalises_answers():
 def test_the_registry_has_one_distinct_row_per_method(shared_data):
     """One row per method (pipeline.methods.registry): a unique name, label and look in the
     figure, formats a student can be trained on, and a row the method is really built from."""
+    from pipeline.core.trajectory import FORMATS
     from pipeline.methods.registry import METHODS, method_spec
-    from pipeline.trajectory import FORMATS
 
     assert METHOD_NAMES == tuple(spec.name for spec in METHODS)
     for key in (lambda s: s.name, lambda s: s.label, lambda s: (s.color, s.marker)):

@@ -25,7 +25,7 @@ import pytest
 from sft_testdata import DATA, fireact_records, write_dataset
 from test_finetune import LOSS_TOLERANCE, TINY, kill_tree, losses_by_step
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.finetune import is_complete_checkpoint, latest_complete_checkpoint
 from pipeline.stages.train import (
     DEFAULT_PORT,

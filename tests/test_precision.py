@@ -1,4 +1,4 @@
-"""Precision: the auto rule (pipeline/precision.py), its one line, the Trainer's CPU bf16 path, and
+"""Precision: the auto rule (pipeline/core/precision.py), its one line, the Trainer's CPU bf16 path, and
 quality: a short training run's losses in bf16 against fp32.
 
     .venv/bin/python -m pytest tests/test_precision.py -q
@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from sft_testdata import DATA, fireact_records, write_dataset
 
-from pipeline import precision
-from pipeline.config import load_config
-from pipeline.errors import PipelineError
+from pipeline.core import precision
+from pipeline.core.config import load_config
+from pipeline.core.errors import PipelineError
 from pipeline.finetune import FinetuneConfig, resolve
 
 REPO = Path(__file__).resolve().parents[1]
@@ -198,8 +198,8 @@ def test_bf16_training_losses_track_fp32(tmp_path):
 # ----------------------------------------------------------------------------- never mixed silently
 
 def test_eval_refuses_to_mix_precisions_in_one_folder(tmp_path):
+    from pipeline.core.storage import write_manifest
     from pipeline.stages.eval import check_same_precision
-    from pipeline.storage import write_manifest
 
     check_same_precision(tmp_path, {"precision": "bf16", "train_precision": None})  # nothing there yet
     write_manifest(tmp_path / "manifest.json", stage="eval", config={}, complete=True,
@@ -210,7 +210,7 @@ def test_eval_refuses_to_mix_precisions_in_one_folder(tmp_path):
 
 
 def test_run_treats_precision_as_part_of_a_units_identity(tmp_path):
-    from pipeline.storage import is_done, write_manifest
+    from pipeline.core.storage import is_done, write_manifest
 
     write_manifest(tmp_path / "manifest.json", stage="eval", config={"a": 1}, complete=True, precision="fp32")
     assert is_done(tmp_path / "manifest.json", config={"a": 1}, precision="fp32")

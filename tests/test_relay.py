@@ -1,4 +1,4 @@
-"""A child's progress bars relayed as redraws, not one line each (pipeline/relay.py): the
+"""A child's progress bars relayed as redraws, not one line each (pipeline/core/relay.py): the
 `train` stage's launch output and `run`'s eval stderr, from real child processes."""
 
 from __future__ import annotations

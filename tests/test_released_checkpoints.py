@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from episode_testdata import CORPUS, read_records, run_pipeline, write_questions
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 
 pytestmark = pytest.mark.skipif(not CORPUS.is_file(), reason=f"offline corpus not found at {CORPUS}")
 
@@ -175,11 +175,11 @@ def test_the_prompts_a_released_checkpoint_receives(tiny, tmp_path, index, quest
     sends the Alpaca-wrapped question then `Thought:`; ours sends the question line then `Thought 1:`;
     the model the eval opens is the adapter on the base its adapter_config.json names."""
     from pipeline import episodes
-    from pipeline.config import build
+    from pipeline.core.config import build
+    from pipeline.core.trajectory import one_line
     from pipeline.llm.scripted import ScriptedLLM
     from pipeline.methods.fireact import alpaca_prompt
     from pipeline.stages.eval import EvalConfig, evaluate
-    from pipeline.trajectory import one_line
 
     cases = {"fireact": (" I answer.\nAction: finish[nothing]", lambda q: alpaca_prompt(q.question) + "Thought:"),
              "react": (" I answer.\nAction 1: Finish[nothing]", lambda q: f"Question: {one_line(q.question)}\nThought 1:")}
@@ -242,7 +242,7 @@ def test_a_released_checkpoint_is_plotted_as_its_own_labelled_point(tmp_path):
 
 
 def checkpoint_grid(tmp_path: Path, index: Path, tiny: dict) -> tuple:
-    from pipeline.config import build
+    from pipeline.core.config import build
     from pipeline.stages.run import RunConfig, Student
 
     cfg = build(RunConfig, {
@@ -277,7 +277,7 @@ def test_a_checkpoint_student_plans_an_eval_and_no_training(tmp_path, index, tin
     ({"name": "x", "size_class": "7b", "params_b": 7}, "set config"),
 ])
 def test_bad_students_fail_before_anything_runs(tmp_path, index, tiny, student, message):
-    from pipeline.config import build
+    from pipeline.core.config import build
     from pipeline.stages.run import Student, plan
 
     cfg, _ = checkpoint_grid(tmp_path, index, tiny)

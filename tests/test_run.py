@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.config import build, read_yaml
+from pipeline.core.config import build, read_yaml
 from pipeline.stages.run import RunConfig, Student, plan
 
 REPO = Path(__file__).resolve().parents[1]

@@ -16,8 +16,8 @@ import yaml
 from episode_testdata import CORPUS, ScriptedTeacher, run_pipeline
 from http_servers import FakeOpenAI
 
-from pipeline.config import build, read_yaml
-from pipeline.errors import PipelineError
+from pipeline.core.config import build, read_yaml
+from pipeline.core.errors import PipelineError
 from pipeline.stages.run import PHASES, RunConfig, Student, plan, selected_phases
 
 REPO = Path(__file__).resolve().parents[1]

@@ -75,7 +75,7 @@ def record_trust_remote_code(monkeypatch) -> list[tuple[str, object]]:
 
 @pytest.mark.parametrize("asked", [False, True])
 def test_trust_remote_code_reaches_the_inference_loader_only_when_the_config_asks(tiny_model_dir, monkeypatch, asked):
-    from pipeline.config import load_config
+    from pipeline.core.config import load_config
     from pipeline.llm.hf import TransformersLLM
     from pipeline.stages.generate import GenerateConfig
 
@@ -92,7 +92,7 @@ def test_trust_remote_code_reaches_the_inference_loader_only_when_the_config_ask
 def test_trust_remote_code_reaches_the_training_loader_only_when_the_config_asks(tiny_model_dir, monkeypatch, asked):
     """The same through pipeline/finetune.py's loaders (what `accelerate launch` runs), on a
     pretrained student given as a local folder."""
-    from pipeline.config import load_config
+    from pipeline.core.config import load_config
     from pipeline.finetune import FinetuneConfig, load_student, load_tokenizer, resolve
 
     calls = record_trust_remote_code(monkeypatch)
@@ -322,8 +322,8 @@ HOSTILE_NAMES = ["../escaped", "/tmp/evil", "react/../../x", "..", ".", "", ".hi
 
 @pytest.mark.parametrize("name", HOSTILE_NAMES)
 def test_the_method_file_name_check_refuses_paths(tmp_path, name):
+    from pipeline.core.errors import PipelineError
     from pipeline.episodes import method_file
-    from pipeline.errors import PipelineError
 
     with pytest.raises(PipelineError, match="cannot name a file in"):
         method_file(tmp_path, name)
@@ -341,7 +341,7 @@ def test_with_the_allow_list_bypassed_hostile_method_names_still_write_nothing(t
     stand-in that accepts any name (building the real ReAct method): the path is now built from
     the hostile name, and the file-name check refuses it before anything is opened."""
     from pipeline import episodes
-    from pipeline.errors import PipelineError
+    from pipeline.core.errors import PipelineError
     from pipeline.methods import build_method
 
     class AnyName:  # a stand-in answerer that accepts every method name (no allow-list)

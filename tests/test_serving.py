@@ -21,7 +21,7 @@ import pytest
 import yaml
 from episode_testdata import CORPUS, read_records, run_pipeline, write_questions
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.llm.config import LLMConfig
 from pipeline.serving import ServeConfig, max_lora_rank, serve_command, unit_server
 
@@ -40,7 +40,7 @@ def question_file(tmp_path_factory):
 def lora_checkpoint(folder: Path, rank: int = 4, rank_pattern: dict | None = None) -> Path:
     """A `final` folder of a LoRA student as pipeline/finetune.py leaves it (manifest, and the
     adapter_config.json PEFT writes; no weights: the stand-in loads none)."""
-    from pipeline.storage import write_manifest
+    from pipeline.core.storage import write_manifest
 
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "adapter_config.json").write_text(json.dumps(

@@ -24,7 +24,7 @@ from types import SimpleNamespace
 import pytest
 from sft_testdata import DATA, fireact_records, write_dataset
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.train_checks import (
     Layout,
     check_config,

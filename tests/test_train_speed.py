@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.flops import (
     ThroughputMeter,
     attention_length,
@@ -191,7 +191,7 @@ def test_padding_free_without_a_varlen_kernel_takes_one_trajectory_per_micro_bat
 
 
 def test_batch_split_keeps_an_explicit_micro_batch(tmp_path):
-    from pipeline.config import load_config
+    from pipeline.core.config import load_config
     from pipeline.finetune import FinetuneConfig, batch_split, resolve
     cfg = lambda *o: resolve(load_config(FinetuneConfig, None, ["global_batch_size=8", *o]))  # noqa: E731
     assert batch_split(cfg(), 2)[:2] == (1, 4)  # CPU: sdpa, padding-free

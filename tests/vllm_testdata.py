@@ -86,7 +86,7 @@ def build_lora_adapter(smollm2_dir: Path, folder: Path, rank: int = 64) -> Path:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from pipeline.storage import write_manifest
+    from pipeline.core.storage import write_manifest
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32)
@@ -138,10 +138,10 @@ def mark_trained(config_path: Path, adapter: Path | None = None) -> list[Path]:
     only an adapter_config.json of rank 64, for a stand-in server that loads no weights)."""
     import shutil
 
-    from pipeline.config import build, load_config, to_dict
+    from pipeline.core.config import build, load_config, to_dict
+    from pipeline.core.storage import write_manifest
     from pipeline.llm.models import resolve_model_path
     from pipeline.stages.run import RunConfig, Student, plan, training_precision
-    from pipeline.storage import write_manifest
 
     cfg = load_config(RunConfig, config_path, [])
     finals = []

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.llm.base import LLM
 from pipeline.llm.config import LLMConfig
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.llm.base import Completion, GenerationRequest, cut_at_stop
 from pipeline.llm.config import LLMConfig
 from pipeline.llm.models import SMOLLM2, load_tokenizer, resolve_model_path
@@ -369,10 +369,10 @@ def _resolve_device(device: str) -> str:
 
 def _resolve_dtype(dtype: str, device):
     """auto: bf16 on a bf16 GPU or a CPU with native bf16, else fp32 (fp16 on older GPUs); see
-    pipeline/precision.py. fp32 keeps batched greedy output identical to batch-1 output; bf16
+    pipeline/core/precision.py. fp32 keeps batched greedy output identical to batch-1 output; bf16
     can flip an occasional token, against fp32 and across batch sizes (bench/bench_generate.py
     --parts precision reports how many trajectories stay identical)."""
-    from pipeline import precision
+    from pipeline.core import precision
 
     choice = precision.inference(dtype, device.type)
     print(choice.line("inference"), file=sys.stderr)

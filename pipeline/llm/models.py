@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.llm.smollm2 import local_smollm2_dir
 
 SMOLLM2 = "smollm2"  # the alias of the embedded SmolLM2-135M-Instruct (pipeline.llm.smollm2)

@@ -27,11 +27,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
+from pipeline.core.transport import JsonHttpClient, RequestFailed, TransientPayload
 from pipeline.llm.base import Completion, GenerationRequest, cut_at_stop
 from pipeline.llm.config import LLMConfig
 from pipeline.llm.replicas import ReplicaSet
-from pipeline.transport import JsonHttpClient, RequestFailed, TransientPayload
 
 MODES = ("completions", "chat")
 

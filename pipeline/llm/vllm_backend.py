@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.llm.base import Completion, GenerationRequest, cut_at_stop
 from pipeline.llm.config import LLMConfig
 

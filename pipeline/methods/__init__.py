@@ -13,7 +13,7 @@ Alpaca wrapper, unnumbered lines), the way FireAct's released agents decode.
 
 from __future__ import annotations
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.methods.base import EpisodeContext, Method, MethodSettings, Outcome, Program
 from pipeline.methods.prompts import PromptPrefix, load_prompt, zero_shot
 from pipeline.methods.registry import METHODS, MethodSpec, method_spec

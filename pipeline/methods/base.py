@@ -18,9 +18,9 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from pipeline.errors import BackendFailure
+from pipeline.core.errors import BackendFailure
+from pipeline.core.trajectory import Trajectory, one_line
 from pipeline.llm.base import Completion, GenerationRequest
-from pipeline.trajectory import Trajectory, one_line
 from pipeline.wiki.env import WikiEnv
 
 Program = Generator[list[GenerationRequest], list[list[Completion]], "Outcome"]

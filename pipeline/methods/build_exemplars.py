@@ -17,10 +17,10 @@ import json
 import sys
 from pathlib import Path
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
+from pipeline.core.storage import atomic_write_json
+from pipeline.core.trajectory import FORMATS, Step, Trajectory, one_line
 from pipeline.methods.prompts import EXEMPLAR_DIR, our_exemplar_file
-from pipeline.storage import atomic_write_json
-from pipeline.trajectory import FORMATS, Step, Trajectory, one_line
 from pipeline.wiki.backend import WikiBackend
 from pipeline.wiki.env import WikiEnv
 

@@ -35,7 +35,8 @@ import ast
 import random
 import re
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
+from pipeline.core.trajectory import FORMATS, Step, Trajectory, one_line
 from pipeline.methods.base import (
     EpisodeContext,
     MethodSettings,
@@ -44,7 +45,6 @@ from pipeline.methods.base import (
     backend_errors,
     episode_seed,
 )
-from pipeline.trajectory import FORMATS, Step, Trajectory, one_line
 from pipeline.wiki.backend import Page
 from pipeline.wiki.index import title_key
 

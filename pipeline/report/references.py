@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.tasks import Task, get_task
 
 REACT_PAPER = "Yao et al. 2023 (ReAct, ICLR), Table 1: PaLM-540B prompting"

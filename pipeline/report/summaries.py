@@ -1,6 +1,6 @@
 """Eval's summary rows as `plot` reads them: validated (a row without `task` is HotpotQA's), with
 `params_b` resolved and `origin` noted, the shards of a sharded eval (`shard=i/n`,
-pipeline.shards) merged into one row per model and method (counts summed, rates weighted by each
+pipeline.core.shards) merged into one row per model and method (counts summed, rates weighted by each
 shard's question count; an incomplete shard set is refused); and a row's EM as the tables and
 the orderings check print it.
 
@@ -12,10 +12,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
+from pipeline.core.storage import read_json, require_complete
 from pipeline.methods.registry import method_spec
 from pipeline.report.intervals import rate_interval
-from pipeline.storage import read_json, require_complete
 from pipeline.tasks import Task, get_task, task_of
 
 MODES = {"prompt": "Prompting", "finetune": "Fine-tuning"}  # mode -> its panel and table section
@@ -48,8 +48,8 @@ SHARD_SUMS = ("n", "errors", "prompt_tokens", "completion_tokens", "seconds")
 
 
 def merge_shards(rows: list[dict]) -> list[dict]:
-    """One row per shard set (pipeline.shards) in place of its shards' rows; other rows as they are."""
-    from pipeline.shards import parse_shard
+    """One row per shard set (pipeline.core.shards) in place of its shards' rows; other rows as they are."""
+    from pipeline.core.shards import parse_shard
 
     groups: dict[tuple, list[dict]] = {}
     out: list[dict | tuple] = []
@@ -68,7 +68,7 @@ def merge_shards(rows: list[dict]) -> list[dict]:
 
 
 def merged_row(rows: list[dict]) -> dict:
-    from pipeline.shards import check_shard_set, parse_shard
+    from pipeline.core.shards import check_shard_set, parse_shard
 
     what = f"plot: {rows[0]['model']} / {rows[0]['method']} shards"
     check_shard_set([(parse_shard(r["shard"]), r["origin"]) for r in rows], what)

@@ -24,7 +24,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import ClassVar
 
-from pipeline.config import add_config_arguments, stage_config, to_dict
+from pipeline.core.config import add_config_arguments, stage_config, to_dict
+from pipeline.core.errors import PipelineError
+from pipeline.core.shards import parse_shard
+from pipeline.core.storage import (
+    atomic_write_json,
+    check_writable_dir,
+    require_complete,
+    write_manifest,
+)
 from pipeline.episodes import (
     MAX_ERROR_SHARE,
     answerer,
@@ -33,12 +41,9 @@ from pipeline.episodes import (
     start_run,
     writing_run,
 )
-from pipeline.errors import PipelineError
 from pipeline.llm.config import LLMConfig
 from pipeline.methods import FORMATS_USED, MethodSettings
 from pipeline.serving import ServeConfig
-from pipeline.shards import parse_shard
-from pipeline.storage import atomic_write_json, check_writable_dir, require_complete, write_manifest
 from pipeline.tasks import DEFAULT_TASK, get_task
 from pipeline.wiki.config import WikiConfig
 
@@ -56,7 +61,7 @@ IDENTITY_KEYS = ("task", "model", "checkpoint", "format", "base_model", "questio
 
 @dataclass
 class EvalConfig:
-    RENAMED_KEYS: ClassVar[dict[str, str]] = {"method": "prompting"}  # old key -> new (pipeline.config)
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {"method": "prompting"}  # old key -> new (pipeline.core.config)
 
     task: str = "hotpotqa"  # hotpotqa | fever (pipeline.tasks): the questions, metric and exemplars
     model: LLMConfig = field(default_factory=LLMConfig)  # a base model to prompt
@@ -72,7 +77,7 @@ class EvalConfig:
     prompting: MethodSettings = field(default_factory=MethodSettings)  # mode is set from the model (prompt | zero_shot)
     wiki: WikiConfig = field(default_factory=WikiConfig)
     max_in_flight: int = 16
-    shard: str | None = None  # i/n: this job's share of the questions, for N jobs (pipeline.shards)
+    shard: str | None = None  # i/n: this job's share of the questions, for N jobs (pipeline.core.shards)
     # Stop, with no summary, once more than this share of a method's episodes end in a model or
     # page-source error (end_reason llm_error / backend_error); a re-run runs those episodes again
     max_error_share: float = MAX_ERROR_SHARE
@@ -149,7 +154,7 @@ def run_evaluation(cfg: EvalConfig, target: ModelUnderTest, llm_cfg: LLMConfig, 
                                 max_in_flight=cfg.max_in_flight, source="eval",
                                 max_error_share=cfg.max_error_share)
             rows = [summary_row(target, name, cfg.questions, s, record, task.name) for name, s in stats.items()]
-            if cfg.shard is not None:  # plot merges a shard set's rows into one (pipeline.shards)
+            if cfg.shard is not None:  # plot merges a shard set's rows into one (pipeline.core.shards)
                 rows = [dict(row, shard=str(parse_shard(cfg.shard))) for row in rows]
             atomic_write_json(cfg.out_dir / "summary.json", rows)
             write_manifest(cfg.out_dir / "manifest.json", complete=True, summary=rows, **manifest)
@@ -256,10 +261,10 @@ def summary_row(target: ModelUnderTest, method: str, question_set: str, stats: d
 
 def precision_record(target: ModelUnderTest) -> dict:
     """What these records were computed in: the inference precision (the transformers backend
-    resolves `auto` by pipeline/precision.py's rule, the same call the backend makes when it
+    resolves `auto` by pipeline/core/precision.py's rule, the same call the backend makes when it
     loads the model; vLLM its dtype; a remote server or a stand-in: None) and, for a fine-tuned
     student, the precision it was trained in."""
-    from pipeline import precision
+    from pipeline.core import precision
 
     llm = target.llm
     if llm.backend == "transformers":
@@ -273,7 +278,7 @@ def precision_record(target: ModelUnderTest) -> dict:
 
 def check_same_precision(out_dir: Path, record: dict) -> None:
     """Refuse to append records computed in one precision to a folder holding another's."""
-    from pipeline.storage import read_manifest
+    from pipeline.core.storage import read_manifest
 
     old = read_manifest(Path(out_dir) / "manifest.json")
     if old is None or "precision" not in old:  # nothing yet, or a manifest older than the field

@@ -6,7 +6,7 @@
 
 Inputs are generate output folders (`<method>.jsonl` + a complete manifest.json) and/or FireAct's
 released files (pipeline.importers). The shards of a sharded generation (`shard=i/n`,
-pipeline.shards) are merged into one input, which must hold every shard 0..n-1. A generate
+pipeline.core.shards) are merged into one input, which must hold every shard 0..n-1. A generate
 folder's (or shard set's) episodes are read in question-id order, so a dataset does not depend on
 the order in which concurrent episodes happened to finish, nor on how the questions were sharded.
 The inputs' task (their manifests' `task`: HotpotQA when older manifests name none; FireAct's
@@ -34,10 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import add_config_arguments, stage_config, to_dict
-from pipeline.errors import PipelineError
-from pipeline.llm.models import load_tokenizer
-from pipeline.storage import (
+from pipeline.core.config import add_config_arguments, stage_config, to_dict
+from pipeline.core.errors import PipelineError
+from pipeline.core.storage import (
     TMP_SUFFIX,
     check_writable_dir,
     file_fingerprint,
@@ -49,8 +48,9 @@ from pipeline.storage import (
     temp_prefix,
     write_manifest,
 )
+from pipeline.core.trajectory import FORMATS, Trajectory, render
+from pipeline.llm.models import load_tokenizer
 from pipeline.tasks import Task, get_task, task_of
-from pipeline.trajectory import FORMATS, Trajectory, render
 
 REQUIRED_FIELDS = ("id", "method", "em", "finished", "trajectory")
 # Why an episode was not kept, in the order the checks run.
@@ -147,9 +147,9 @@ def inputs_task(cfg: FilterConfig) -> Task:
 
 def generate_inputs(inputs: list[str]) -> list[list[Path]]:
     """The generate folders as inputs in order: an unsharded folder alone, the folders of one
-    shard set together (at the place of its first), checked complete (pipeline.shards)."""
+    shard set together (at the place of its first), checked complete (pipeline.core.shards)."""
+    from pipeline.core.shards import check_shard_set, parse_shard
     from pipeline.episodes import identity
-    from pipeline.shards import check_shard_set, parse_shard
 
     groups: dict[str, list[tuple[Path, object]]] = {}
     for folder in map(Path, inputs):
@@ -336,7 +336,7 @@ def dataset_card(stats: dict, cfg: FilterConfig, task: Task | None = None) -> st
         f"{stats['kept']} training examples kept of {stats['seen']} seen. Sources: {sources}.",
         "",
         "Rows: `{id, question, method, prompt, completion, observation_spans, answer, source}`.",
-        "`prompt` is the question line, `completion` the trajectory as pipeline.trajectory renders it",
+        "`prompt` is the question line, `completion` the trajectory as pipeline.core.trajectory renders it",
         "(append the tokenizer's EOS token at tokenization); `observation_spans` are [start, end)",
         "character offsets of observation text inside `completion`, for optional loss masking.",
         "",

@@ -28,7 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from pipeline.config import add_config_arguments, stage_config, to_dict
+from pipeline.core.config import add_config_arguments, stage_config, to_dict
+from pipeline.core.errors import PipelineError
+from pipeline.core.storage import check_writable_dir, write_manifest
 from pipeline.episodes import (
     MAX_ERROR_SHARE,
     answerer,
@@ -38,17 +40,15 @@ from pipeline.episodes import (
     start_run,
     writing_run,
 )
-from pipeline.errors import PipelineError
 from pipeline.llm.config import LLMConfig
 from pipeline.methods import MethodSettings
-from pipeline.storage import check_writable_dir, write_manifest
 from pipeline.tasks import Task, get_task
 from pipeline.wiki.config import WikiConfig
 
 
 @dataclass
 class GenerateConfig:
-    RENAMED_KEYS: ClassVar[dict[str, str]] = {"method": "prompting"}  # old key -> new (pipeline.config)
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {"method": "prompting"}  # old key -> new (pipeline.core.config)
 
     task: str = "hotpotqa"  # hotpotqa | fever (pipeline.tasks): the questions, metric and exemplars
     teacher: LLMConfig = field(default_factory=LLMConfig)  # backend: transformers|vllm|openai|oracle
@@ -61,7 +61,7 @@ class GenerateConfig:
     max_in_flight: int = 16  # episodes run at once (in rounds, or continuously against a server: pipeline.agent)
     target_correct: int | None = None  # target mode: draw questions until each method has N correct
     order_seed: int = 0  # target mode: the seed of the order in which questions are drawn
-    shard: str | None = None  # i/n: this job's share of the questions, for N jobs (pipeline.shards)
+    shard: str | None = None  # i/n: this job's share of the questions, for N jobs (pipeline.core.shards)
     # Stop, the run left incomplete, once more than this share of a method's episodes (of a target
     # mode batch) end in a model or page-source error; a re-run runs those episodes again
     max_error_share: float = MAX_ERROR_SHARE
@@ -145,10 +145,10 @@ def target_progress(order: list, records: dict[str, dict], target: int, task: Ta
 def run_to_target(teacher, llm, cfg: GenerateConfig, questions: list, backend) -> dict[str, dict]:
     """Target mode (module docstring): per method, draw batches in the seeded order until the
     method has `target_correct` correct episodes or no question is left. A shard i/n (its share
-    of the pool, pipeline.shards) aims at ceil(target_correct / n): the merged shards hold at
+    of the pool, pipeline.core.shards) aims at ceil(target_correct / n): the merged shards hold at
     least target_correct, and filter's max_per_method keeps a seeded draw of that many."""
-    from pipeline.shards import parse_shard
-    from pipeline.storage import read_jsonl
+    from pipeline.core.shards import parse_shard
+    from pipeline.core.storage import read_jsonl
 
     if cfg.target_correct < 1:
         raise PipelineError(f"target_correct must be >= 1, got {cfg.target_correct}")
@@ -181,8 +181,8 @@ def run_to_target(teacher, llm, cfg: GenerateConfig, questions: list, backend) -
 def add_search_stats(stats: dict[str, dict], out_dir: Path, questions: list, task: Task | None = None) -> None:
     """For Act / ReAct files: how the episodes searched (pipeline.search_stats), over all of them
     (`search`) and over the correct ones the filter keeps for training (`search_correct`)."""
+    from pipeline.core.storage import read_jsonl
     from pipeline.search_stats import search_stats
-    from pipeline.storage import read_jsonl
 
     ids = {str(q.id) for q in questions}
     for name, s in stats.items():

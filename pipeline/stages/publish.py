@@ -26,9 +26,9 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.config import add_config_arguments, load_config
-from pipeline.errors import PipelineError
-from pipeline.storage import require_complete
+from pipeline.core.config import add_config_arguments, load_config
+from pipeline.core.errors import PipelineError
+from pipeline.core.storage import require_complete
 
 
 @dataclass

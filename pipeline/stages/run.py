@@ -36,8 +36,8 @@ from typing import Any
 
 import yaml
 
-from pipeline import gpu_memory, precision
-from pipeline.config import (
+from pipeline.core import gpu_memory, precision
+from pipeline.core.config import (
     add_config_arguments,
     build,
     load_config,
@@ -45,16 +45,16 @@ from pipeline.config import (
     read_yaml,
     to_dict,
 )
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
+from pipeline.core.relay import pieces
+from pipeline.core.storage import check_writable_dir, is_done, read_manifest
 from pipeline.finetune import FinetuneConfig, resolve
-from pipeline.relay import pieces
 from pipeline.serve_groups import plan_groups, running
 from pipeline.stages.eval import EvalConfig, model_under_test, precision_record
 from pipeline.stages.filter import FilterConfig, run_filter
 from pipeline.stages.generate import GenerateConfig, generate
 from pipeline.stages.plot import PlotConfig, run_plot
 from pipeline.stages.train import gpu_count, pick_accelerate_config, processes_for, train
-from pipeline.storage import check_writable_dir, is_done, read_manifest
 from pipeline.tasks import DEFAULT_TASK
 
 
@@ -439,7 +439,7 @@ def evaluate_in_child(config) -> None:
     (an in-process vLLM engine, a transformers model, a managed server) is gone, and its GPU
     memory free, when the process ends, before the next unit loads another. Its output streams
     through; its own error line becomes this unit's error. First, the GPUs its model loads on
-    must have the memory free (pipeline/gpu_memory.py)."""
+    must have the memory free (pipeline/core/gpu_memory.py)."""
     gpu_memory.check(gpu_memory.llm_need(f"eval {config.out_dir}", config.model, config.serve, config.params_b))
     with tempfile.TemporaryDirectory(prefix="pipeline-eval-") as folder:
         path = Path(folder) / "eval.yaml"
@@ -464,7 +464,7 @@ def evaluate_in_child(config) -> None:
 
 
 def relay_stderr(proc: subprocess.Popen) -> str | None:
-    """Copy the child's stderr as it comes (progress bars redraw with \\r: pipeline/relay.py),
+    """Copy the child's stderr as it comes (progress bars redraw with \\r: pipeline/core/relay.py),
     holding back only its final `error: ...` line, which is returned for the caller to raise as its own."""
     error = None
     out = sys.stderr.buffer

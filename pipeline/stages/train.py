@@ -40,12 +40,12 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.config import add_config_arguments, read_yaml, stage_config, to_dict
+from pipeline.core.config import add_config_arguments, read_yaml, stage_config, to_dict
+from pipeline.core.errors import PipelineError
+from pipeline.core.relay import pieces
+from pipeline.core.storage import atomic_write_text
 from pipeline.deepspeed_setup import ACCELERATE_CONFIGS, check_deepspeed_device
-from pipeline.errors import PipelineError
 from pipeline.finetune import FinetuneConfig, batch_split, resolve
-from pipeline.relay import pieces
-from pipeline.storage import atomic_write_text
 
 FINETUNE_MODULE = "pipeline.finetune"
 RESOLVED_CONFIG = "finetune_config.yaml"  # the resolved config, beside the checkpoints
@@ -160,7 +160,7 @@ def launch_command(config_path: Path, num_processes: int, resolved_config: Path,
     is this machine's, the launch gets every machine's (accelerate divides by num_machines)."""
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config_path),
            "--num_processes", str(num_processes * machines.count), *machines.launch_args()]
-    if gpus == 0:  # the GPU configs ask for bf16; on CPU the script decides (pipeline/precision.py)
+    if gpus == 0:  # the GPU configs ask for bf16; on CPU the script decides (pipeline/core/precision.py)
         cmd += ["--mixed_precision", "no"]
     data = read_yaml(config_path)
     if num_processes * machines.count > 1 and data.get("distributed_type") == "NO":
@@ -222,8 +222,8 @@ def preflight(cfg, config_path: Path) -> None:
     """Refuse now what the launched child would refuse seconds or minutes later: a dataset that
     is missing or incomplete by its manifest, an output folder that cannot be written, an
     accelerate config that is not a readable YAML file."""
+    from pipeline.core.storage import check_writable_dir
     from pipeline.finetune import check_dataset
-    from pipeline.storage import check_writable_dir
 
     read_yaml(config_path)
     check_dataset(cfg)

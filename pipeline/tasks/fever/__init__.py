@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import metrics
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.tasks.base import Task
 
 LABELS = ("SUPPORTS", "REFUTES", "NOT ENOUGH INFO")
@@ -90,7 +90,7 @@ def react_sample() -> list[int]:
 
 def load_question_set(name: str, limit: int | None = None) -> list[Claim]:
     """A named set of the module docstring, or a FEVER JSONL file; the first `limit` claims."""
-    from pipeline.paths import resolve_source
+    from pipeline.core.paths import resolve_source
 
     if name in QUESTION_SETS:
         claims = read_claims(resolve_source("fever-paper-dev"))

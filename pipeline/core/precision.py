@@ -23,7 +23,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 
 ENV = "REACT_PIPELINE_PRECISION"
 PRECISIONS = ("bf16", "fp32", "fp16")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 
 _SPEC = re.compile(r"\s*(\d+)\s*/\s*(\d+)\s*")
 EXAMPLE = "e.g. shard=0/4 ... shard=3/4 (in a SLURM job array: shard=$SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT)"

@@ -18,9 +18,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -143,7 +143,7 @@ def resolve_source(
             return mirrored
     failure = None
     if url and download and downloads_allowed():
-        from pipeline.download import download as fetch
+        from pipeline.core.download import download as fetch
 
         try:
             return fetch(url, cached)

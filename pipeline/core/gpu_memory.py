@@ -25,7 +25,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 
 # A training launch was sized (the student configs' headers) for GPUs it has to itself, and its
 # peak (activations, the allocator's cache, NCCL buffers) is above the steady state: ask that

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from pipeline.errors import PipelineError, os_error_message
+from pipeline.core.errors import PipelineError, os_error_message
 
 T = TypeVar("T")
 

@@ -42,7 +42,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from pipeline import __version__
-from pipeline.errors import BackendFailure, PipelineError
+from pipeline.core.errors import BackendFailure, PipelineError
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ import urllib.request
 from pathlib import Path
 
 from pipeline import __version__
-from pipeline.errors import PipelineError
-from pipeline.storage import atomic_path, check_writable_dir, remove_stale_temps
+from pipeline.core.errors import PipelineError
+from pipeline.core.storage import atomic_path, check_writable_dir, remove_stale_temps
 
 USER_AGENT = (
     f"react-finetune-pipeline/{__version__} "

@@ -22,7 +22,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import PipelineError, os_error_message
+from pipeline.core.errors import PipelineError, os_error_message
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
