@@ -39,8 +39,8 @@ from machine import compute_limits, load_average, spread  # noqa: E402
 
 from bench.original_react import original_react_loop  # noqa: E402
 from pipeline.agent import run_episodes  # noqa: E402
-from pipeline.hotpotqa import load_question_set  # noqa: E402
 from pipeline.methods import MethodSettings, build_method  # noqa: E402
+from pipeline.tasks.hotpotqa.questions import load_question_set  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:

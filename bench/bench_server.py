@@ -39,10 +39,10 @@ from machine import load_average, spread  # noqa: E402
 
 from pipeline.agent import SCHEDULES, run_episodes  # noqa: E402
 from pipeline.core.errors import PipelineError  # noqa: E402
-from pipeline.hotpotqa import load_question_set  # noqa: E402
 from pipeline.llm.config import LLMConfig  # noqa: E402
 from pipeline.llm.openai_http import OpenAICompatibleLLM  # noqa: E402
 from pipeline.methods import MethodSettings, build_method  # noqa: E402
+from pipeline.tasks.hotpotqa.questions import load_question_set  # noqa: E402
 
 ENV_VAR = "LLAMA_SERVER"
 ALIAS = "smollm2"  # the model name llama-server serves the GGUF under (--alias)

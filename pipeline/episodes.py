@@ -46,8 +46,8 @@ from pipeline.llm.config import LLMConfig
 from pipeline.llm.factory import load_llm
 from pipeline.methods import Method, MethodSettings, build_method, prompt_prefixes
 from pipeline.methods.base import ended_in_error
-from pipeline.methods.oracle import DEFAULT_STYLE, check_style
 from pipeline.tasks import Task, get_task, task_of
+from pipeline.tasks.hotpotqa.oracle import DEFAULT_STYLE, check_style
 from pipeline.wiki.backend import WikiBackend
 from pipeline.wiki.config import open_backend
 
@@ -208,7 +208,7 @@ def method_file(out_dir: Path, method: str) -> Path:
 
 # ------------------------------------------------------------------ who answers the episodes
 
-ORACLE = "oracle"  # the `backend` that names the stand-in teacher (pipeline.methods.oracle)
+ORACLE = "oracle"  # the `backend` that names the stand-in teacher (pipeline.tasks.hotpotqa.oracle)
 
 
 class PromptedModel:
@@ -240,7 +240,7 @@ class OracleTeacher:
 
     def __init__(self, style: str = DEFAULT_STYLE, task: Task | None = None):
         check_style(style)
-        self.style = style  # exact | agent (pipeline.methods.oracle)
+        self.style = style  # exact | agent (pipeline.tasks.hotpotqa.oracle)
         self.task = get_task(task)
 
     def check(self, methods: list[str], settings: MethodSettings) -> dict[str, dict]:

@@ -33,7 +33,7 @@ from pathlib import Path
 from pipeline.core.errors import PipelineError
 from pipeline.core.storage import atomic_write_json, atomic_write_text
 from pipeline.core.trajectory import Step, Trajectory, render
-from pipeline.metrics import exact_match, f1_score
+from pipeline.tasks.hotpotqa.metric import exact_match, f1_score
 
 TEACHER = "gpt-4 (FireAct release)"
 OBSERVATION_SOURCE = (

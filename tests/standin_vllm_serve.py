@@ -71,7 +71,7 @@ class StandIn(FakeOpenAI):
         if args.standin_questions:
             from episode_testdata import ScriptedTeacher
 
-            from pipeline.hotpotqa import load_question_set
+            from pipeline.tasks.hotpotqa.questions import load_question_set
 
             self.replies = ScriptedTeacher(load_question_set(args.standin_questions))
         self.record({"argv": sys.argv[1:], "pid": os.getpid()})

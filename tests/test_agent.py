@@ -17,11 +17,11 @@ import pytest
 from bench.original_react import original_react_loop
 from pipeline.agent import run_episodes, run_one_at_a_time
 from pipeline.core.trajectory import render
-from pipeline.hotpotqa import Question
 from pipeline.llm.base import Completion, GenerationRequest, cut_at_stop
 from pipeline.llm.scripted import ScriptedLLM
 from pipeline.methods import MethodSettings, build_method
 from pipeline.methods.prompts import PromptPrefix
+from pipeline.tasks.hotpotqa.questions import Question
 from pipeline.wiki.backend import Page
 
 RECORD_FIELDS = {"id", "question", "gold_answer", "method", "teacher", "prediction", "em", "f1", "finished",

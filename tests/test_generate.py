@@ -33,7 +33,7 @@ pytestmark = pytest.mark.skipif(not CORPUS.is_file(), reason=f"offline corpus no
 @pytest.fixture(scope="module")
 def questions():
     """5 offline-eval questions (gold pages in the corpus) + one whose gold page is not."""
-    from pipeline.hotpotqa import load_question_set
+    from pipeline.tasks.hotpotqa.questions import load_question_set
 
     qs = load_question_set("offline-eval", limit=6)
     qs[5] = replace(qs[5], id="no-page", supporting_facts=[[MISSING_TITLE, 0]])

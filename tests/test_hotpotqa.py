@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import hotpotqa
 from pipeline.core.download import USER_AGENT, download
 from pipeline.core.errors import PipelineError
 from pipeline.core.paths import REPO_ROOT, SOURCES, data_dir, mirror_dir, resolve_source
-from pipeline.hotpotqa import (
+from pipeline.tasks.hotpotqa import questions as hotpotqa
+from pipeline.tasks.hotpotqa.questions import (
     Question,
     build_offline_split,
     detect_format,

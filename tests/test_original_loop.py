@@ -14,12 +14,12 @@ from episode_testdata import build_small_index
 from pipeline.agent import run_episodes
 from pipeline.core.errors import PipelineError
 from pipeline.core.trajectory import Trajectory
-from pipeline.hotpotqa import Question
 from pipeline.llm.scripted import ScriptedLLM
 from pipeline.methods import MethodSettings, build_method
 from pipeline.methods.base import Outcome
 from pipeline.methods.composed import no_answer
 from pipeline.methods.prompts import NOTEBOOK_INSTRUCTION, load_prompt
+from pipeline.tasks.hotpotqa.questions import Question
 from pipeline.wiki.index import LocalIndex
 
 PAGES = [{"title": "Milhouse Van Houten", "sentences": [

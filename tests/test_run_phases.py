@@ -125,7 +125,7 @@ needs_corpus = pytest.mark.skipif(not CORPUS.is_file(), reason=f"offline corpus 
 
 @needs_corpus
 def test_a_grid_runs_one_phase_at_a_time_and_each_eval_in_its_own_process(tmp_path, grid):
-    from pipeline.hotpotqa import load_question_set
+    from pipeline.tasks.hotpotqa.questions import load_question_set
 
     run_dir = tmp_path / "run"
     with FakeOpenAI(model="big-model") as server:

@@ -32,7 +32,7 @@ STANDIN = Path(__file__).resolve().parent / "standin_vllm_serve.py"
 
 @pytest.fixture(scope="module")
 def question_file(tmp_path_factory):
-    from pipeline.hotpotqa import load_question_set
+    from pipeline.tasks.hotpotqa.questions import load_question_set
 
     return write_questions(tmp_path_factory.mktemp("q") / "q.jsonl", load_question_set("offline-eval", limit=4))
 

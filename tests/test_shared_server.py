@@ -34,7 +34,7 @@ UNITS = ("tiny-prompt", "tiny-ft-act", "tiny-ft-react")
 
 @pytest.fixture
 def questions(tmp_path):
-    from pipeline.hotpotqa import load_question_set
+    from pipeline.tasks.hotpotqa.questions import load_question_set
 
     return write_questions(tmp_path / "q.jsonl", load_question_set("offline-eval", limit=2))
 

@@ -30,7 +30,7 @@ class LLMConfig:
     timeout_s: float = 60.0
     max_retries: int = 5
     extra: dict = field(default_factory=dict)  # backend-specific passthrough (e.g. vllm kwargs)
-    # backend oracle (the stand-in teacher) only: exact | agent (pipeline.methods.oracle)
+    # backend oracle (the stand-in teacher) only: exact | agent (pipeline.tasks.hotpotqa.oracle)
     oracle_style: str = "exact"
 
     @property

@@ -80,7 +80,7 @@ def check(backend: WikiBackend, directory: Path = EXEMPLAR_DIR, authored: list[d
 
 def check_questions(authored: list[dict], question_set: str = "offline-bootstrap") -> list[str]:
     """Each exemplar must be a question of the bootstrap pool, with the same text and answer."""
-    from pipeline.hotpotqa import load_question_set
+    from pipeline.tasks.hotpotqa.questions import load_question_set
 
     by_id = {q.id: q for q in load_question_set(question_set)}
     problems = []

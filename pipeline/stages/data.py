@@ -120,8 +120,8 @@ def show(args: argparse.Namespace) -> int:
 
 
 def split(args: argparse.Namespace) -> int:
-    from pipeline import hotpotqa
     from pipeline.core.paths import resolve_source
+    from pipeline.tasks.hotpotqa import questions as hotpotqa
 
     out = args.out or hotpotqa.SPLITS_DIR / hotpotqa.OFFLINE_SPLIT
     check_writable_dir(out, "--out")

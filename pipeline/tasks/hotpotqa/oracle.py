@@ -25,7 +25,7 @@ deterministic: the agent style draws the wording of its recovery thoughts from a
 by the question id and `prompting.seed`.
 
     from pipeline.agent import run_episodes
-    from pipeline.methods.oracle import oracle_method
+    from pipeline.tasks.hotpotqa.oracle import oracle_method
     run_episodes(None, lambda: index, questions, oracle_method("react", style="agent"), sink, teacher="oracle")
 """
 

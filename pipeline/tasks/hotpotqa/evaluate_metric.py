@@ -1,7 +1,7 @@
-"""HotpotQA answer EM / F1 as a Hugging Face `evaluate` metric (a thin wrapper of pipeline.metrics).
+"""HotpotQA answer EM / F1 as a Hugging Face `evaluate` metric (a thin wrapper of pipeline.tasks.hotpotqa.metric).
 
     import evaluate
-    metric = evaluate.load("/abs/path/to/pipeline/hotpotqa_metric.py")
+    metric = evaluate.load("/abs/path/to/pipeline/tasks/hotpotqa/evaluate_metric.py")
     metric.compute(predictions=["the Eiffel Tower"], references=["Eiffel Tower"])
     # {'exact_match': 1.0, 'f1': 1.0, 'n': 1}
 
@@ -13,7 +13,7 @@ Its import scanner reads one `import x` per line: keep the imports below that wa
 import datasets
 import evaluate
 
-from pipeline.metrics import aggregate
+from pipeline.tasks.hotpotqa.metric import aggregate
 
 _DESCRIPTION = (
     "HotpotQA's official answer metrics (hotpot_evaluate_v1.py): answers are lower-cased, "
