@@ -38,7 +38,7 @@ sys.path.insert(0, str(REPO / "bench"))
 from machine import compute_limits, load_average, spread  # noqa: E402
 
 from bench.original_react import original_react_loop  # noqa: E402
-from pipeline.agent import run_episodes  # noqa: E402
+from pipeline.agent.scheduler import run_episodes  # noqa: E402
 from pipeline.methods import MethodSettings, build_method  # noqa: E402
 from pipeline.tasks.hotpotqa.questions import load_question_set  # noqa: E402
 

@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from machine import load_average, spread  # noqa: E402
 
-from pipeline.agent import SCHEDULES, run_episodes  # noqa: E402
+from pipeline.agent.scheduler import SCHEDULES, run_episodes  # noqa: E402
 from pipeline.core.errors import PipelineError  # noqa: E402
 from pipeline.llm.config import LLMConfig  # noqa: E402
 from pipeline.llm.openai_http import OpenAICompatibleLLM  # noqa: E402

@@ -10,7 +10,7 @@ HotpotQA train questions in two layouts, and eval runs of its fine-tuned models 
 
 Their text differs from ours: unnumbered `Thought:/Action:/Observation:` lines, lowercase
 `search[]`/`finish[]`, Google-search snippets as observations, `reward = True` on finish.
-`read_fireact_trajectories` turns each into our episode record (pipeline.agent.episode_record), numbered by the
+`read_fireact_trajectories` turns each into our episode record (pipeline.agent.scheduler.episode_record), numbered by the
 one renderer, with capitalised actions and the observations kept verbatim; what does not map onto
 Standard/CoT/Act/ReAct (Reflexion-style retries, malformed chats, other tasks) is skipped and
 counted. `read_fireact_eval_run` turns an eval run into a summary row for the figure.

@@ -15,7 +15,7 @@ from dataclasses import replace
 import pytest
 
 from bench.original_react import original_react_loop
-from pipeline.agent import run_episodes, run_one_at_a_time
+from pipeline.agent.scheduler import run_episodes, run_one_at_a_time
 from pipeline.core.trajectory import render
 from pipeline.llm.base import Completion, GenerationRequest, cut_at_stop
 from pipeline.llm.scripted import ScriptedLLM

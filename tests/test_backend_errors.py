@@ -87,8 +87,8 @@ def test_an_eval_of_mostly_errors_stops_without_a_summary_and_a_rerun_retries_th
 
 def test_a_teacher_that_errors_stops_generate_in_target_mode_and_the_rerun_draws_the_errored_questions_again(
         tmp_path, index, questions):
+    from pipeline.agent.episodes import ErrorShareExceeded
     from pipeline.core.storage import read_manifest
-    from pipeline.episodes import ErrorShareExceeded
     from pipeline.llm.config import LLMConfig
     from pipeline.stages.generate import GenerateConfig, draw_order, generate
     from pipeline.wiki.config import WikiConfig

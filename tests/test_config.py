@@ -119,8 +119,8 @@ def test_renamed_and_removed_keys_name_the_new_key(tmp_path):
 def test_an_old_run_folder_still_resumes(tmp_path):
     """A manifest written with the old key names (`method:` block, wiki.max_steps) is read in
     today's names, so the same run resumes instead of being refused."""
+    from pipeline.agent.run_folder import check_resumable
     from pipeline.core.storage import write_manifest
-    from pipeline.episodes import check_resumable
     from pipeline.stages.generate import IDENTITY_KEYS, GenerateConfig
 
     cfg = load_config(GenerateConfig, None, ["prompting.max_steps=5"])

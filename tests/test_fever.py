@@ -16,7 +16,7 @@ import pytest
 import yaml
 from episode_testdata import REPO, read_records, run_pipeline
 
-from pipeline.agent import run_episodes
+from pipeline.agent.scheduler import run_episodes
 from pipeline.core.errors import PipelineError
 from pipeline.llm.scripted import ScriptedLLM
 from pipeline.methods import MethodSettings, build_method

@@ -414,7 +414,7 @@ def test_a_server_returning_fewer_choices_than_n_gives_an_error_completion_for_e
 ])
 def test_a_finish_reason_other_than_stop_or_length(server, monkeypatch, reason, finish, end_reason):
     """Through the backend and then a Standard episode (the agent runner, as eval runs it)."""
-    from pipeline.agent import run_episodes
+    from pipeline.agent.scheduler import run_episodes
     from pipeline.methods import MethodSettings, build_method
     from pipeline.tasks.hotpotqa.questions import Question
 

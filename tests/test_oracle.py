@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.agent import run_episodes
+from pipeline.agent.scheduler import run_episodes
 from pipeline.core.errors import PipelineError
 from pipeline.core.trajectory import Trajectory, parse, render
 from pipeline.tasks import get_task

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from episode_testdata import run_pipeline
 
-from pipeline.agent import run_episodes
+from pipeline.agent.scheduler import run_episodes
+from pipeline.agent.search_stats import search_stats
 from pipeline.methods import MethodSettings
-from pipeline.search_stats import search_stats
 from pipeline.stages.filter import FilterConfig, select
 from pipeline.tasks import get_task
 from pipeline.tasks.hotpotqa.oracle import (

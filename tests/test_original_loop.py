@@ -11,7 +11,7 @@ import hashlib
 import pytest
 from episode_testdata import build_small_index
 
-from pipeline.agent import run_episodes
+from pipeline.agent.scheduler import run_episodes
 from pipeline.core.errors import PipelineError
 from pipeline.core.trajectory import Trajectory
 from pipeline.llm.scripted import ScriptedLLM

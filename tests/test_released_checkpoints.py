@@ -174,7 +174,7 @@ def test_the_prompts_a_released_checkpoint_receives(tiny, tmp_path, index, quest
     """In process, with a scripted model standing in for the loaded checkpoint: FireAct's format
     sends the Alpaca-wrapped question then `Thought:`; ours sends the question line then `Thought 1:`;
     the model the eval opens is the adapter on the base its adapter_config.json names."""
-    from pipeline import episodes
+    from pipeline.agent import answerers
     from pipeline.core.config import build
     from pipeline.core.trajectory import one_line
     from pipeline.llm.scripted import ScriptedLLM
@@ -190,7 +190,7 @@ def test_the_prompts_a_released_checkpoint_receives(tiny, tmp_path, index, quest
             opened.append((model.cfg, ScriptedLLM(lambda prompt, req: reply, name=model.cfg.label)))
             return opened[-1][1]
 
-        monkeypatch.setattr(episodes.PromptedModel, "open", scripted)
+        monkeypatch.setattr(answerers.PromptedModel, "open", scripted)
         out = tmp_path / fmt
         cfg = build(EvalConfig, {"checkpoint": str(tiny["adapter"]), "format": fmt, "questions": str(question_file),
                                  "wiki": {"index": str(index)}, "out_dir": str(out)})

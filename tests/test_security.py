@@ -322,8 +322,8 @@ HOSTILE_NAMES = ["../escaped", "/tmp/evil", "react/../../x", "..", ".", "", ".hi
 
 @pytest.mark.parametrize("name", HOSTILE_NAMES)
 def test_the_method_file_name_check_refuses_paths(tmp_path, name):
+    from pipeline.agent.episodes import method_file
     from pipeline.core.errors import PipelineError
-    from pipeline.episodes import method_file
 
     with pytest.raises(PipelineError, match="cannot name a file in"):
         method_file(tmp_path, name)
@@ -331,7 +331,7 @@ def test_the_method_file_name_check_refuses_paths(tmp_path, name):
 
 @pytest.mark.parametrize("name", ["react", "cot_sc", "react_to_cot_sc", "my-method2"])
 def test_the_method_file_name_check_keeps_plain_names_in_out_dir(tmp_path, name):
-    from pipeline.episodes import method_file
+    from pipeline.agent.episodes import method_file
 
     assert method_file(tmp_path, name) == tmp_path / f"{name}.jsonl"
 
@@ -340,7 +340,7 @@ def test_with_the_allow_list_bypassed_hostile_method_names_still_write_nothing(t
     """The episode runner that generate and eval share, with the allow-list replaced by a
     stand-in that accepts any name (building the real ReAct method): the path is now built from
     the hostile name, and the file-name check refuses it before anything is opened."""
-    from pipeline import episodes
+    from pipeline.agent import episodes
     from pipeline.core.errors import PipelineError
     from pipeline.methods import build_method
 

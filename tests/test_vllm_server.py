@@ -145,7 +145,7 @@ def test_the_teacher_role_generate_continuously_against_vllm_matches_the_round_b
         server, index, tmp_path):
     """`python -m pipeline generate` with the served model as its teacher (continuous scheduling,
     as for any server), against the round-based runner on the same server and questions."""
-    from pipeline.agent import run_episodes
+    from pipeline.agent.scheduler import run_episodes
     from pipeline.llm.openai_http import OpenAICompatibleLLM
     from pipeline.methods import MethodSettings, build_method
     from pipeline.tasks.hotpotqa.questions import load_question_set

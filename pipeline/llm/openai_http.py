@@ -40,7 +40,7 @@ class OpenAICompatibleLLM:
     """The `LLM` protocol over POST {base_url}/completions or /chat/completions."""
 
     # The server batches requests as they arrive (vLLM, llama-server): the agent runner sends each
-    # episode's next request as soon as its last one is back (pipeline.agent.schedule_for).
+    # episode's next request as soon as its last one is back (pipeline.agent.scheduler.schedule_for).
     continuous_batching = True
 
     def __init__(self, cfg: LLMConfig, *, backoff_base_s: float = 0.5,

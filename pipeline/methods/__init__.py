@@ -2,7 +2,7 @@
 
     method = build_method("react", MethodSettings(exemplars="paper"))            # HotpotQA
     method = build_method("react", MethodSettings(exemplars="paper"), "fever")   # FEVER's 3-shot prompts
-    records = pipeline.agent.run_episodes(llm, make_backend, questions, method, on_record)
+    records = pipeline.agent.scheduler.run_episodes(llm, make_backend, questions, method, on_record)
 
 Names: standard, cot, cot_sc, act, react, react_to_cot_sc, cot_sc_to_react, one row each in
 pipeline.methods.registry (its formats, how it is built, how the figure draws it).

@@ -4,7 +4,7 @@ generator protocol that lets one runner drive many episodes at once.
 A method's `run(ctx)` is a generator (an "episode program"). Each time it needs the model it
 yields a list of GenerationRequests and is sent back, for each request, its list of
 Completions; when the episode is over it returns an Outcome. The program never calls the LLM
-itself, so `pipeline.agent` can gather the requests of every waiting episode into ONE
+itself, so `pipeline.agent.scheduler` can gather the requests of every waiting episode into ONE
 `llm.generate()` call per round, or drive a single episode with batch-1 calls; both see the same
 completions and produce the same trajectory under greedy decoding. Environment steps happen
 inside the program, each episode against its own WikiEnv.

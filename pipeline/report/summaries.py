@@ -42,7 +42,7 @@ def load_summaries(paths: list[str | Path]) -> list[dict]:
     return merge_shards(rows)
 
 
-# Per-question means of eval's summary rows (pipeline.episodes.method_stats), and sums.
+# Per-question means of eval's summary rows (pipeline.agent.episodes.method_stats), and sums.
 SHARD_MEANS = ("em", "f1", "finish_rate", "mean_steps")
 SHARD_SUMS = ("n", "errors", "prompt_tokens", "completion_tokens", "seconds")
 

@@ -24,6 +24,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import ClassVar
 
+from pipeline.agent.answerers import answerer
+from pipeline.agent.episodes import MAX_ERROR_SHARE, run_methods
+from pipeline.agent.run_folder import check_resumable, start_run, writing_run
 from pipeline.core.config import add_config_arguments, stage_config, to_dict
 from pipeline.core.errors import PipelineError
 from pipeline.core.shards import parse_shard
@@ -32,14 +35,6 @@ from pipeline.core.storage import (
     check_writable_dir,
     require_complete,
     write_manifest,
-)
-from pipeline.episodes import (
-    MAX_ERROR_SHARE,
-    answerer,
-    check_resumable,
-    run_methods,
-    start_run,
-    writing_run,
 )
 from pipeline.llm.config import LLMConfig
 from pipeline.methods import FORMATS_USED, MethodSettings

@@ -148,8 +148,8 @@ def inputs_task(cfg: FilterConfig) -> Task:
 def generate_inputs(inputs: list[str]) -> list[list[Path]]:
     """The generate folders as inputs in order: an unsharded folder alone, the folders of one
     shard set together (at the place of its first), checked complete (pipeline.core.shards)."""
+    from pipeline.agent.run_folder import identity
     from pipeline.core.shards import check_shard_set, parse_shard
-    from pipeline.episodes import identity
 
     groups: dict[str, list[tuple[Path, object]]] = {}
     for folder in map(Path, inputs):

@@ -28,18 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+from pipeline.agent.answerers import answerer
+from pipeline.agent.episodes import MAX_ERROR_SHARE, method_stats, run_methods, set_aside_errors
+from pipeline.agent.run_folder import start_run, writing_run
 from pipeline.core.config import add_config_arguments, stage_config, to_dict
 from pipeline.core.errors import PipelineError
 from pipeline.core.storage import check_writable_dir, write_manifest
-from pipeline.episodes import (
-    MAX_ERROR_SHARE,
-    answerer,
-    method_stats,
-    run_methods,
-    set_aside_errors,
-    start_run,
-    writing_run,
-)
 from pipeline.llm.config import LLMConfig
 from pipeline.methods import MethodSettings
 from pipeline.tasks import Task, get_task
@@ -58,7 +52,7 @@ class GenerateConfig:
     out_dir: Path = Path("runs/generate/default")
     prompting: MethodSettings = field(default_factory=MethodSettings)  # how the teacher is prompted
     wiki: WikiConfig = field(default_factory=WikiConfig)
-    max_in_flight: int = 16  # episodes run at once (in rounds, or continuously against a server: pipeline.agent)
+    max_in_flight: int = 16  # episodes run at once (in rounds, or continuously against a server: pipeline.agent.scheduler)
     target_correct: int | None = None  # target mode: draw questions until each method has N correct
     order_seed: int = 0  # target mode: the seed of the order in which questions are drawn
     shard: str | None = None  # i/n: this job's share of the questions, for N jobs (pipeline.core.shards)
@@ -179,10 +173,10 @@ def run_to_target(teacher, llm, cfg: GenerateConfig, questions: list, backend) -
 
 
 def add_search_stats(stats: dict[str, dict], out_dir: Path, questions: list, task: Task | None = None) -> None:
-    """For Act / ReAct files: how the episodes searched (pipeline.search_stats), over all of them
+    """For Act / ReAct files: how the episodes searched (pipeline.agent.search_stats), over all of them
     (`search`) and over the correct ones the filter keeps for training (`search_correct`)."""
+    from pipeline.agent.search_stats import search_stats
     from pipeline.core.storage import read_jsonl
-    from pipeline.search_stats import search_stats
 
     ids = {str(q.id) for q in questions}
     for name, s in stats.items():

@@ -36,6 +36,7 @@ from typing import Any
 
 import yaml
 
+from pipeline.agent.answerers import is_oracle
 from pipeline.core import gpu_memory, precision
 from pipeline.core.config import (
     add_config_arguments,
@@ -263,7 +264,7 @@ def needs_model(llm, serve=None, what: str | None = None) -> str:
     """What a unit needs running, and where, for the plan: one line."""
     what = what or llm.model
     gpus = f"tensor parallel {llm.tensor_parallel_size}, {llm.gpu_memory_utilization:g} of each GPU's memory"
-    if llm.backend == "oracle":
+    if is_oracle(llm):
         return "no model: the oracle stand-in teacher (gold facts)"
     if serve is not None:
         port = serve.port or "a free port"

@@ -24,7 +24,7 @@ A gold page that the index does not hold ends the episode unanswered with end_re
 deterministic: the agent style draws the wording of its recovery thoughts from a generator seeded
 by the question id and `prompting.seed`.
 
-    from pipeline.agent import run_episodes
+    from pipeline.agent.scheduler import run_episodes
     from pipeline.tasks.hotpotqa.oracle import oracle_method
     run_episodes(None, lambda: index, questions, oracle_method("react", style="agent"), sink, teacher="oracle")
 """

@@ -2,7 +2,7 @@
 from a miss, Lookups (report their rates with pipeline.report.intervals.wilson).
 
     from pipeline.report.intervals import wilson
-    from pipeline.search_stats import search_stats
+    from pipeline.agent.search_stats import search_stats
     s = search_stats(records)              # records: episode records (generate or eval)
     s["search_hit_rate"], wilson(s["search_hits"], s["searches"])
 

@@ -1,6 +1,6 @@
 """Run many episodes at once, scheduled in rounds or continuously (chosen by the backend).
 
-    from pipeline.agent import run_episodes
+    from pipeline.agent.scheduler import run_episodes
     from pipeline.methods import MethodSettings, build_method
     method = build_method("react", MethodSettings())
     records = run_episodes(llm, lambda: LocalIndex(path), questions, method, on_record=sink)
@@ -26,7 +26,7 @@ original notebook's loop shape); only the order in which records finish may diff
 
 A model failure (an error completion, or generate() raising) or a page-source failure ends only
 the episodes it touched, with the reason in `end_reason`; the others go on (generate and eval
-stop a run once too many end so: `max_error_share`, pipeline.episodes). Anything else that
+stop a run once too many end so: `max_error_share`, pipeline.agent.episodes). Anything else that
 raises (a backend bug, a record that cannot be written) ends the run with that error; the records
 written so far stay, and a re-run resumes after them.
 """
