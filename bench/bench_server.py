@@ -155,7 +155,7 @@ def server_for_run(args: argparse.Namespace, binary: str | None) -> contextlib.A
     """One server per timed run: a fresh llama-server, or the one at --base-url; yields its /v1 URL."""
     if args.base_url:
         return contextlib.nullcontext(args.base_url)
-    from pipeline.llm.smollm2 import gguf_path
+    from pipeline.hub.smollm2 import gguf_path
 
     return llama_server(binary, args.gguf or str(gguf_path()), args)
 

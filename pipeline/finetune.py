@@ -46,8 +46,8 @@ from pipeline.deepspeed_setup import (
     settle_deepspeed_config,
     under_deepspeed,
 )
-from pipeline.llm import models
-from pipeline.llm.models import model_label, resolve_model_path
+from pipeline.hub import models
+from pipeline.hub.models import model_label, resolve_model_path
 from pipeline.train_checks import (  # noqa: F401  (is_complete_checkpoint: re-exported)
     Layout,
     check_config,
@@ -585,7 +585,7 @@ def save_final(trainer, cfg: FinetuneConfig, tokenizer, dataset_path: Path, repo
             precision=precision_choice(cfg).precision, weights=weights_choice(cfg).precision,
             deepspeed=deepspeed_record(trainer),
         )
-        from pipeline.cards import model_card
+        from pipeline.hub.cards import model_card
 
         # The model card every checkpoint carries (replacing PEFT's template); `run` adds eval results.
         (partial / "README.md").write_text(model_card(manifest, []), encoding="utf-8")

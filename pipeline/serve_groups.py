@@ -48,7 +48,7 @@ class ServerGroup:
 
     def base_name(self) -> str:
         """The name the base model answers to: the prompted unit's model label, if one is here."""
-        from pipeline.llm.models import model_label
+        from pipeline.hub.models import model_label
 
         prompted = [m for m in self.members if m.serves[1] is None]
         return prompted[0].config.model.label if prompted else model_label(self.base)
@@ -85,7 +85,7 @@ class ServerGroup:
         """Start the server for every member still to do whose model is on disk (once)."""
         if self.server is not None:
             return
-        from pipeline.llm.models import resolve_model_path
+        from pipeline.hub.models import resolve_model_path
 
         todo = [m for m in self.members if m.selected and not self.done(m)]
         adapters = {lora_name(m): m.serves[1] for m in todo

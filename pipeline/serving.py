@@ -89,7 +89,7 @@ def serve_command(base: LLMConfig, serve: ServeConfig, port: int, adapters: dict
     served under `base.label`, and for each LoRA adapter of `adapters` (name -> folder) under its name."""
     if not serve.command:
         raise PipelineError("serve.command is empty; give the command that runs `vllm serve`, e.g. [vllm, serve]")
-    from pipeline.llm.models import resolve_model_path
+    from pipeline.hub.models import resolve_model_path
 
     cmd = [*serve.command, resolve_model_path(base.model), "--host", serve.host, "--port", str(port),
            "--served-model-name", base.label, "--tensor-parallel-size", str(base.tensor_parallel_size),
@@ -359,7 +359,7 @@ class SharedServer:
 
     host: str
     port: int
-    model: str  # the base model's folder or hub id, resolved (pipeline.llm.models.resolve_model_path)
+    model: str  # the base model's folder or hub id, resolved (pipeline.hub.models.resolve_model_path)
     name: str  # the name the base model answers to
     adapters: dict[str, str]  # LoRA name -> adapter folder
     pid: int  # the server's process
@@ -367,7 +367,7 @@ class SharedServer:
 
     def name_for(self, llm: LLMConfig) -> str | None:
         """The name `llm` (a base model, or a base with an adapter) is served under here, or None."""
-        from pipeline.llm.models import resolve_model_path
+        from pipeline.hub.models import resolve_model_path
 
         if resolve_model_path(llm.model) != self.model:
             return None

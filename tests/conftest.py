@@ -33,7 +33,7 @@ def smollm2_dir() -> Path:
     through `tokenizer: smollm2` in a config, asks for this fixture, so that without the package
     it is skipped with the reason (how to install it) instead of erroring in a fixture."""
     from pipeline.core.errors import PipelineError
-    from pipeline.llm.smollm2 import local_smollm2_dir
+    from pipeline.hub.smollm2 import local_smollm2_dir
 
     try:
         return local_smollm2_dir()

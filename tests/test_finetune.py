@@ -568,7 +568,7 @@ def test_lora_adapter_saves_reloads_merges(tmp_path, smollm2_dir):
     final = cfg.output_dir / "final"
     assert manifest["adapter"] is True and manifest["base_model"] == resolve_model_path("smollm2")
     assert (final / "adapter_model.safetensors").is_file() and not (final / "model.safetensors").exists()
-    card = (final / "README.md").read_text()  # our model card, not PEFT's template (pipeline.cards)
+    card = (final / "README.md").read_text()  # our model card, not PEFT's template (pipeline.hub.cards)
     assert "library_name: \"peft\"" in card and "fine-tuned on react trajectories" in card
     assert "| steps | 2 of 2 |" in card and "Not evaluated yet" in card
     ids = torch.tensor([[17872, 42, 617, 47, 198, 1082, 3779, 216, 33, 42]])

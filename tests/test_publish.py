@@ -70,7 +70,7 @@ def finals(tmp_path_factory, sft) -> dict[str, Path]:
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     from pipeline.core.storage import atomic_write_json, write_manifest
-    from pipeline.llm.smollm2 import local_smollm2_dir
+    from pipeline.hub.smollm2 import local_smollm2_dir
 
     root = tmp_path_factory.mktemp("finals")
     tokenizer = AutoTokenizer.from_pretrained(local_smollm2_dir())
@@ -137,7 +137,7 @@ def test_an_adapter_checkpoint_is_loadable_on_its_base(finals, tmp_path):
 
 def test_the_card_train_leaves_in_final_is_the_card_publish_writes(finals, tmp_path):
     """`run` rewrites final/README.md after evaluating it; publish writes the same text."""
-    from pipeline.cards import eval_rows_for, write_model_card
+    from pipeline.hub.cards import eval_rows_for, write_model_card
 
     summary = finals["summaries"] / "full" / "summary.json"
     write_model_card(finals["full"], eval_rows_for(finals["full"], [summary]))

@@ -40,7 +40,7 @@ def tiny(tmp_path_factory):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from pipeline.llm.smollm2 import local_smollm2_dir
+    from pipeline.hub.smollm2 import local_smollm2_dir
 
     root = tmp_path_factory.mktemp("released")
     tokenizer = AutoTokenizer.from_pretrained(local_smollm2_dir())
@@ -77,7 +77,7 @@ def one_error_line(proc) -> str:
 
 
 def test_an_adapter_names_its_base_and_a_full_model_counts_its_size(tiny):
-    from pipeline.checkpoints import resolve_checkpoint
+    from pipeline.hub.finetuned import resolve_checkpoint
 
     adapter = resolve_checkpoint(str(tiny["adapter"]), format="fireact")
     assert (adapter.model, adapter.adapter) == (str(tiny["base"]), str(tiny["adapter"]))
@@ -93,8 +93,8 @@ def test_an_adapter_names_its_base_and_a_full_model_counts_its_size(tiny):
 def test_a_local_copy_of_a_registered_agent_needs_nothing_else(tiny, tmp_path):
     import shutil
 
-    from pipeline.checkpoints import resolve_checkpoint
-    from pipeline.released import AGENTS
+    from pipeline.hub.finetuned import resolve_checkpoint
+    from pipeline.hub.released import AGENTS
 
     copy = tmp_path / "fireact_llama_2_7b_lora"
     shutil.copytree(tiny["adapter"], copy)
@@ -110,8 +110,8 @@ def test_a_local_copy_of_a_registered_agent_needs_nothing_else(tiny, tmp_path):
 
 
 def test_the_registry_lists_fireact_and_agentlm_with_base_format_and_size():
-    from pipeline.checkpoints import DECODE_FORMATS, NOT_IMPLEMENTED
-    from pipeline.released import AGENTS
+    from pipeline.hub.finetuned import DECODE_FORMATS, NOT_IMPLEMENTED
+    from pipeline.hub.released import AGENTS
 
     assert {"forestai/fireact_llama_2_7b_lora", "forestai/fireact_llama_2_13b_lora", "THUDM/agentlm-7b",
             "THUDM/agentlm-13b", "THUDM/agentlm-70b"} <= set(AGENTS)

@@ -140,7 +140,7 @@ def mark_trained(config_path: Path, adapter: Path | None = None) -> list[Path]:
 
     from pipeline.core.config import build, load_config, to_dict
     from pipeline.core.storage import write_manifest
-    from pipeline.llm.models import resolve_model_path
+    from pipeline.hub.models import resolve_model_path
     from pipeline.stages.run import RunConfig, Student, plan, training_precision
 
     cfg = load_config(RunConfig, config_path, [])

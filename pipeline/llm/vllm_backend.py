@@ -115,7 +115,7 @@ class VLLMBackend:
 
 
 def engine_kwargs(cfg: LLMConfig) -> dict[str, Any]:
-    from pipeline.llm.models import resolve_model_path
+    from pipeline.hub.models import resolve_model_path
 
     kwargs: dict[str, Any] = {
         "model": resolve_model_path(cfg.model),

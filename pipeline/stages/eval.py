@@ -11,8 +11,8 @@ A base model is prompted with the method's instruction and exemplars (mode `prom
 fine-tuned checkpoint of ours runs zero-shot in the format it was trained on (mode `finetune`:
 the question line alone), its base model, adapter, format and size read from its manifest.
 Any other fine-tuned model or PEFT adapter (a folder or hub id without our manifest, e.g. a
-released agent) is resolved by pipeline.checkpoints and decodes in its `format`
-(pipeline.checkpoints.DECODE_FORMATS: ours, or FireAct's).
+released agent) is resolved by pipeline.hub.finetuned and decodes in its `format`
+(pipeline.hub.finetuned.DECODE_FORMATS: ours, or FireAct's).
 Per-question records are appended as episodes finish (a re-run resumes), then `summary.json`
 gets one row per method: the input of `python -m pipeline plot`.
 """
@@ -175,7 +175,7 @@ def model_under_test(cfg: EvalConfig) -> ModelUnderTest:
             raise PipelineError(f"model '{cfg.model.model}': its size is not known; set "
                                 + " and ".join(f"{k}=<{SIZE_HINTS[k]}>" for k in missing))
         return ModelUnderTest(cfg.model, cfg.model.label, "prompt", size_class, params_b, None)
-    from pipeline.llm.hf import looks_like_path
+    from pipeline.hub.models import looks_like_path
 
     final = Path(cfg.checkpoint)
     if not (final / "manifest.json").exists():
@@ -212,7 +212,7 @@ SIZE_HINTS = {"size_class": "e.g. 8b", "params_b": "billions, e.g. 8.0"}
 
 def released_model_under_test(cfg: EvalConfig) -> ModelUnderTest:
     """A checkpoint without our manifest (a released agent, any model or adapter folder)."""
-    from pipeline.checkpoints import resolve_checkpoint
+    from pipeline.hub.finetuned import resolve_checkpoint
 
     ckpt = resolve_checkpoint(str(cfg.checkpoint), format=cfg.format, base_model=cfg.base_model,
                               size_class=cfg.size_class, params_b=cfg.params_b, name=cfg.model.name)

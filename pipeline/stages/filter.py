@@ -5,7 +5,7 @@
     python -m pipeline filter --from-fireact ../shared/data/fireact/alpaca_format/hotpotqa_multimethod.json out_dir=runs/sft/fireact
 
 Inputs are generate output folders (`<method>.jsonl` + a complete manifest.json) and/or FireAct's
-released files (pipeline.importers). The shards of a sharded generation (`shard=i/n`,
+released files (pipeline.hub.importers). The shards of a sharded generation (`shard=i/n`,
 pipeline.core.shards) are merged into one input, which must hold every shard 0..n-1. A generate
 folder's (or shard set's) episodes are read in question-id order, so a dataset does not depend on
 the order in which concurrent episodes happened to finish, nor on how the questions were sharded.
@@ -49,7 +49,7 @@ from pipeline.core.storage import (
     write_manifest,
 )
 from pipeline.core.trajectory import FORMATS, Trajectory, render
-from pipeline.llm.models import load_tokenizer
+from pipeline.hub.models import load_tokenizer
 from pipeline.tasks import Task, get_task, task_of
 
 REQUIRED_FIELDS = ("id", "method", "em", "finished", "trajectory")
@@ -121,7 +121,7 @@ def collect_episodes(cfg: FilterConfig) -> Episodes:
         for method, episodes in merged.items():
             by_method.setdefault(method, []).extend(sorted(episodes, key=lambda e: str(e["id"])))
     if cfg.fireact:
-        from pipeline.importers import find_fireact_files, read_fireact_trajectories
+        from pipeline.hub.importers import find_fireact_files, read_fireact_trajectories
 
         for path in (f for p in cfg.fireact for f in find_fireact_files(p)):
             episodes, report = read_fireact_trajectories(path, other_tasks=cfg.fireact_other_tasks)

@@ -425,7 +425,7 @@ def unit_done(config, identity=None) -> bool:
 def with_model_card(final: Path, action):
     """Evaluate, then rewrite final/README.md with the EM / F1 rows: the card `publish` uploads."""
     def run_unit(config):
-        from pipeline.cards import eval_rows_for, write_model_card
+        from pipeline.hub.cards import eval_rows_for, write_model_card
 
         result = action(config)
         summary = Path(config.out_dir) / "summary.json"

@@ -4,7 +4,7 @@
 
 `eval checkpoint=<hub id>` looks the id up here, so nothing else is needed: the adapter names its
 base model in its adapter_config.json (which wins when it names a hub id or an existing folder),
-the format says how the agent decodes (pipeline.checkpoints.DECODE_FORMATS), and the size places
+the format says how the agent decodes (pipeline.hub.finetuned.DECODE_FORMATS), and the size places
 it on the figure. A local copy whose folder name is the id's last part (`hf download
 forestai/fireact_llama_2_7b_lora --local-dir fireact_llama_2_7b_lora`) is recognised too.
 

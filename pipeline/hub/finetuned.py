@@ -9,7 +9,7 @@ handles everything else (the eval stage calls it when a checkpoint has no manife
 
 - a folder with adapter_config.json is a PEFT adapter: its base is `base_model=` when given, else
   the base its adapter_config.json names (when that is a hub id or an existing folder), else the
-  registry's (pipeline.released);
+  registry's (pipeline.hub.released);
 - a folder with config.json is a full model;
 - anything else that is not a path is a hub id: it is fetched with huggingface_hub (the cache
   first); offline and not cached, one line names what to download and where to pass it.
@@ -64,7 +64,7 @@ class ResolvedCheckpoint:
 def resolve_checkpoint(checkpoint: str, *, format: str | None = None, base_model: str | None = None,
                        size_class: str | None = None, params_b: float | None = None,
                        name: str | None = None) -> ResolvedCheckpoint:
-    from pipeline.released import find_agent
+    from pipeline.hub.released import find_agent
 
     checkpoint = str(checkpoint)
     agent = find_agent(checkpoint)
@@ -101,7 +101,7 @@ def resolve_checkpoint(checkpoint: str, *, format: str | None = None, base_model
 def check_format(fmt: str | None, checkpoint: str) -> str:
     if fmt is None:
         raise PipelineError(f"checkpoint {checkpoint} has no manifest of ours and is not a known released agent "
-                            f"(pipeline/released.py): set format=<{'|'.join(DECODE_FORMATS)}> to say how it decodes")
+                            f"(pipeline/hub/released.py): set format=<{'|'.join(DECODE_FORMATS)}> to say how it decodes")
     if fmt in NOT_IMPLEMENTED:
         raise PipelineError(f"checkpoint {checkpoint}: format '{fmt}' is not supported: {NOT_IMPLEMENTED[fmt]}; "
                             f"formats that run: {', '.join(DECODE_FORMATS)}")
@@ -111,7 +111,7 @@ def check_format(fmt: str | None, checkpoint: str) -> str:
 
 
 def looks_like_local(checkpoint: str) -> bool:
-    from pipeline.llm.hf import looks_like_path
+    from pipeline.hub.models import looks_like_path
 
     return looks_like_path(checkpoint)
 
@@ -152,7 +152,7 @@ def choose_base(override: str | None, named: str | None, registry: str | None, c
     """`base_model=` wins; then the adapter's own adapter_config.json when it names something
     reachable (a hub id or an existing folder; trainers often record a path on their machine);
     then the registry's base."""
-    from pipeline.llm.hf import looks_like_path
+    from pipeline.hub.models import looks_like_path
 
     if override:
         return override

@@ -15,8 +15,8 @@ one renderer, with capitalised actions and the observations kept verbatim; what 
 Standard/CoT/Act/ReAct (Reflexion-style retries, malformed chats, other tasks) is skipped and
 counted. `read_fireact_eval_run` turns an eval run into a summary row for the figure.
 
-    python -m pipeline.importers trajectories ../shared/data/fireact/alpaca_format/hotpotqa.json -o fireact.jsonl
-    python -m pipeline.importers runs ../shared/data/fireact/trajs -o fireact_summary.json
+    python -m pipeline.hub.importers trajectories ../shared/data/fireact/alpaca_format/hotpotqa.json -o fireact.jsonl
+    python -m pipeline.hub.importers runs ../shared/data/fireact/trajs -o fireact_summary.json
 """
 
 from __future__ import annotations
@@ -368,7 +368,7 @@ def read_fireact_eval_runs(path: str | Path) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.importers", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m pipeline.hub.importers", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="what", required=True)
     traj = sub.add_parser("trajectories", help="FireAct fine-tuning files -> episode records (JSONL)")
     traj.add_argument("paths", nargs="+", type=Path)

@@ -59,7 +59,7 @@ def dataset_teachers(manifest: dict) -> list[str]:
         if source and source.get("teacher"):
             teacher = str(source["teacher"])
         elif "fireact" in str(path).lower():
-            from pipeline.importers import TEACHER
+            from pipeline.hub.importers import TEACHER
 
             teacher = TEACHER
         else:

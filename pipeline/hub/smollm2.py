@@ -3,7 +3,7 @@
 Loading the GGUF through transformers dequantises it (~25 s); we do that once and keep a normal
 fp32 checkpoint (517 MB, reloads in 0.4 s) under the cache root:
 
-    python -c "from pipeline.llm.smollm2 import local_smollm2_dir; print(local_smollm2_dir())"
+    python -c "from pipeline.hub.smollm2 import local_smollm2_dir; print(local_smollm2_dir())"
 
 The cache root is ~/.cache/react-pipeline, or $REACT_PIPELINE_CACHE when set.
 """

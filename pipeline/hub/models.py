@@ -10,13 +10,15 @@ offline). Only the alias is rewritten; everything else is passed to `from_pretra
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from pipeline.core.errors import PipelineError
-from pipeline.llm.smollm2 import local_smollm2_dir
+from pipeline.hub.smollm2 import local_smollm2_dir
 
-SMOLLM2 = "smollm2"  # the alias of the embedded SmolLM2-135M-Instruct (pipeline.llm.smollm2)
+SMOLLM2 = "smollm2"  # the alias of the embedded SmolLM2-135M-Instruct (pipeline.hub.smollm2)
 SMOLLM2_LABEL = "smollm2-135m-instruct"
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
 def resolve_model_path(name: str) -> str:
@@ -46,3 +48,9 @@ def load_tokenizer(name: str, *, key: str = "tokenizer", label: str | None = Non
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise PipelineError(f"{key}: cannot load {label or name} ({reason}); give a local folder, "
                             f"a hub id in the local cache, or '{SMOLLM2}'") from None
+
+
+def looks_like_path(model: str) -> bool:
+    """A filesystem path rather than a hub id ("name" or "org/name")."""
+    return (model.startswith(("/", "./", "../", "~")) or Path(model).expanduser().exists()
+            or not _HUB_ID.match(model))
