@@ -2,7 +2,7 @@
 SmolLM2-135M-Instruct and a rank-64 LoRA adapter of it built here with PEFT). Without .venv-vllm
 every test here skips with one line: `bash scripts/setup_vllm.sh` installs it (.ci/run does).
 
-One server (started by the pipeline's own managed serve: pipeline/serving.py, fp32, eager mode)
+One server (started by the pipeline's own managed serve: pipeline/llm/serving.py, fp32, eager mode)
 serves the base model and the adapter to most tests: its greedy completions against the
 transformers backend (PEFT for the adapter), the teacher role (`generate`, continuous) against
 the round-based runner, and a slow, loaded server that must be waited for, never asked twice.
@@ -50,7 +50,7 @@ from vllm_testdata import (
 
 from pipeline.llm.base import GenerationRequest
 from pipeline.llm.config import LLMConfig
-from pipeline.serving import LORA_NAME, ServeConfig, ServedLLM, served
+from pipeline.llm.serving import LORA_NAME, ServeConfig, ServedLLM, served
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm,
               pytest.mark.skipif(not CORPUS.is_file(), reason=f"offline corpus not found at {CORPUS}")]

@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from pipeline.serving import VLLM_VENV
+from pipeline.llm.serving import VLLM_VENV
 
 VLLM_PYTHON = VLLM_VENV / "bin" / "python"
 INSTALL_LINE = ("vLLM is not installed for this checkout (.venv-vllm); bash scripts/setup_vllm.sh "

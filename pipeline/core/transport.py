@@ -14,7 +14,7 @@ A timeout is not always a reason to ask again: a server that is still computing 
 busy vLLM with many requests in flight) would then compute it twice, and a slow server would
 turn into a retry storm. With `still_working` set (a callable: is the server that has the
 request alive and healthy?), each `timeout_s` without an answer asks it, and while it says yes
-the client keeps waiting for the same answer instead of re-sending (pipeline/serving.py sets it
+the client keeps waiting for the same answer instead of re-sending (pipeline/llm/serving.py sets it
 for a server the pipeline manages, whose process it watches).
 
 When the attempts run out (or on a permanent error) `RequestFailed` is raised with a one-line

@@ -10,7 +10,7 @@
       max_concurrency: 8
 
 A PEFT adapter (`adapter:`) is refused: the server applies one only to requests that name it,
-and `eval`'s `serve:` section serves it under a name and sends that name (pipeline/serving.py).
+and `eval`'s `serve:` section serves it under a name and sends that name (pipeline/llm/serving.py).
 Each request is one HTTP call (`n` samples in one call); up to `max_concurrency` calls are in
 flight at once to each replica (each base URL). A call that still fails after its retries (and
 on the other replicas) becomes `n` completions with finish_reason="error" and the reason, so

@@ -130,7 +130,7 @@ def engine_kwargs(cfg: LLMConfig) -> dict[str, Any]:
     if cfg.adapter:
         from pathlib import Path
 
-        from pipeline.serving import max_lora_rank
+        from pipeline.llm.serving import max_lora_rank
 
         # vLLM's default max_lora_rank (16) refuses a larger adapter: the 70B student's is r=64.
         kwargs.update(enable_lora=True, max_lora_rank=max_lora_rank(Path(cfg.adapter)))

@@ -37,8 +37,8 @@ from pipeline.core.storage import (
     write_manifest,
 )
 from pipeline.llm.config import LLMConfig
+from pipeline.llm.serving import ServeConfig
 from pipeline.methods import FORMATS_USED, MethodSettings
-from pipeline.serving import ServeConfig
 from pipeline.tasks import DEFAULT_TASK, get_task
 from pipeline.wiki.config import WikiConfig
 
@@ -77,7 +77,7 @@ class EvalConfig:
     # page-source error (end_reason llm_error / backend_error); a re-run runs those episodes again
     max_error_share: float = MAX_ERROR_SHARE
     # Start `vllm serve` for the model under test (its `model` section's tensor_parallel_size,
-    # gpu_memory_utilization, max_context, dtype, extra), evaluate over HTTP, stop it (pipeline/serving.py;
+    # gpu_memory_utilization, max_context, dtype, extra), evaluate over HTTP, stop it (pipeline/llm/serving.py;
     # keys: command, host, port, startup_timeout_s, stop_grace_s, extra_args, env)
     serve: ServeConfig | None = None
 
@@ -112,7 +112,7 @@ def evaluate(cfg: EvalConfig) -> list[dict]:
     check_finetuned_methods(methods, target)
     if cfg.serve is None:
         return run_evaluation(cfg, target, target.llm, methods)
-    from pipeline.serving import ServerGone, served
+    from pipeline.llm.serving import ServerGone, served
 
     record = precision_record(target)
     check_resumable(cfg.out_dir, "eval", cfg, IDENTITY_KEYS)  # refuse before a server loads for minutes
@@ -135,7 +135,7 @@ def run_evaluation(cfg: EvalConfig, target: ModelUnderTest, llm_cfg: LLMConfig, 
     questions, backend, llm, _ = start_run(cfg, "eval", model, settings, IDENTITY_KEYS, methods=methods,
                                            check=lambda: check_same_precision(cfg.out_dir, record))
     if server is not None:
-        from pipeline.serving import ServedLLM
+        from pipeline.llm.serving import ServedLLM
 
         llm = ServedLLM(llm, server)
     manifest = dict(stage="eval", config=to_dict(cfg), task=task.name, model=target.label, mode=target.mode,

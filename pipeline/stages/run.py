@@ -50,7 +50,7 @@ from pipeline.core.errors import PipelineError
 from pipeline.core.relay import pieces
 from pipeline.core.storage import check_writable_dir, is_done, read_manifest
 from pipeline.finetune import FinetuneConfig, resolve
-from pipeline.serve_groups import plan_groups, running
+from pipeline.llm.serve_groups import plan_groups, running
 from pipeline.stages.eval import EvalConfig, model_under_test, precision_record
 from pipeline.stages.filter import FilterConfig, run_filter
 from pipeline.stages.generate import GenerateConfig, generate
@@ -74,7 +74,7 @@ class Student:
     format: str | None = None
     # EvalConfig keys for this student's evaluations, over the experiment's `eval` section: e.g. a
     # 70B student's model.tensor_parallel_size, model.gpu_memory_utilization, model.max_context,
-    # model.backend, or a `serve:` section (pipeline/serving.py)
+    # model.backend, or a `serve:` section (pipeline/llm/serving.py)
     eval: dict = field(default_factory=dict)
 
 
@@ -177,7 +177,7 @@ class Unit:
     # same call skip_or / launch_train make); None for units without a precision
     precision: Any = None
     # An eval unit with `serve:`: the model its server loads, (base model, LoRA adapter or None);
-    # units that need the same server share one (pipeline/serve_groups.py sets `group`)
+    # units that need the same server share one (pipeline/llm/serve_groups.py sets `group`)
     serves: tuple[str, str | None] | None = None
     group: Any = None
 
@@ -299,7 +299,7 @@ def run(cfg: RunConfig, students: list[Student], phases: list[str] | None = None
     check_precisions([u for u in units if u.selected])
     show_plan(units)
     outputs: dict = {}
-    with running(units) as after:  # the servers units share (pipeline/serve_groups.py)
+    with running(units) as after:  # the servers units share (pipeline/llm/serve_groups.py)
         for i, unit in enumerate(units, start=1):
             if unit.selected:
                 stage(f"[{i}/{len(units)}] {unit.title}")

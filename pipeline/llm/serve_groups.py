@@ -3,7 +3,7 @@ prompted methods of a model, the LoRA students of that base) share ONE managed `
 started before the first of them that has work to do and stopped after the last, with each
 LoRA student as one of its `--lora-modules` (addressed by its unit's name). Each unit keeps its
 own `python -m pipeline eval` process, folder, records and resume: the child is told of the
-server through pipeline.serving.SHARED_SERVER_ENV and uses it instead of starting its own.
+server through pipeline.llm.serving.SHARED_SERVER_ENV and uses it instead of starting its own.
 
 Units share a server when they are in the same phase, serve the same base model with the same
 model settings (tensor parallel size, memory fraction, dtype, max context, extra flags) and the
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.config import to_dict
-from pipeline.serving import (
+from pipeline.llm.serving import (
     SHARED_SERVER_ENV,
     ManagedServer,
     SharedServer,

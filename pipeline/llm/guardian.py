@@ -1,7 +1,7 @@
 """The guardian of a managed server: a small process between an eval and its `vllm serve`, so that
 no server outlives the eval that started it, however the eval ends (SIGKILL included).
 
-    python -m pipeline.guardian --status-fd FD --log serve.log --grace 60 -- CMD [ARGS...]
+    python -m pipeline.llm.guardian --status-fd FD --log serve.log --grace 60 -- CMD [ARGS...]
 
 Why a process of its own: vLLM's server is a process tree (the API server, its engine core, the
 engine's workers, a resource tracker). With only PR_SET_PDEATHSIG on the direct child, an eval
@@ -148,7 +148,7 @@ def watch_stdin(stop: threading.Event) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.guardian", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m pipeline.llm.guardian", description=__doc__.split("\n\n")[0])
     parser.add_argument("--status-fd", type=int, required=True, help="pipe to report `pid N` and `exit N` on")
     parser.add_argument("--log", required=True, help="file the server's output is appended to")
     parser.add_argument("--grace", type=float, default=60.0, help="seconds from SIGTERM to SIGKILL")
