@@ -102,9 +102,9 @@ def test_cli_lists_every_stage_and_rejects_unknown():
 
 def test_renamed_and_removed_keys_name_the_new_key(tmp_path):
     """Configs written before the renames fail with the new key's name, not a guess."""
-    from pipeline.finetune import FinetuneConfig
     from pipeline.stages.eval import EvalConfig
     from pipeline.stages.generate import GenerateConfig
+    from pipeline.train.config import FinetuneConfig
 
     with pytest.raises(PipelineError, match=r"unknown key 'method'; it was renamed: use 'prompting'"):
         load_config(GenerateConfig, write(tmp_path, "generate:\n  method:\n    max_steps: 5\n"), section="generate")

@@ -93,14 +93,17 @@ def test_trust_remote_code_reaches_the_training_loader_only_when_the_config_asks
     """The same through pipeline/finetune.py's loaders (what `accelerate launch` runs), on a
     pretrained student given as a local folder."""
     from pipeline.core.config import load_config
-    from pipeline.finetune import FinetuneConfig, load_student, load_tokenizer, resolve
+    from pipeline.train.config import FinetuneConfig, resolve
+    from pipeline.train.data import load_tokenizer
+    from pipeline.train.model import load_student
+    from pipeline.train.plan import plan_training
 
     calls = record_trust_remote_code(monkeypatch)
     overrides = [f"student={tiny_model_dir}", "finetuning=full", "precision=fp32", "max_steps=1"]
     if asked:
         overrides.append("trust_remote_code=true")
     cfg = resolve(load_config(FinetuneConfig, None, overrides))
-    load_student(cfg, load_tokenizer(cfg))
+    load_student(cfg, load_tokenizer(cfg), plan_training(cfg))
     assert sorted(calls) == [("AutoModelForCausalLM", asked), ("AutoTokenizer", asked)]
 
 

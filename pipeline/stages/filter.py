@@ -224,7 +224,7 @@ def select(method: str, episodes: list[dict], cfg: FilterConfig, task: Task | No
 
 def paper_epochs(method: str, examples: int) -> dict[str, float]:
     """Epochs the paper's step counts make over `examples` rows at batch 64, per size class."""
-    from pipeline.finetune import PAPER_STEPS
+    from pipeline.train.config import PAPER_STEPS
 
     if examples < 1:
         return {}
@@ -278,11 +278,11 @@ def summarize(values: list[float]) -> dict[str, float] | None:
 
 
 def token_lengths(examples: list[dict], tokenizer) -> list[int]:
-    """Tokens per example exactly as training builds it (pipeline.sft: prompt with the tokenizer's
+    """Tokens per example exactly as training builds it (pipeline.train.sft: prompt with the tokenizer's
     special tokens, completion, EOS), so these stats size `max_length` for the trainer."""
     from tqdm import tqdm
 
-    from pipeline.sft import tokenize_example
+    from pipeline.train.sft import tokenize_example
 
     return [len(tokenize_example(tokenizer, e["prompt"], e["completion"])["input_ids"])
             for e in tqdm(examples, desc="token lengths", unit="ex", leave=False, disable=len(examples) < 1000)]
@@ -302,7 +302,7 @@ def dataset_stats(selection: Selection, examples: list[dict], tokenizer=None, to
         "tokens": None,
     }
     if tokenizer is not None:
-        stats["tokens"] = {"tokenizer": tokenizer_name, "counted": "prompt (with special tokens) + completion + EOS, as pipeline.sft tokenizes",
+        stats["tokens"] = {"tokenizer": tokenizer_name, "counted": "prompt (with special tokens) + completion + EOS, as pipeline.train.sft tokenizes",
                            **(summarize(token_lengths(examples, tokenizer)) or {})}
     return stats
 

@@ -24,6 +24,7 @@ under `accelerate launch`), so one model's GPU memory is free before the next on
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import os
 import subprocess
@@ -49,7 +50,6 @@ from pipeline.core.config import (
 from pipeline.core.errors import PipelineError
 from pipeline.core.relay import pieces
 from pipeline.core.storage import check_writable_dir, is_done, read_manifest
-from pipeline.finetune import FinetuneConfig, resolve
 from pipeline.llm.serve_groups import plan_groups, running
 from pipeline.stages.eval import EvalConfig, model_under_test, precision_record
 from pipeline.stages.filter import FilterConfig, run_filter
@@ -57,6 +57,8 @@ from pipeline.stages.generate import GenerateConfig, generate
 from pipeline.stages.plot import PlotConfig, run_plot
 from pipeline.stages.train import gpu_count, pick_accelerate_config, processes_for, train
 from pipeline.tasks import DEFAULT_TASK
+from pipeline.train.config import FinetuneConfig, resolve
+from pipeline.train.plan import foreseen
 
 
 @dataclass
@@ -502,19 +504,28 @@ def train_config(cfg: RunConfig, student: Student, fmt: str, dataset_dir: Path):
 def launch_train(ft) -> None:
     """`train` for one student x method, unless its final model is done with this config."""
     final = Path(ft.output_dir) / "final"
-    if is_done(final / "manifest.json", config=to_dict(ft), precision=training_precision(ft)):
+    with training_errors(ft):  # the plan's refusals (a batch that does not divide) name the unit
+        trains_in = training_precision(ft)
+    if is_done(final / "manifest.json", config=to_dict(ft), precision=trains_in):
         print(f"[run] skip: {final} is complete")
         return
     gpu_memory.check(train_gpu_need(ft))
-    try:
+    with training_errors(ft):  # the child's own error line, relayed by the train stage
         code = train(ft)
-    except PipelineError as exc:  # the child's own error line, relayed by the train stage
-        failure = PipelineError(f"training {ft.student_name} on {ft.format}: {exc}")
-        failure.exit_code = exc.exit_code
-        raise failure from None
     if code != 0:
         raise PipelineError(f"training {ft.student_name} on {ft.format} failed (exit code {code}); "
                             "fix the cause and re-run: it resumes from the latest checkpoint")
+
+
+@contextlib.contextmanager
+def training_errors(ft):
+    """A PipelineError raised for a training unit, prefixed with which one, its exit code kept."""
+    try:
+        yield
+    except PipelineError as exc:
+        failure = PipelineError(f"training {ft.student_name} on {ft.format}: {exc}")
+        failure.exit_code = exc.exit_code
+        raise failure from None
 
 
 def train_gpu_need(ft) -> gpu_memory.GpuNeed | None:
@@ -537,8 +548,9 @@ def gpu_checked(action):
 
 def training_precision(ft) -> str:
     """The precision this training unit would run in (on this machine, under its accelerate config)."""
-    accelerate = read_yaml(pick_accelerate_config(ft.accelerate_config, gpu_count()))
-    return precision.training(ft.precision, deepspeed=accelerate.get("distributed_type") == "DEEPSPEED").precision
+    gpus = gpu_count()
+    config = pick_accelerate_config(ft.accelerate_config, gpus)
+    return foreseen(ft, read_yaml(config), processes_for(config, ft.num_processes, gpus), gpus).precision.precision
 
 
 def training_precision_record(ft) -> dict:

@@ -44,8 +44,9 @@ from pipeline.core.config import add_config_arguments, read_yaml, stage_config, 
 from pipeline.core.errors import PipelineError
 from pipeline.core.relay import pieces
 from pipeline.core.storage import atomic_write_text
-from pipeline.deepspeed_setup import ACCELERATE_CONFIGS, check_deepspeed_device
-from pipeline.finetune import FinetuneConfig, batch_split, resolve
+from pipeline.train.config import FinetuneConfig, resolve
+from pipeline.train.deepspeed_setup import ACCELERATE_CONFIGS, check_deepspeed_device
+from pipeline.train.plan import foreseen
 
 FINETUNE_MODULE = "pipeline.finetune"
 RESOLVED_CONFIG = "finetune_config.yaml"  # the resolved config, beside the checkpoints
@@ -203,9 +204,10 @@ def train(cfg: FinetuneConfig, *, accelerate_config: str | None = None, num_proc
     config_path = pick_accelerate_config(accelerate_config or cfg.accelerate_config, gpus)
     num_processes = processes_for(config_path, num_processes or cfg.num_processes, gpus)
     world = num_processes * machines.count
-    deepspeed = read_yaml(config_path).get("distributed_type") == "DEEPSPEED"
+    accelerate = read_yaml(config_path)
+    deepspeed = accelerate.get("distributed_type") == "DEEPSPEED"
     check_deepspeed_device(deepspeed, gpus > 0, cfg.deepspeed_on_cpu, world)  # before 8 CPU processes start
-    per_device, accum, _ = batch_split(cfg, world)
+    per_device, accum, _ = foreseen(cfg, accelerate, world, gpus).batch
     if not dry_run:
         preflight(cfg, config_path)  # before the resolved config is written into output_dir
     cmd = launch_command(config_path, num_processes, write_resolved_config(cfg, dry_run), gpus, machines)
@@ -223,7 +225,7 @@ def preflight(cfg, config_path: Path) -> None:
     is missing or incomplete by its manifest, an output folder that cannot be written, an
     accelerate config that is not a readable YAML file."""
     from pipeline.core.storage import check_writable_dir
-    from pipeline.finetune import check_dataset
+    from pipeline.train.data import check_dataset
 
     read_yaml(config_path)
     check_dataset(cfg)
@@ -237,7 +239,7 @@ def launch(cmd: list[str]) -> int:
     import json
     import tempfile
 
-    from pipeline.finetune import ERROR_FILE_ENV
+    from pipeline.train.failures import ERROR_FILE_ENV
 
     with tempfile.TemporaryDirectory(prefix="pipeline-train-") as folder:
         error_file = Path(folder) / "error.json"

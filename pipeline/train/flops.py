@@ -78,7 +78,7 @@ def attention_length(lengths: list[int]) -> float:
 class ThroughputMeter:
     """Times the training steps (not saves or evaluation) and turns the tokens trained between
     two logs into TFLOP/s per GPU, MFU and HFU. A TrainerCallback; the trainer's `log` asks it
-    for the figures of each logged step (see pipeline.finetune).
+    for the figures of each logged step (see pipeline.train.trainer).
 
     A launch's first step is left out of the figures, its time and its tokens alike: it carries
     the warm-up (CUDA context and kernel selection, the allocator's first growth, DeepSpeed's and

@@ -26,7 +26,7 @@ uses them as given (one varlen call over all rows), SDPA and eager ignore them.
 from __future__ import annotations
 
 from pipeline.core.errors import PipelineError
-from pipeline.sft import IGNORE_INDEX
+from pipeline.train.sft import IGNORE_INDEX
 
 
 def best_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:

@@ -16,7 +16,7 @@ masked too; the paper trains on observations, so the default is False.
 Nothing is ever truncated here: `max_length=None` sizes the batch from the longest example; a
 given `max_length` drops longer examples (counted and reported) or raises, as configured.
 
-    python -c "from pipeline.sft import split_batch; print(split_batch(64, 2, None, 8))"
+    python -c "from pipeline.train.sft import split_batch; print(split_batch(64, 2, None, 8))"
 """
 
 from __future__ import annotations

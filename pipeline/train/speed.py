@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pipeline.core.errors import PipelineError
+from pipeline.train.launch import Launch
 
 FLASH = ("flash_attention_3", "flash_attention_2")
 
@@ -135,6 +136,12 @@ class FsdpPlan:
     state_dict_type: str | None  # how checkpoints are written (None: not FSDP)
     final_gather: bool  # final/ needs an explicit full gather (sharded checkpoints write no HF folder)
 
+    def describe(self) -> str:
+        if self.state_dict_type is None:
+            return f"activation checkpointing {'on' if self.checkpointing else 'off'}"
+        recompute = "FSDP's own" if self.checkpointing else "off"
+        return f"FSDP: activation checkpointing {recompute}, checkpoints as {self.state_dict_type}, final/ gathered in full"
+
 
 def fsdp_plan(gradient_checkpointing: bool, env: dict | None = None) -> FsdpPlan:
     """Checkpointing and saving under FSDP, from the variables `accelerate launch` sets from the
@@ -143,7 +150,7 @@ def fsdp_plan(gradient_checkpointing: bool, env: dict | None = None) -> FsdpPlan
     transformers' (outside FSDP's units) needs a second all-gather per layer; transformers refuses
     both at once (Trainer: "can't both be set to True")."""
     env = os.environ if env is None else env
-    if env.get("ACCELERATE_USE_FSDP", "").lower() not in ("1", "true"):
+    if Launch.from_env(env).strategy != "fsdp":
         return FsdpPlan(gradient_checkpointing, gradient_checkpointing, None, False)
     fsdp_ac = env.get("FSDP_ACTIVATION_CHECKPOINTING", "false").lower() == "true"
     if gradient_checkpointing and not fsdp_ac:

@@ -1,7 +1,7 @@
 """Checks around a training launch: is a checkpoint complete (under every strategy), may a run
 resume on this launch's layout, can this config work here at all. Each check fails in one line.
 
-Called from pipeline/finetune.py at three points: config time (`check_config`, before any model
+Called from pipeline/train/run.py at three points: config time (`check_config`, before any model
 is loaded), checkpoint choice (`is_complete_checkpoint`; `incomplete_reason` says what a torn one
 lacks), and resume (`check_resume_layout`).
 
@@ -27,12 +27,12 @@ fsdp_utils, DeepSpeed's engine.save_checkpoint); trainer_state.json is always wr
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from pipeline.core.errors import PipelineError
+from pipeline.train.launch import Launch
 
 CHECKPOINT_PREFIX = "checkpoint-"
 HF_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -42,16 +42,6 @@ DCP_METADATA = ".metadata"  # torch.distributed.checkpoint writes it after every
 
 
 # ----------------------------------------------------------------------------- strategy
-
-def launch_strategy(env: dict | None = None) -> str:
-    """plain | ddp | zero2 | zero3 | fsdp, from the variables `accelerate launch` sets."""
-    env = os.environ if env is None else env
-    if env.get("ACCELERATE_USE_DEEPSPEED", "").lower() in ("1", "true"):
-        return f"zero{env.get('ACCELERATE_DEEPSPEED_ZERO_STAGE', '2')}"
-    if env.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true"):
-        return "fsdp"
-    return "ddp" if int(env.get("WORLD_SIZE", "1")) > 1 else "plain"
-
 
 def optimizer_is_sharded(strategy: str) -> bool:
     """Whether the optimizer state on disk is split by rank (so a resume needs the same count)."""
@@ -276,16 +266,15 @@ def check_config(finetuning: str, optim: str, strategy: str, cuda: bool, bitsand
                             "(FSDP already shards the optimizer state), or a deepspeed_* accelerate config")
 
 
-def check_devices(env: dict | None = None, cuda_devices: int | None = None) -> None:
+def check_devices(launch: Launch, cuda_devices: int | None = None) -> None:
     """A launch that starts more processes on this node than it has GPUs fails (or hangs in
     NCCL) deep inside the first collective: say so first, on every rank, before any collective."""
-    env = os.environ if env is None else env
     if cuda_devices is None:
         import torch
         cuda_devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if cuda_devices == 0 or env.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true"):
+    if cuda_devices == 0 or launch.use_cpu:
         return  # a CPU launch: processes are not tied to devices
-    local = int(env.get("LOCAL_WORLD_SIZE", env.get("WORLD_SIZE", "1")))
+    local = launch.local_world_size
     if local > cuda_devices:
         raise PipelineError(f"this launch starts {local} processes on this node, which has {cuda_devices} GPU(s); "
                             f"pass --num_processes {cuda_devices} to accelerate launch (or use `python -m pipeline train`, "

@@ -15,6 +15,7 @@ from importlib import resources
 from pathlib import Path
 
 from pipeline.core.errors import PipelineError
+from pipeline.train.launch import Launch
 
 # Shipped inside the package (pipeline/accelerate_configs links to the repository's
 # accelerate_configs/), so a non-editable install finds them too.
@@ -35,11 +36,6 @@ def check_deepspeed_device(deepspeed: bool, cuda: bool, on_cpu: bool, processes:
                         "or set deepspeed_on_cpu=true to run ZeRO on CPU on purpose")
 
 
-def under_deepspeed(env: dict | None = None) -> bool:
-    env = os.environ if env is None else env
-    return env.get("ACCELERATE_USE_DEEPSPEED", "").lower() in ("1", "true")
-
-
 DEEPSPEED_CONFIG_ENV = "ACCELERATE_DEEPSPEED_CONFIG_FILE"  # accelerate launch: the YAML's deepspeed_config_file
 
 
@@ -54,7 +50,7 @@ def settle_deepspeed_config(env: dict | None = None) -> tuple[Path, dict] | None
     import json
     env = os.environ if env is None else env
     named = env.get(DEEPSPEED_CONFIG_ENV, "none")
-    if not under_deepspeed(env) or named == "none":
+    if not Launch.from_env(env).deepspeed or named == "none":
         return None
     path = Path(named)
     if not path.is_absolute() and not path.is_file():
