@@ -19,6 +19,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "generate": ("pipeline.stages.generate", "a prompted teacher answers questions with each method -> trajectories"),
     "filter": ("pipeline.stages.filter", "keep correct trajectories -> one SFT dataset per method"),
     "train": ("pipeline.stages.train", "launch pipeline/finetune.py with accelerate for a student and method"),
+    "grpo": ("pipeline.stages.grpo", "reinforcement learning (GRPO) of a student acting in the environment"),
     "eval": ("pipeline.stages.eval", "run prompted or fine-tuned models through the environment -> EM/F1"),
     "plot": ("pipeline.stages.plot", "summaries -> the paper's figure 3 (prompting vs fine-tuning) and a table"),
     "run": ("pipeline.stages.run", "chain generate -> filter -> train -> eval -> plot for an experiment grid"),

@@ -16,38 +16,23 @@ checkpoints/<experiment>/<student>/<format>/checkpoint-N; a re-launch resumes th
 COMPLETE one; the trained model (or LoRA adapter) + tokenizer + manifest.json land in .../final.
 
 This file is the entry `accelerate launch` names; the work is in pipeline/train/: config.py (the
-keys), plan.py (the run resolved once and printed once: launch, precision, attention, loss, batch,
-FSDP), run.py (the steps, in order), data.py, model.py, trainer.py, checkpoints.py, final.py.
+keys), script.py (this main's body), plan.py (the run resolved once and printed once: launch,
+precision, attention, loss, batch, FSDP), run.py (the steps, in order), data.py, model.py,
+trainer.py, checkpoints.py, final.py.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 
-from pipeline.core.config import add_config_arguments, stage_config
-from pipeline.core.errors import PipelineError
 from pipeline.train.config import FinetuneConfig, resolve
-from pipeline.train.failures import report_error, storage_error_message
 from pipeline.train.run import run
+from pipeline.train.script import script_main
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.finetune", description=__doc__.split("\n")[0])
-    add_config_arguments(parser, FinetuneConfig)
-    args = parser.parse_args(argv)
-    cfg = None
-    try:
-        cfg = stage_config(FinetuneConfig, args, section="train", finish=resolve)
-        run(cfg)
-    except PipelineError as exc:
-        return report_error(str(exc), exc.exit_code)
-    except Exception as exc:  # a full disk while checkpointing, an unwritable output_dir
-        message = storage_error_message(exc, cfg.output_dir if cfg else None)
-        if message is None:
-            raise  # a bug: keep its traceback
-        return report_error(message, 2)
-    return 0
+    return script_main(argv, FinetuneConfig, section="train", resolve=resolve, run=run,
+                       prog="python -m pipeline.finetune", description=__doc__.split("\n")[0])
 
 
 if __name__ == "__main__":

@@ -80,12 +80,13 @@ def test_a_run_folder_written_before_the_task_key_resumes_and_skips_as_hotpotqas
     manifest = json.loads((out / "manifest.json").read_text())
     del manifest["task"], manifest["config"]["task"]  # as a manifest written before the key
     (out / "manifest.json").write_text(json.dumps(manifest))
-    cfg = replace(GenerateConfig(), out_dir=out)
+    cfg = replace(GenerateConfig(), out_dir=tmp_path / "done")
     older = {k: v for k, v in to_dict(cfg).items() if k != "task"}
-    (tmp_path / "done.json").write_text(json.dumps({"complete": True, "config": older}))
-    assert unit_done(tmp_path / "done.json", cfg, {})  # `run` skips it: it was this HotpotQA unit
+    cfg.out_dir.mkdir()
+    (cfg.out_dir / "manifest.json").write_text(json.dumps({"complete": True, "config": older}))
+    assert unit_done(cfg)  # `run` skips it: it was this HotpotQA unit
     cfg.task = "fever"
-    assert not unit_done(tmp_path / "done.json", cfg, {})
+    assert not unit_done(cfg)
 
     grown = run_pipeline(*args, "limit=3")  # resumes: one more question, the old two kept
     assert grown.returncode == 0, grown.stderr

@@ -94,7 +94,16 @@ def default_text(f: dataclasses.Field) -> str:
 
 def field_source(cls: type) -> dict[str, tuple[str, str]]:
     """{field: (annotation as written, its comment)} read from the class source: the comment at
-    the end of the field's line, else the comment lines right above it."""
+    the end of the field's line, else the comment lines right above it. A subclass that changes
+    some defaults keeps its bases' comments for the others."""
+    out: dict[str, tuple[str, str]] = {}
+    for klass in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(klass):
+            out.update(own_field_source(klass))
+    return out
+
+
+def own_field_source(cls: type) -> dict[str, tuple[str, str]]:
     try:
         source = textwrap.dedent(inspect.getsource(cls))
     except (OSError, TypeError):

@@ -142,6 +142,10 @@ def _size_category(n: int) -> str:
 
 def model_card(manifest: dict, eval_rows: list[dict]) -> str:
     """The card of one of our fine-tuned `final/` folders, from its manifest and eval rows."""
+    if manifest.get("stage") == "grpo":  # trained in the environment, not on trajectories
+        from pipeline.rl.card import grpo_card
+
+        return grpo_card(manifest, eval_rows)
     cfg = manifest.get("config") or {}
     task = get_task(task_of(manifest))
     method = manifest.get("format") or manifest.get("method", "?")  # "method": before the rename
@@ -166,7 +170,7 @@ def model_card(manifest: dict, eval_rows: list[dict]) -> str:
              "the environment appends each observation. With this pipeline:", "",
              f"    python -m pipeline eval checkpoint=<this folder> methods=[{method}]", "",
              "## Results (our eval)", ""]
-    lines += _results_table(eval_rows)
+    lines += results_table(eval_rows)
     lines += ["", "## Training", "", "| setting | value |", "|---|---|"]
     settings = [("base model", base), ("fine-tuning", manifest.get("finetuning")), ("format", method),
                 ("steps", f"{manifest.get('steps')} of {manifest.get('max_steps')}"),
@@ -196,7 +200,7 @@ def model_card(manifest: dict, eval_rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _results_table(rows: list[dict]) -> list[str]:
+def results_table(rows: list[dict]) -> list[str]:
     if not rows:
         return ["Not evaluated yet: `python -m pipeline eval checkpoint=<this folder>` writes the summary "
                 "this table is built from."]

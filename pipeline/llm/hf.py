@@ -77,16 +77,29 @@ class TransformersLLM:
     def __init__(self, cfg: LLMConfig):
         import torch
 
+        device = torch.device(_resolve_device(cfg.device))
+        dtype = _resolve_dtype(cfg.dtype, device)
+        source, kwargs = resolve_model_source(cfg)
+        tokenizer = _load_tokenizer(source, kwargs, cfg)
+        model = _load_model(source, kwargs, cfg, dtype, device)
+        if cfg.adapter:
+            model = _apply_adapter(model, cfg.adapter)
+        model.eval()
+        self._setup(cfg, model, tokenizer, device, dtype)
+
+    @classmethod
+    def from_loaded(cls, cfg: LLMConfig, model, tokenizer):
+        """The same decoding over a model already in memory (GRPO's policy, mid-training): its
+        device, dtype and train/eval mode are left as they are."""
+        self = cls.__new__(cls)
+        self._setup(cfg, model, tokenizer, model.device, model.dtype)
+        return self
+
+    def _setup(self, cfg: LLMConfig, model, tokenizer, device, dtype) -> None:
         self.cfg = cfg
         self.name = cfg.label
-        self.device = torch.device(_resolve_device(cfg.device))
-        self.dtype = _resolve_dtype(cfg.dtype, self.device)
-        source, kwargs = resolve_model_source(cfg)
-        self.tokenizer = _load_tokenizer(source, kwargs, cfg)
-        self.model = _load_model(source, kwargs, cfg, self.dtype, self.device)
-        if cfg.adapter:
-            self.model = _apply_adapter(self.model, cfg.adapter)
-        self.model.eval()
+        self.device, self.dtype = device, dtype
+        self.tokenizer, self.model = tokenizer, model
         self.max_context = _context_window(cfg, self.model, self.tokenizer)
         self.eos_ids = _eos_ids(self.model, self.tokenizer)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.eos_ids, default=0)
@@ -95,7 +108,9 @@ class TransformersLLM:
         # cfg.extra["prefix_cache"]=False turns the shared-prefix cache off (benchmarks, debugging).
         self.use_prefix_cache = bool(cfg.extra.get("prefix_cache", True)) and self._plain_kv
         # transformers 5.x renamed `past_key_values` to `cache`; older releases know only the former.
-        self._cache_kw = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
+        # A PEFT model passes either on to its base model, whose signature says which.
+        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        self._cache_kw = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
         self._prefix_ids: list[int] = []
         self._prefix_cache = None
         self.stats = {"calls": 0, "sequences": 0, "forward_passes": 0, "prefix_tokens_reused": 0, "prefill_tokens": 0}
@@ -107,7 +122,7 @@ class TransformersLLM:
         rows: list[_Row] = []
         for i, req in enumerate(requests):
             problem = _invalid(req)
-            ids = [] if problem else self.tokenizer(req.prompt).input_ids
+            ids = [] if problem else self._prompt_ids(req)
             if not problem and len(ids) > self.max_context:
                 problem = f"context window exceeded: {len(ids)} > {self.max_context} tokens"
             if problem:
@@ -133,6 +148,9 @@ class TransformersLLM:
         return results  # type: ignore[return-value]
 
     # ---- decoding -------------------------------------------------------------------------
+    def _prompt_ids(self, req: GenerationRequest) -> list[int]:
+        return self.tokenizer(req.prompt).input_ids
+
     def _completion(self, row: _Row) -> Completion:
         if row.finish == "error":
             return Completion("", len(row.ids), 0, "error", row.text)

@@ -30,7 +30,38 @@ def check_same_precision(done: dict | None, precision: str, final: Path) -> None
 
 def save_final(trainer, cfg: FinetuneConfig, plan: TrainPlan, tokenizer, dataset_path: Path, report, result,
                started: float) -> dict:
-    """Save model (or adapter) + tokenizer to <output_dir>/final.partial, then rename to final."""
+    """The trained model (or adapter) in <output_dir>/final, with its manifest and model card."""
+    from pipeline.hub.cards import model_card
+
+    task = dataset_task(dataset_path)
+    fields = dict(
+        student=cfg.student_name, base_model=None if cfg.init == "random" else resolve_model_path(cfg.student),
+        init=cfg.init, adapter=cfg.finetuning != "full", finetuning=cfg.finetuning, format=cfg.format,
+        size_class=cfg.size_class, steps=trainer.state.global_step, max_steps=cfg.max_steps,
+        tokenizer=".", tokenizer_source=cfg.tokenizer or cfg.student, eos_token=tokenizer.eos_token,
+        task=task.name, prompt_format=f"{task.question_label}: {{question}}\n", mask_observations=cfg.mask_observations,
+        params_b=model_params_b(trainer),
+        global_batch_size=cfg.global_batch_size, per_device_batch_size=plan.batch.per_device,
+        gradient_accumulation_steps=plan.batch.grad_accum, num_processes=plan.launch.world_size,
+        dataset={**file_fingerprint(dataset_path), "examples": report.n_kept}, lengths=report.to_dict(),
+        train_loss=getattr(result, "training_loss", None), seconds=round(time.time() - started, 1),
+        precision=plan.precision.precision, weights=plan.weights.precision,
+        deepspeed=deepspeed_record(trainer),
+    )
+    return write_final(trainer, cfg, plan, tokenizer, "train", fields, lambda manifest: model_card(manifest, []),
+                       label="finetune")
+
+
+def model_params_b(trainer) -> float:
+    return sum(getattr(p, "ds_numel", p.numel()) for p in trainer.model.parameters()) / 1e9  # ZeRO-3 shards: ds_numel
+
+
+def write_final(trainer, cfg, plan: TrainPlan, tokenizer, stage: str, fields: dict, card, label: str) -> dict:
+    """Save model (or adapter) + tokenizer to <output_dir>/final.partial with the manifest
+    (`stage`, the config, `fields`) and the model card (`card(manifest)`), then rename it to
+    final. Every rank joins (ZeRO-3 gathers the shards); rank 0 writes and prints as `[label]`.
+    `cfg` is the run's config (`train`'s or `grpo`'s: output_dir, keep_checkpoints); `plan` its
+    training plan (FSDP's final gather, the training dtype)."""
     import shutil
     final = cfg.output_dir / FINAL_DIR
     partial = cfg.output_dir / f"{FINAL_DIR}.partial"
@@ -45,34 +76,17 @@ def save_final(trainer, cfg: FinetuneConfig, plan: TrainPlan, tokenizer, dataset
     manifest: dict = {}
     if rank0:
         tokenizer.save_pretrained(str(partial))
-        adapter = cfg.finetuning != "full"
-        task = dataset_task(dataset_path)
-        manifest = write_manifest(
-            partial / "manifest.json", stage="train", config=to_dict(cfg), complete=True,
-            student=cfg.student_name, base_model=None if cfg.init == "random" else resolve_model_path(cfg.student),
-            init=cfg.init, adapter=adapter, finetuning=cfg.finetuning, format=cfg.format,
-            size_class=cfg.size_class, steps=trainer.state.global_step, max_steps=cfg.max_steps,
-            tokenizer=".", tokenizer_source=cfg.tokenizer or cfg.student, eos_token=tokenizer.eos_token,
-            task=task.name, prompt_format=f"{task.question_label}: {{question}}\n", mask_observations=cfg.mask_observations,
-            params_b=sum(getattr(p, "ds_numel", p.numel()) for p in trainer.model.parameters()) / 1e9,  # ZeRO-3 shards: ds_numel
-            global_batch_size=cfg.global_batch_size, per_device_batch_size=plan.batch.per_device,
-            gradient_accumulation_steps=plan.batch.grad_accum, num_processes=plan.launch.world_size,
-            dataset={**file_fingerprint(dataset_path), "examples": report.n_kept}, lengths=report.to_dict(),
-            train_loss=getattr(result, "training_loss", None), seconds=round(time.time() - started, 1),
-            precision=plan.precision.precision, weights=plan.weights.precision,
-            deepspeed=deepspeed_record(trainer),
-        )
-        from pipeline.hub.cards import model_card
-
+        manifest = write_manifest(partial / "manifest.json", stage=stage, config=to_dict(cfg), complete=True,
+                                  **fields)
         # The model card every checkpoint carries (replacing PEFT's template); `run` adds eval results.
-        (partial / "README.md").write_text(model_card(manifest, []), encoding="utf-8")
+        (partial / "README.md").write_text(card(manifest), encoding="utf-8")
         if final.exists():
             shutil.rmtree(final)
         partial.rename(final)
-        print(f"[finetune] saved {'adapter' if adapter else 'model'} to {final}")
+        print(f"[{label}] saved {'adapter' if fields.get('adapter') else 'model'} to {final}")
         if not cfg.keep_checkpoints:
             freed = remove_checkpoints(cfg.output_dir)
-            print(f"[finetune] keep_checkpoints: false: removed {len(freed)} checkpoint folder(s), "
+            print(f"[{label}] keep_checkpoints: false: removed {len(freed)} checkpoint folder(s), "
                   f"{sum(size for _, size in freed) / 1e9:.1f} GB (final/ is complete)")
     trainer.accelerator.wait_for_everyone()
     return manifest

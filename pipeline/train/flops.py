@@ -106,12 +106,16 @@ class ThroughputMeter:
 
             def on_step_end(self, args, state, control, **kwargs):
                 if meter._warming_up:  # the figures start after it (class docstring)
-                    meter._tokens_at_last_log, meter._warming_up = state.num_input_tokens_seen, False
+                    meter.end_warm_up(state.num_input_tokens_seen)
                 elif meter._started is not None:
                     meter._seconds += time.perf_counter() - meter._started
                 meter._started = None
 
         return ThroughputCallback()
+
+    def end_warm_up(self, tokens_seen: int) -> None:
+        """The launch's first step is over: the figures count from here (class docstring)."""
+        self._tokens_at_last_log, self._warming_up = tokens_seen, False
 
     def metrics(self, tokens_seen: int) -> dict[str, float]:
         """Figures since the last call; tokens_seen counts every process's tokens."""

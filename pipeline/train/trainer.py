@@ -12,6 +12,7 @@ from typing import Any
 from pipeline.train.config import FinetuneConfig
 from pipeline.train.model import load_student, peft_config
 from pipeline.train.plan import TrainPlan
+from pipeline.train.speed import FsdpPlan
 
 
 def sft_trainer_class(loss: str = "model"):
@@ -54,15 +55,6 @@ def sft_arguments(cfg: FinetuneConfig, plan: TrainPlan, max_length: int):
     """TRL's SFTConfig for this run: the config's optimisation keys, the plan's batch, precision,
     checkpointing and devices."""
     from trl import SFTConfig
-    # TRL turns activation (gradient) checkpointing ON by default; ours is the config's choice,
-    # and under FSDP it is FSDP's own (accelerate config), never transformers' too.
-    # transformers 5.24 renamed it to activation_checkpointing (the old name warns).
-    checkpointing = plan.fsdp.transformers_checkpointing
-    names = {f.name for f in dataclasses.fields(SFTConfig)}
-    prefix = "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
-    extra: dict[str, Any] = {prefix: checkpointing}
-    if checkpointing:
-        extra[f"{prefix}_kwargs"] = {"use_reentrant": False}
     return SFTConfig(
         output_dir=str(cfg.output_dir),
         max_steps=cfg.max_steps,
@@ -96,6 +88,30 @@ def sft_arguments(cfg: FinetuneConfig, plan: TrainPlan, max_length: int):
         seed=cfg.seed,
         data_seed=cfg.seed,
         dataloader_num_workers=cfg.dataloader_num_workers,
+        remove_unused_columns=False,
+        disable_tqdm=False,
+        **device_arguments(plan),
+        **checkpointing_arguments(SFTConfig, plan.fsdp),
+    )
+
+
+def checkpointing_arguments(config_class, fsdp: FsdpPlan) -> dict[str, Any]:
+    """The activation-checkpointing keys of a TRL config class (SFTConfig, GRPOConfig).
+    TRL turns activation (gradient) checkpointing ON by default; ours is the config's choice,
+    and under FSDP it is FSDP's own (accelerate config), never transformers' too.
+    transformers 5.24 renamed it to activation_checkpointing (the old name warns)."""
+    checkpointing = fsdp.transformers_checkpointing
+    names = {f.name for f in dataclasses.fields(config_class)}
+    prefix = "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
+    extra: dict[str, Any] = {prefix: checkpointing}
+    if checkpointing:
+        extra[f"{prefix}_kwargs"] = {"use_reentrant": False}
+    return extra
+
+
+def device_arguments(plan: TrainPlan) -> dict[str, Any]:
+    """The Trainer keys that say where a launch runs (shared by SFT and GRPO)."""
+    return dict(
         # DDP on CPU: accelerate's multi-process launcher does not pass the config's use_cpu on,
         # so say it here; never under DeepSpeed: with use_cpu=True the trainer silently runs without it.
         # bf16 without a GPU also needs use_cpu (transformers refuses bf16 otherwise; accelerate
@@ -103,10 +119,7 @@ def sft_arguments(cfg: FinetuneConfig, plan: TrainPlan, max_length: int):
         use_cpu=(plan.distributed_cpu or (plan.bf16 and not plan.cuda)) and not plan.launch.deepspeed,
         ddp_backend="gloo" if plan.distributed_cpu else None,
         ddp_find_unused_parameters=False if plan.distributed_cpu else None,
-        remove_unused_columns=False,
         dataloader_pin_memory=plan.cuda,
-        disable_tqdm=False,
-        **extra,
     )
 
 

@@ -1,0 +1,160 @@
+"""The policy as a generator of token ids: the model being trained, asked mid-training.
+
+Two engines, chosen by `rollout.engine`:
+
+- `transformers` (CPU, and any GPU): the project's own decoding loop (pipeline.llm.hf:
+  per-row stop strings, a shared-prefix KV cache, seeded sampling) run over the trainer's model
+  as it is at this step, inside TRL's `unwrap_model_for_generation` (DDP unwrapped, ZeRO-3
+  parameters gathered, gradient checkpointing off while generating). A request carries its
+  context as token ids (pipeline.rl.trace) and its completion carries the sampled ids back.
+- `vllm` (GPUs): TRL's own vLLM engine, colocated or a `trl vllm-serve` server (TRL syncs the
+  weights before each rollout); each request is one SamplingParams call with the step's stop
+  strings. Written against TRL 1.16's VLLMGeneration; not run here (no GPU, no vLLM).
+
+Each request's sampling seed is fixed by the run seed, the optimizer step and the rollout's
+place in the step's batch, so a resumed run samples the same rollouts as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from pipeline.llm.base import Completion, GenerationRequest
+from pipeline.llm.config import LLMConfig
+from pipeline.llm.hf import TransformersLLM
+
+ENGINES = ("transformers", "vllm")
+
+
+@dataclass
+class TokenRequest(GenerationRequest):
+    prompt_ids: list[int] = field(default_factory=list)  # the context, exactly (prompt = its text)
+
+
+@dataclass
+class TokenCompletion(Completion):
+    token_ids: list[int] = field(default_factory=list)  # sampled, up to the stop string (EOS excluded)
+
+
+class PolicyLLM(TransformersLLM):
+    """pipeline.llm.hf's decoding, from token ids, returning token ids."""
+
+    def _prompt_ids(self, req: GenerationRequest) -> list[int]:
+        return list(req.prompt_ids)  # type: ignore[attr-defined]
+
+    def _completion(self, row) -> Completion:
+        return TokenCompletion(**asdict(super()._completion(row)), token_ids=list(row.generated))
+
+
+@contextlib.contextmanager
+def transformers_policy(trainer: Any, max_batch_size: int, max_context: int | None):
+    """A PolicyLLM over the trainer's current weights, for one rollout batch. Built afresh each
+    time: its prefix cache holds keys and values of these weights only."""
+    from trl.models import unwrap_model_for_generation
+
+    with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator,
+                                     gather_deepspeed3_params=trainer.args.ds3_gather_for_generation,
+                                     gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs,
+                                     ) as model, without_cpu_autocast(model):
+        was_training = model.training
+        model.eval()  # no dropout while sampling
+        try:
+            cfg = LLMConfig(model="policy", max_batch_size=max_batch_size, max_context=max_context)
+            yield PolicyLLM.from_loaded(cfg, model, trainer.processing_class)
+        finally:
+            model.train(was_training)
+
+
+@contextlib.contextmanager
+def without_cpu_autocast(model):
+    """On a CPU, sample from the fp32 master weights without bf16 autocast. Under bf16 mixed
+    precision accelerate wraps the model's forward in autocast, which re-casts every weight to
+    bf16 at every forward, a large share of token-by-token decoding (bench/bench_rollout_autocast.py,
+    SmolLM2-135M, one thread of this 2-core Xeon, load 4.6: 1.3x the tokens/s without it at batch
+    8; 2.4x at batch 2). The update still
+    runs under autocast; its old log-probabilities are its own (TRL: on-policy), so only the
+    sampled tokens come from the fp32 rather than the bf16 rounding of the same weights."""
+    original = model.__dict__.get("_original_forward")  # set by accelerate's prepare_model
+    if original is None or model.device.type != "cpu":
+        yield
+        return
+    patched = model.forward
+    model.forward = original
+    try:
+        yield
+    finally:
+        model.forward = patched
+
+
+class VLLMPolicy:
+    """TRL's vLLM engine (trainer.vllm_generation) as a token-id generator. Colocate mode: each
+    process asks its own engine, one SamplingParams per request (stop strings and seeds differ).
+    Server mode: every process's requests are gathered, rank 0 asks the server once per distinct
+    (stop strings, budget, temperature), the answers are broadcast back, as TRL's own
+    VLLMGeneration.generate does; the server takes no per-request seed there, so a resumed run
+    does not re-sample the same rollouts. Every process must then call generate() in every round
+    (`collective`), with no requests when it has none. Not run here: written against TRL 1.16."""
+
+    name = "policy (vllm)"
+
+    def __init__(self, trainer: Any):
+        self.trainer, self.generation = trainer, trainer.vllm_generation
+        self.tokenizer = trainer.processing_class
+        self.collective = self.generation.mode == "server"
+
+    def generate(self, requests: list[TokenRequest]) -> list[list[Completion]]:
+        outputs = self._server(requests) if self.collective else self._colocate(requests)
+        return [[self._completion(req, ids)] for req, ids in zip(requests, outputs, strict=True)]
+
+    def _colocate(self, requests: list[TokenRequest]) -> list[list[int]]:
+        from vllm import SamplingParams
+
+        if not requests:
+            return []
+        params = [SamplingParams(n=1, temperature=r.temperature, max_tokens=r.max_new_tokens, stop=r.stop,
+                                 include_stop_str_in_output=True, seed=r.seed) for r in requests]
+        outs = self.generation.llm.generate([{"prompt_token_ids": r.prompt_ids} for r in requests],
+                                            sampling_params=params, use_tqdm=False)
+        return [list(out.outputs[0].token_ids) for out in outs]
+
+    def _server(self, requests: list[TokenRequest]) -> list[list[int]]:
+        from accelerate.utils import broadcast_object_list, gather_object
+
+        mine = [(r.prompt_ids, tuple(r.stop), r.max_new_tokens, r.temperature) for r in requests]
+        every = gather_object([mine])  # one list per process, in rank order
+        answers: list = [None]
+        if self.trainer.accelerator.is_main_process:
+            flat = [req for part in every for req in part]
+            ids: list = [None] * len(flat)
+            groups: dict = {}
+            for k, (_, stop, budget, temperature) in enumerate(flat):
+                groups.setdefault((stop, budget, temperature), []).append(k)
+            for (stop, budget, temperature), members in groups.items():
+                out = self.generation.vllm_client.generate(
+                    prompts=[flat[k][0] for k in members], n=1, temperature=temperature, max_tokens=budget,
+                    generation_kwargs={"stop": list(stop), "include_stop_str_in_output": True})
+                for k, completion in zip(members, out["completion_ids"], strict=True):
+                    ids[k] = completion
+            offsets = [0]
+            for part in every:
+                offsets.append(offsets[-1] + len(part))
+            answers = [[ids[offsets[i]:offsets[i + 1]] for i in range(len(every))]]
+        broadcast_object_list(answers, from_process=0)
+        return answers[0][self.trainer.accelerator.process_index]
+
+    def any_active(self, active: bool) -> bool:
+        """Whether any process still has an episode waiting (server mode's rounds are collective)."""
+        from accelerate.utils import gather_object
+
+        return any(gather_object([active]))
+
+    def _completion(self, req: TokenRequest, ids: list[int]) -> Completion:
+        from pipeline.llm.base import cut_at_stop
+
+        ended = bool(ids) and ids[-1] == self.tokenizer.eos_token_id
+        ids = ids[:-1] if ended else list(ids)
+        text, stopped = cut_at_stop(self.tokenizer.decode(ids, skip_special_tokens=True), req.stop)
+        finish = "length" if not (stopped or ended) and len(ids) >= req.max_new_tokens else "stop"
+        return TokenCompletion(text, len(req.prompt_ids), len(ids), finish, token_ids=ids)

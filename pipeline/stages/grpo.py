@@ -1,0 +1,92 @@
+"""`python -m pipeline grpo`: GRPO of a student in the WikiEnv, launched with accelerate like `train`.
+
+    python -m pipeline grpo --config configs/grpo/smollm2-135m.yaml \\
+        student=checkpoints/small/smollm2-135m/react/final max_steps=40
+    python -m pipeline grpo --config configs/grpo/llama-3.1-8b-lora.yaml student=<an 8B ReAct final/>
+    python -m pipeline grpo --config ... --dry-run            # print the launch command
+
+The config is resolved once (start, names, folders) and written to <output_dir>/grpo_config.yaml;
+the launch reads that file (`accelerate launch ... -m pipeline.rl.train --config <it>`).
+`accelerate_config` picks the launch as for `train` (cpu, cpu_ddp, deepspeed_zero2/3, multi_gpu,
+...; auto by the GPUs present). Before launching, what the child would refuse is checked here:
+the start point, the batch split, the training questions, the output folder, the accelerate
+config; and the local Wikipedia index is built here if missing, so that the launched processes
+only read it. The child's one error line and exit code are relayed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from pathlib import Path
+
+from pipeline.core.config import add_config_arguments, read_yaml, stage_config
+from pipeline.train.deepspeed_setup import check_deepspeed_device
+from pipeline.train.launcher import (
+    Machines,
+    add_launch_arguments,
+    gpu_count,
+    launch,
+    launch_command,
+    machines_from,
+    machines_from_args,
+    pick_accelerate_config,
+    processes_for,
+    write_config_file,
+)
+from pipeline.rl.config import GrpoConfig, resolve
+
+GRPO_MODULE = "pipeline.rl.train"
+RESOLVED_CONFIG = "grpo_config.yaml"  # the resolved config, beside the checkpoints
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_arguments(parser, GrpoConfig)
+    add_launch_arguments(parser)
+
+
+def main(args: argparse.Namespace) -> int:
+    cfg = stage_config(GrpoConfig, args, section="grpo", finish=resolve)
+    return grpo(cfg, accelerate_config=args.accelerate_config, num_processes=args.num_processes,
+                dry_run=args.dry_run, machines=machines_from_args(args))
+
+
+def grpo(cfg: GrpoConfig, *, accelerate_config: str | None = None, num_processes: int | None = None,
+         dry_run: bool = False, machines: Machines | None = None) -> int:
+    """Launch pipeline.rl.train under accelerate with the resolved `cfg`; return the exit code
+    (a `run` phase would call this per student, after `train`)."""
+    from pipeline.rl.train import batch_plan
+
+    machines = machines_from() if machines is None else machines
+    gpus = gpu_count()
+    config_path = pick_accelerate_config(accelerate_config or cfg.accelerate_config, gpus)
+    num_processes = processes_for(config_path, num_processes or cfg.num_processes, gpus)
+    world = num_processes * machines.count
+    deepspeed = read_yaml(config_path).get("distributed_type") == "DEEPSPEED"
+    check_deepspeed_device(deepspeed, gpus > 0, cfg.deepspeed_on_cpu, world)  # before 8 CPU processes start
+    plan = batch_plan(cfg, world)
+    if not dry_run:
+        preflight(cfg, config_path)
+    resolved = write_config_file(cfg, Path(cfg.output_dir) / RESOLVED_CONFIG, dry_run, label="grpo")
+    cmd = launch_command(config_path, num_processes, resolved, gpus, machines, module=GRPO_MODULE)
+    print(f"[grpo] {cfg.format} / {cfg.student_name}: {cfg.questions_per_step} questions x {cfg.group_size} rollouts "
+          f"= {plan.per_device} x {plan.grad_accum} accumulation x {world} processes, {cfg.max_steps} steps "
+          f"-> {cfg.output_dir}")
+    print("[grpo] " + shlex.join(cmd), flush=True)
+    if dry_run:
+        return 0
+    return launch(cmd)
+
+
+def preflight(cfg: GrpoConfig, config_path: Path) -> None:
+    """Refuse now what the launched child would refuse later, and build a missing index once."""
+    from pipeline.rl.start import resolve_start
+    from pipeline.rl.train import training_questions
+    from pipeline.core.storage import check_writable_dir
+    from pipeline.wiki.config import open_backend
+
+    read_yaml(config_path)
+    check_writable_dir(cfg.output_dir, "output_dir")
+    resolve_start(cfg.student, fmt=cfg.format, base_model=cfg.base_model, size_class=cfg.size_class)
+    training_questions(cfg)
+    open_backend(cfg.wiki)

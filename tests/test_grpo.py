@@ -1,0 +1,493 @@
+"""GRPO in the environment (`python -m pipeline grpo`, pipeline/rl/): real parts throughout.
+
+    .venv/bin/python -m pytest tests/test_grpo.py -m "not slow"   # traces, refusals, the per-token mask (~20 s)
+    .venv/bin/python -m pytest tests/test_grpo.py                 # + learning, kill/resume, DDP, ZeRO, SmolLM2
+
+The world (tests/rl_testdata.py): a real SQLite index of 16 synthetic pages, a BPE tokenizer
+trained here, a tiny Llama (random, or warm-started by SFT so it knows the ReAct format but
+copies the observed answer only 30% of the time). The slow tests train it with TRL's GRPOTrainer
+through the project's own ReAct loop: in process (learning), and under real `accelerate launch`
+processes (one process killed with SIGKILL and resumed, 2-process DDP, DeepSpeed ZeRO-3), each
+compared step by step with one uninterrupted run; and SmolLM2-135M with LoRA on real offline
+questions. Precision is pinned to fp32 (ZeRO on CPU trains fp32) so runs compare exactly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from rl_testdata import COLOURS, build_world, train_tokenizer, warm_start, warm_start_examples
+from test_finetune import (  # a launch's log and exit code; SIGKILL of its whole tree
+    finish,
+    kill_tree,
+)
+
+from pipeline.core.config import load_config
+from pipeline.core.errors import PipelineError
+from pipeline.llm.base import cut_at_stop
+from pipeline.rl.config import GrpoConfig, resolve
+from pipeline.rl.policy import TokenCompletion
+from pipeline.rl.trace import TokenTrace
+
+REPO = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+LEARNING_MARGIN = 0.25  # mean reward of the last 5 steps minus the first 5's, at least (measured: +0.45)
+LOSS_TOLERANCE = 1e-4  # the same rollouts (seeded sampling) give the same losses up to float reduction order
+LAUNCH_TIMEOUT = 600  # seconds for one launch of a few tiny steps (~20 s on an idle machine; a shared one is slower)
+
+
+# ----------------------------------------------------------------------------- fixtures
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    return build_world(tmp_path_factory.mktemp("rl-world"))
+
+
+@pytest.fixture(scope="module")
+def random_student(world, tmp_path_factory) -> Path:
+    """A tiny Llama with the world's tokenizer, untrained: it writes noise (the fast tests)."""
+    import torch
+    from rl_testdata import DIMS
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    out = tmp_path_factory.mktemp("rl-random")
+    texts = [p + c for p, c in warm_start_examples(world, 0.3, 64)]
+    tokenizer = train_tokenizer(texts)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id,
+                                         pad_token_id=tokenizer.pad_token_id, bos_token_id=None, **DIMS))
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@contextlib.contextmanager
+def one_thread():
+    """Tiny models run fastest on one thread (their ops are too small to split), and the
+    launched runs get OMP_NUM_THREADS=1 too; the in-process ones set it for their duration."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def warm_student(world, tmp_path_factory) -> Path:
+    """The warm-started policy (~20 s of SFT on one core)."""
+    with one_thread():
+        return warm_start(world, tmp_path_factory.mktemp("rl-warm"), copy_rate=0.3, steps=500)
+
+
+def world_args(world, student: Path, out: Path, *overrides: str) -> list[str]:
+    """The key=value settings of a GRPO run in the world (for a config here or a command line)."""
+    return [f"student={student}", f"questions={world.questions}", f"wiki.index={world.index}",
+            f"wiki.corpus=[{world.corpus}]", f"output_root={out}", "precision=fp32", "prompting.max_steps=4",
+            "prompting.max_new_tokens=24", "rollout.max_batch_size=64", "learning_rate=1e-3", "report_to=none",
+            *overrides]
+
+
+def world_cfg(world, student: Path, out: Path, *overrides: str) -> GrpoConfig:
+    return resolve(load_config(GrpoConfig, None, world_args(world, student, out, *overrides)))
+
+
+def log_history(output_dir: Path) -> list[dict]:
+    """The per-step log of a finished run (the last checkpoint's trainer_state.json)."""
+    from pipeline.train.checkpoints import list_checkpoints
+
+    state = json.loads((list_checkpoints(output_dir)[-1] / "trainer_state.json").read_text(encoding="utf-8"))
+    return [e for e in state["log_history"] if "loss" in e and "reward" in e]
+
+
+# ----------------------------------------------------------------------------- the token trace
+
+def test_trace_rebuilds_the_renderers_text_and_masks_the_loop(world):
+    """Policy tokens are kept exactly as sampled; the loop's text is appended masked; a policy
+    line the renderer does not keep (a second line after the action) is dropped, counted."""
+    from pipeline.core.trajectory import Step, Trajectory, render
+
+    tokenizer = train_tokenizer([p + c for p, c in warm_start_examples(world, 0.3, 64)])
+    prompt = "Question: What colour is alpha?\n"
+    trace = TokenTrace(tokenizer, prompt)
+    context = trace.context(prompt + "Thought 1:")
+    assert context[:len(trace.prompt_ids)] == tokenizer(prompt)["input_ids"] and trace.mask == [0] * len(trace.ids)
+    sampled = tokenizer(" I search alpha.\nAction 1: Search[alpha]\nblue\nObservation 1:")["input_ids"]
+    trace.add_policy(sampled)
+    assert trace.ids[-len(sampled):] == sampled and trace.mask[-len(sampled):] == [1] * len(sampled)
+    traj = Trajectory("What colour is alpha?", "react",
+                      [Step("I search alpha.", "Search[alpha]", "The colour of alpha is gold.")])
+    trace.context(render(traj).text + "Thought 2:")
+    expected = render(traj).completion + "Thought 2:"
+    assert trace.text == expected
+    kept = tokenizer(" I search alpha.\nAction 1: Search[alpha]\n")["input_ids"]
+    assert trace.dropped_policy_tokens == len(sampled) - len(kept) > 0
+    assert sum(trace.mask) == len(kept)  # only the kept policy tokens are in the loss
+    policy_text = tokenizer.decode([t for t, m in zip(trace.ids, trace.mask, strict=True) if m])
+    assert policy_text == " I search alpha.\nAction 1: Search[alpha]\n"
+    trace.finish(render(traj).completion, tokenizer.eos_token_id)
+    assert trace.ids[-1] == tokenizer.eos_token_id and trace.mask[-1] == 0
+    assert trace.text.removesuffix(tokenizer.eos_token) == render(traj).completion
+
+
+def test_trace_refuses_a_tokenizer_that_loses_text(world):
+    tokenizer = train_tokenizer(["Question: What colour is alpha?\nThought 1:"])
+    trace = TokenTrace(tokenizer, "Question: What colour is alpha?\n")
+    with pytest.raises(PipelineError, match="does not give back the loop's text"):
+        trace.context("Question: What colour is alpha?\nThought 1: \u00e9t\u00e9")  # not in its alphabet
+
+
+# ----------------------------------------------------------------------------- config and start refusals
+
+def test_config_refusals_are_one_line(world, random_student, tmp_path, capsys):
+    from pipeline.cli import main
+
+    base = [f"student={random_student}", f"questions={world.questions}", f"output_root={tmp_path}"]
+    cases = [
+        (["format=cot"], "GRPO runs the interactive loops react, act"),
+        (["prompting.temperature=0"], "prompting.temperature: GRPO samples"),
+        (["group_size=1"], "group_size must be >= 2"),
+        (["prompting.mode=prompt"], "GRPO trains zero-shot"),
+        (["reward.em=0"], "not all 0"),
+        (["rollout.engine=vllm", "rollout.vllm_mode=server"], "needs the `trl vllm-serve` URL"),
+        (["questions_per_step=17"], "fewer than questions_per_step=17"),
+        (["grop_size=4"], "did you mean 'group_size'"),
+        (["group_size=3", "questions_per_step=3", "accelerate_config=cpu_ddp", "--dry-run"],
+         "9 rollouts per step (questions_per_step x group_size) do not divide over 2 processes"),
+        (["student=forestai/fireact_llama_2_7b_lora"], "decodes in the 'fireact' format"),
+        (["base_model=/somewhere"], "is not one; drop it"),
+        ([f"student={tmp_path}/no-such-student/react/final"], "no-such-student/react/final not found"),
+    ]
+    for extra, needle in cases:
+        assert main(["grpo", *base, *extra]) == 2, extra
+        err = capsys.readouterr().err
+        assert needle in err and err.count("\n") == 1, (extra, err)
+
+
+def test_dry_run_prints_the_launch(world, random_student, tmp_path, capsys):
+    from pipeline.cli import main
+
+    assert main(["grpo", f"student={random_student}", f"questions={world.questions}", f"output_root={tmp_path}",
+                 "accelerate_config=cpu_ddp", "questions_per_step=4", "group_size=4", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "4 questions x 4 rollouts = 8 x 1 accumulation x 2 processes" in out
+    assert "accelerate_configs/cpu_ddp.yaml --num_processes 2" in out
+    assert re.search(r"-m pipeline\.rl\.train --config \S+/grpo_config\.yaml", out)
+    assert not list(tmp_path.rglob("grpo_config.yaml"))  # a dry run writes nothing
+
+
+def test_start_points(world, random_student, tmp_path):
+    """A final/ of ours (full, LoRA), a PEFT adapter folder, a base model; a student of another
+    format is refused with the fix."""
+    import shutil
+
+    from pipeline.rl.start import resolve_start
+    from pipeline.core.storage import write_manifest
+
+    final = tmp_path / "sft" / "final"
+    shutil.copytree(random_student, final)
+    write_manifest(final / "manifest.json", stage="train", config={}, complete=True, student="tiny-sft",
+                   format="react", adapter=False, size_class="tiny")
+    start = resolve_start(str(final), fmt="react")
+    assert (start.kind, start.model, start.adapter, start.label, start.size_class) == \
+           ("ours", str(final), None, "tiny-sft", "tiny")
+    assert resolve(load_config(GrpoConfig, None, [f"student={final}"])).student_name == "tiny-sft-grpo"
+    with pytest.raises(PipelineError, match="trained on 'react' trajectories; GRPO in the 'act' loop"):
+        resolve_start(str(final), fmt="act")
+    lora = tmp_path / "lora" / "final"
+    lora.mkdir(parents=True)
+    write_manifest(lora / "manifest.json", stage="train", config={}, complete=True, student="tiny-lora",
+                   format="react", adapter=True, base_model=str(random_student))
+    start = resolve_start(str(lora), fmt="react")
+    assert (start.model, start.adapter) == (str(random_student), str(lora))
+    write_manifest(lora / "manifest.json", stage="train", config={}, complete=True, student="tiny-lora",
+                   format="react", adapter=True, base_model=str(tmp_path / "gone"))
+    with pytest.raises(PipelineError, match="base model .* is missing"):
+        resolve_start(str(lora), fmt="react")
+    assert resolve_start(str(random_student), fmt="react").kind == "base"
+
+
+def test_grpo_report_compares_em_with_intervals(tmp_path, capsys):
+    """scripts/grpo_report.py: EM before / after on the questions both evaluated, Wilson and Newcombe."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import grpo_report
+
+    from pipeline.report.intervals import difference_interval
+
+    for name, right in (("before", 1), ("after", 4)):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "react.jsonl").write_text("".join(json.dumps({"id": f"q{i}", "em": float(i < right)}) + "\n"
+                                                    for i in range(10 if name == "before" else 12)))
+    assert grpo_report.main([str(tmp_path / "before"), str(tmp_path / "after")]) == 0
+    out = capsys.readouterr().out
+    low, high = difference_interval(4, 10, 1, 10)
+    assert "n=10" in out and "| 10.0 [" in out and "| 40.0 [" in out
+    assert f"+30.0 [{100 * low:.1f}, {100 * high:.1f}]" in out
+
+
+# ----------------------------------------------------------------------------- the loss mask, per token
+
+class ScriptedPolicy:
+    """STAND-IN for the policy's sampler (labelled as such): it writes a fixed ReAct step for
+    each request, answering right and wrong in turn, so the group's advantages are not zero.
+    Everything around it is real: the episode program, the WikiEnv over the SQLite index, the
+    token trace, TRL's scoring and loss on the real tiny model."""
+
+    def __init__(self, tokenizer, colour: dict[str, str]):
+        self.tokenizer, self.colour, self.answers = tokenizer, colour, 0
+
+    def generate(self, requests):
+        out = []
+        for req in requests:
+            text = self.tokenizer.decode(req.prompt_ids)
+            name = re.search(r"What colour is (\w+)\?", text).group(1)
+            if text.endswith("Thought 1:"):
+                step = f" I search {name}.\nAction 1: Search[{name}]\nObservation 1:"
+            else:
+                self.answers += 1
+                right = self.colour[name]
+                said = right if self.answers % 2 else next(c for c in COLOURS if c != right)
+                step = f" It is {said}.\nAction 2: Finish[{said}]\nObservation 2:"
+            ids = self.tokenizer(step, add_special_tokens=False)["input_ids"]
+            out.append([TokenCompletion(cut_at_stop(step, req.stop)[0], len(req.prompt_ids), len(ids), "stop",
+                                        token_ids=ids)])
+        return out
+
+
+def test_observation_tokens_never_receive_gradient(world, random_student, tmp_path):
+    """TRL's real loss over rollouts of the real loop: the gradient of the loss with respect to
+    each completion token's log-probability is exactly 0 at every token the environment wrote
+    (observations, the step cues, the final EOS) and non-zero at the policy's own tokens."""
+    import torch
+
+    from pipeline.rl import train as rl_train
+
+    cfg = world_cfg(world, random_student, tmp_path, "questions_per_step=2", "group_size=4", "max_steps=1")
+    start = rl_train.resolve_start(cfg.student, fmt=cfg.format)
+    plan = rl_train.batch_plan(cfg, 1)
+    by_prompt, rows = rl_train.training_questions(cfg)
+    layout = rl_train.Layout(1, plan.per_device, plan.grad_accum, cfg.rollouts_per_step, "plain", len(rows))
+    trainer, tokenizer = rl_train.build_trainer(cfg, start, plan, layout, by_prompt, rows)
+    scripted = ScriptedPolicy(tokenizer, world.colour)
+    trainer.rollout_func.policy = lambda _trainer: contextlib.nullcontext(scripted)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = plan.grad_accum  # what Trainer's loop sets before a step
+    batch = next(iter(trainer.get_train_dataloader()))
+    inputs = trainer._prepare_inputs(batch)
+
+    grads = []
+
+    def keep_grad(module, args, output):
+        if getattr(output, "log_probs", None) is not None and output.log_probs.requires_grad:
+            output.log_probs.register_hook(lambda g: grads.append(g.detach().clone()))
+
+    handle = trainer.model.register_forward_hook(keep_grad)
+    loss = trainer.compute_loss(trainer.model, inputs)
+    loss.backward()
+    handle.remove()
+    [grad] = grads
+    completion = inputs["completion_ids"]
+    grad = grad[:, -completion.size(1):]
+    env = inputs["tool_mask"] == 0
+    valid = inputs["completion_mask"] == 1
+    assert (env & valid).sum() > 0 and (~env & valid).sum() > 0
+    assert torch.count_nonzero(grad[env]) == 0  # exactly: no observation token is in the loss
+    assert torch.all(inputs["advantages"] != 0)
+    assert torch.all(grad[~env & valid] != 0)
+    # the masked tokens are the loop's text: the observation of each rollout is among them
+    for row in range(completion.size(0)):
+        ids = completion[row][valid[row]].tolist()
+        env_text = tokenizer.decode([t for t, e in zip(ids, env[row][valid[row]].tolist(), strict=True) if e])
+        policy_text = tokenizer.decode([t for t, e in zip(ids, env[row][valid[row]].tolist(), strict=True) if not e])
+        assert re.search(r"The colour of \w+ is \w+\.", env_text) and "Episode finished, reward = " in env_text
+        assert "Observation" in policy_text and "The colour of" not in policy_text  # stop strings: the policy's
+
+
+# ----------------------------------------------------------------------------- learning (slow)
+
+@pytest.mark.slow
+def test_grpo_learns_to_copy_the_observed_answer(world, warm_student, tmp_path):
+    """30 steps of 8 questions x 8 rollouts (in process): the mean reward of the last 5 steps
+    exceeds the first 5 steps' by LEARNING_MARGIN; the final/ is a student `eval` reads like any
+    other, and greedy EM on the world's 16 questions rises with it; the manifest, card and
+    reward curve are written."""
+    from pipeline.rl.train import run
+    from pipeline.stages.eval import EvalConfig, evaluate
+
+    cfg = world_cfg(world, warm_student, tmp_path / "ck", "questions_per_step=8", "group_size=8", "max_steps=30",
+                    "save_steps=15", "peak_tflops=1.0")
+    with one_thread():
+        manifest = run(cfg)
+    rewards = [e["reward"] for e in log_history(cfg.output_dir)]
+    assert len(rewards) == 30
+    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    print(f"[grpo learning] mean reward of the first 5 steps {first:.3f}, of the last 5 {last:.3f}")
+    assert last - first >= LEARNING_MARGIN, rewards
+    assert manifest["grpo"]["reward_first_steps"] == pytest.approx(first, abs=1e-3)
+    history = json.loads((cfg.output_dir / "checkpoint-30" / "trainer_state.json").read_text())["log_history"]
+    # the launch's first step is warm-up: no figures (pipeline.train.flops.ThroughputMeter); every later one has them
+    assert "mfu" not in history[0] and history[0]["step"] == 1
+    assert all(e.get("mfu", 0) > 0 and e["tokens_per_s_per_device"] > 0 for e in history if "loss" in e and e["step"] > 1)
+    final = cfg.output_dir / "final"
+    assert (final / "README.md").read_text().startswith("---") and "GRPO" in (final / "README.md").read_text()
+    assert (cfg.output_dir / "reward_curve.png").stat().st_size > 0
+    assert len((cfg.output_dir / "reward_curve.csv").read_text().splitlines()) == 31
+    rollouts = [json.loads(line) for line in (cfg.output_dir / "rollouts" / "step-000030.rank-0.jsonl").open()]
+    assert len(rollouts) == 64 and all(r["text"].startswith("Question: What colour is") for r in rollouts)
+
+    def greedy_em(checkpoint: Path, out: Path) -> float:
+        eval_cfg = load_config(EvalConfig, None, [
+            f"checkpoint={checkpoint}", f"questions={world.questions}", f"wiki.index={world.index}",
+            f"wiki.corpus=[{world.corpus}]", f"out_dir={out}", "prompting.max_new_tokens=24",
+            "prompting.max_steps=4", "model.dtype=float32", "size_class=tiny", "params_b=0.0001"])
+        [row] = evaluate(eval_cfg)
+        return row["em"]
+
+    assert greedy_em(final, tmp_path / "eval-after") > greedy_em(warm_start_final(warm_student, tmp_path), tmp_path / "eval-before")
+
+
+def warm_start_final(warm_student: Path, tmp_path: Path) -> Path:
+    """The warm start as eval reads a fine-tuned student: its folder with a manifest (as SFT's)."""
+    import shutil
+
+    from pipeline.core.storage import write_manifest
+
+    final = tmp_path / "warm-final"
+    shutil.copytree(warm_student, final)
+    write_manifest(final / "manifest.json", stage="train", config={}, complete=True, student="warm",
+                   format="react", adapter=False, size_class="tiny", params_b=0.0001)
+    return final
+
+
+# ----------------------------------------------------------------------------- real launches (slow)
+
+SMALL = ("questions_per_step=2", "group_size=4", "save_steps=2", "log_rollouts=false")  # 8 rollouts per step
+COMPARED = ("loss", "reward", "grad_norm", "rewards/em/mean", "completions/mean_length")
+
+
+@pytest.fixture(scope="module")
+def reference(world, warm_student, tmp_path_factory) -> dict[int, dict]:
+    """One uninterrupted 8-step run in this process: every launch below must log the same steps."""
+    from pipeline.rl.train import run
+
+    cfg = world_cfg(world, warm_student, tmp_path_factory.mktemp("rl-ref"), *SMALL, "max_steps=8")
+    with one_thread():
+        run(cfg)
+    return {e["step"]: e for e in log_history(cfg.output_dir)}
+
+
+def grpo_launch(world, student: Path, out: Path, *overrides: str, config: str = "cpu",
+                processes: int = 1) -> subprocess.Popen:
+    """`python -m pipeline grpo ...`: the stage, which launches `accelerate launch -m pipeline.rl.train`."""
+    on_cpu = ("deepspeed_on_cpu=true",) if config.startswith("deepspeed") else ()  # refused on CPU unless asked for
+    cmd = [PYTHON, "-m", "pipeline", "grpo", *world_args(world, student, out, *overrides, *on_cpu),
+           f"accelerate_config={config}", "--num-processes", str(processes)]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    log = open(out / f"launch-{time.monotonic_ns()}.log", "w+")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO,
+                            start_new_session=True)
+    proc.log_path = Path(log.name)
+    return proc
+
+
+def assert_same_steps(run: dict[int, dict], reference: dict[int, dict], steps) -> None:
+    for step in steps:
+        for key in COMPARED:
+            assert run[step][key] == pytest.approx(reference[step][key], abs=LOSS_TOLERANCE), (step, key)
+
+
+@pytest.mark.slow
+def test_killed_launch_resumes_with_the_uninterrupted_runs_steps(world, warm_student, reference, tmp_path):
+    """SIGKILL a real one-process launch as soon as its checkpoint-2 is complete; the same
+    command resumes from the latest complete checkpoint, re-samples the same rollouts (seeded
+    by step), and every step's loss, reward and gradient norm equal the uninterrupted run's."""
+    from pipeline.train.checkpoints import latest_complete_checkpoint
+    from pipeline.train.checks import is_complete_checkpoint
+
+    args = (*SMALL, "max_steps=8")
+    run_dir = world_cfg(world, warm_student, tmp_path, *args).output_dir
+    proc = grpo_launch(world, warm_student, tmp_path, *args)
+    deadline = time.time() + LAUNCH_TIMEOUT
+    while not is_complete_checkpoint(run_dir / "checkpoint-2"):
+        assert proc.poll() is None and time.time() < deadline, proc.log_path.read_text()[-3000:]
+        time.sleep(0.02)
+    kill_tree(proc)
+    proc.wait()
+    last = latest_complete_checkpoint(run_dir)
+    assert last is not None and not (run_dir / "final").exists(), "the kill came after the run ended"
+    log = finish(grpo_launch(world, warm_student, tmp_path, *args), timeout=LAUNCH_TIMEOUT)
+    assert f"[grpo] resuming from {last}" in log
+    resumed = {e["step"]: e for e in log_history(run_dir)}
+    assert sorted(resumed) == list(range(1, 9)), "the step count continues, no step repeated"
+    assert_same_steps(resumed, reference, range(1, 9))
+    assert json.loads((run_dir / "final" / "manifest.json").read_text())["steps"] == 8
+
+
+@pytest.mark.slow
+def test_two_process_ddp_launch_matches_one_process(world, warm_student, reference, tmp_path):
+    """cpu_ddp (2 processes over gloo): each process runs its share of the step's rollouts; the
+    rewards are gathered, the gradients averaged: the same steps as one process."""
+    log = finish(grpo_launch(world, warm_student, tmp_path, *SMALL, "max_steps=4", config="cpu_ddp", processes=2),
+                 timeout=LAUNCH_TIMEOUT)
+    assert "4 per device x 1 accumulation x 2 processes" in log
+    run_dir = world_cfg(world, warm_student, tmp_path, *SMALL).output_dir
+    assert_same_steps({e["step"]: e for e in log_history(run_dir)}, reference, range(1, 5))
+    manifest = json.loads((run_dir / "final" / "manifest.json").read_text())
+    assert (manifest["num_processes"], manifest["stage"], manifest["format"]) == (2, "grpo", "react")
+
+
+@pytest.mark.slow
+def test_deepspeed_zero3_launch(world, warm_student, reference, tmp_path):
+    """DeepSpeed ZeRO-3 on 2 CPU processes (fp32): the policy's parameters are gathered for the
+    rollouts (TRL's unwrap_model_for_generation), the steps match one process's, the checkpoint
+    is DeepSpeed's and complete, final/ holds the gathered model. On a fresh machine DeepSpeed
+    first compiles its CPU communication op (~1-2 min, cached in ~/.cache/torch_extensions)."""
+    pytest.importorskip("deepspeed")
+    from pipeline.train.checks import is_complete_checkpoint
+
+    log = finish(grpo_launch(world, warm_student, tmp_path, *SMALL, "max_steps=2", config="deepspeed_zero3",
+                             processes=2), timeout=900)
+    assert "4 per device x 1 accumulation x 2 processes" in log
+    run_dir = world_cfg(world, warm_student, tmp_path, *SMALL).output_dir
+    assert (run_dir / "checkpoint-2" / "latest").is_file() and is_complete_checkpoint(run_dir / "checkpoint-2")
+    assert_same_steps({e["step"]: e for e in log_history(run_dir)}, reference, range(1, 3))
+    final = run_dir / "final"
+    assert json.loads((final / "manifest.json").read_text())["precision"] == "fp32"
+    assert (final / "model.safetensors").stat().st_size > 100_000
+
+
+# ----------------------------------------------------------------------------- SmolLM2 on real questions (slow)
+
+@pytest.mark.slow
+def test_smollm2_lora_smoke_on_real_offline_questions(smollm2_dir, index, tmp_path):
+    """SmolLM2-135M (the embedded model), a new LoRA adapter, 2 steps of 1 real offline-bootstrap
+    question x 2 rollouts through the real 26k-page index, the hardware's precision: it runs,
+    its trace rebuilds every episode's text with SmolLM2's byte-level BPE (or the run stops),
+    and `eval` resolves the adapter final/ on its base."""
+    from pipeline.rl.train import run
+    from pipeline.stages.eval import EvalConfig, model_under_test
+
+    cfg = resolve(load_config(GrpoConfig, None, [
+        "student=smollm2", "questions=offline-bootstrap", "limit=4", f"wiki.index={index}",
+        f"output_root={tmp_path}", "questions_per_step=1", "group_size=2", "max_steps=2", "save_steps=2",
+        "finetuning=lora", "prompting.max_new_tokens=16", "prompting.max_steps=3", "learning_rate=1e-5"]))
+    with one_thread():
+        manifest = run(cfg)
+    assert manifest["adapter"] and manifest["steps"] == 2 and manifest["base_model"] == str(smollm2_dir)
+    rollouts = [json.loads(line) for f in sorted((cfg.output_dir / "rollouts").glob("*.jsonl")) for line in f.open()]
+    assert len(rollouts) == 4 and all(r["text"].startswith("Question: ") for r in rollouts)
+    assert all(r["policy_tokens"] > 0 and r["env_tokens"] > 0 for r in rollouts)
+    target = model_under_test(load_config(EvalConfig, None, [f"checkpoint={cfg.output_dir / 'final'}"]))
+    assert (target.llm.model, target.llm.adapter, target.trained_format) == \
+           (str(smollm2_dir), str(cfg.output_dir / "final"), "react")
