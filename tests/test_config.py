@@ -164,3 +164,56 @@ def test_print_config_shows_the_effective_config_without_running(tmp_path, capsy
         main(["train", "format=act", "size_class=8b", "--print-config"])
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["max_steps"] == 4000 and printed["output_dir"].endswith("act")
+
+
+def run_writing_configs() -> list[type]:
+    """The configs whose fields decide whether a run folder is the same run (resume, skip)."""
+    from pipeline.llm.config import LLMConfig
+    from pipeline.stages.eval import EvalConfig
+    from pipeline.stages.filter import FilterConfig
+    from pipeline.stages.generate import GenerateConfig
+
+    return [GenerateConfig, EvalConfig, FilterConfig, LLMConfig]
+
+
+def test_every_field_of_a_run_writing_config_says_what_its_change_does_to_the_run():
+    """A new field must be declared identity / target / input / free (pipeline.core.same_run):
+    one left undeclared would silently count as neither."""
+    from pipeline.core.same_run import unclassified
+
+    missing = {cls.__name__: unclassified(cls) for cls in run_writing_configs() if unclassified(cls)}
+    assert not missing, f"declare these fields with same_run(...): {missing}"
+
+
+def test_the_declared_keys_are_the_ones_the_stages_used_to_list_by_hand():
+    """The same runs as before the declarations: the lists derived from the fields are the former
+    hand-kept IDENTITY_KEYS (generate, eval), CONTENT_KEYS, SHARD_SET_KEYS and OPERATIONAL_KEYS."""
+    from pipeline.agent.run_folder import OPERATIONAL_KEYS
+    from pipeline.core.same_run import run_keys, shard_set_keys
+    from pipeline.stages import eval as eval_stage
+    from pipeline.stages import filter as filter_stage
+    from pipeline.stages import generate
+
+    assert generate.IDENTITY_KEYS == ("task", "teacher", "questions", "prompting", "wiki", "shard")
+    assert run_keys(generate.GenerateConfig, "target") == ("order_seed",)
+    assert eval_stage.IDENTITY_KEYS == ("task", "model", "checkpoint", "format", "base_model", "questions",
+                                        "prompting", "wiki", "shard")
+    assert set(filter_stage.CONTENT_KEYS) == {"min_f1", "require_finished", "max_per_method", "seed", "tokenizer",
+                                              "fireact_other_tasks", "shuffle"}
+    assert set(filter_stage.SHARD_SET_KEYS) == set(shard_set_keys(generate.GenerateConfig)) == {
+        "task", "teacher", "questions", "prompting", "wiki", "limit"}
+    assert set(OPERATIONAL_KEYS) == {"max_batch_size", "max_concurrency", "timeout_s", "max_retries", "device",
+                                     "base_url"}
+
+
+def test_an_unclassified_field_is_found():
+    from pipeline.core.same_run import same_run, unclassified
+
+    @dataclass
+    class Grown:
+        task: str = same_run("identity", default="hotpotqa")
+        new_knob: int = 3
+
+    assert unclassified(Grown) == ["new_knob"]
+    with pytest.raises(ValueError, match="not one of identity, target, input, free"):
+        same_run("sometimes", default=1)

@@ -16,9 +16,11 @@ from pipeline.agent.answerers import Answerer
 from pipeline.agent.episodes import check_error_share
 from pipeline.core.config import to_dict, upgrade_keys
 from pipeline.core.errors import PipelineError
+from pipeline.core.same_run import run_keys
 from pipeline.core.shards import parse_shard, shard_questions
 from pipeline.core.storage import read_manifest, remove_stale_temps, write_manifest
 from pipeline.llm.base import LLM
+from pipeline.llm.config import LLMConfig
 from pipeline.methods import MethodSettings
 from pipeline.tasks import task_of
 from pipeline.wiki.backend import WikiBackend
@@ -47,8 +49,9 @@ def run_lock(out_dir: Path) -> Iterator[None]:
 
 
 # Operational knobs of an LLM section that do not change what it writes (`base_url`: where the
-# same model is served, e.g. other replicas when a sharded job resumes on another node).
-OPERATIONAL_KEYS = ("max_batch_size", "max_concurrency", "timeout_s", "max_retries", "device", "base_url")
+# same model is served, e.g. other replicas when a sharded job resumes on another node): the
+# LLMConfig fields declared free (pipeline.core.same_run).
+OPERATIONAL_KEYS = run_keys(LLMConfig, "free")
 
 
 def identity(config: dict, keys: tuple[str, ...]) -> dict:

@@ -20,7 +20,7 @@ gets one row per method: the input of `python -m pipeline plot`.
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar
 
@@ -29,6 +29,7 @@ from pipeline.agent.episodes import MAX_ERROR_SHARE, run_methods
 from pipeline.agent.run_folder import check_resumable, start_run, writing_run
 from pipeline.core.config import add_config_arguments, stage_config, to_dict
 from pipeline.core.errors import PipelineError
+from pipeline.core.same_run import run_keys, same_run
 from pipeline.core.shards import parse_shard
 from pipeline.core.storage import (
     atomic_write_json,
@@ -50,36 +51,37 @@ KNOWN_SIZES = {"smollm2": ("135m", 0.135), "HuggingFaceTB/SmolLM2-135M-Instruct"
                "Qwen/Qwen2.5-72B": ("72b", 72.7), "Qwen/Qwen2.5-72B-Instruct": ("72b", 72.7)}
 
 
-# Keys whose change makes old records incomparable with new ones (a larger `limit` is fine).
-IDENTITY_KEYS = ("task", "model", "checkpoint", "format", "base_model", "questions", "prompting", "wiki", "shard")
-
-
 @dataclass
 class EvalConfig:
     RENAMED_KEYS: ClassVar[dict[str, str]] = {"method": "prompting"}  # old key -> new (pipeline.core.config)
 
-    task: str = "hotpotqa"  # hotpotqa | fever (pipeline.tasks): the questions, metric and exemplars
-    model: LLMConfig = field(default_factory=LLMConfig)  # a base model to prompt
-    checkpoint: Path | None = None  # or a fine-tuned checkpoint: our `final` folder, any model/adapter folder, a hub id
-    format: str | None = None  # how a checkpoint without our manifest decodes: standard|cot|act|react|fireact
-    base_model: str | None = None  # the base of an adapter checkpoint (default: its adapter_config.json)
-    size_class: str | None = None  # e.g. 135m, 8b, 62b; from the checkpoint when not given
-    params_b: float | None = None  # billions of parameters (the figure's x axis)
-    methods: list[str] = field(default_factory=lambda: ["standard", "cot", "act", "react"])
-    questions: str = "offline-eval"  # a set of the task's; react-dev500 needs wiki.backend=live or a full local index
-    limit: int | None = None
-    out_dir: Path = Path("runs/eval/default")
-    prompting: MethodSettings = field(default_factory=MethodSettings)  # mode is set from the model (prompt | zero_shot)
-    wiki: WikiConfig = field(default_factory=WikiConfig)
-    max_in_flight: int = 16
-    shard: str | None = None  # i/n: this job's share of the questions, for N jobs (pipeline.core.shards)
+    task: str = same_run("identity", default="hotpotqa")  # hotpotqa | fever (pipeline.tasks): the questions, metric and exemplars
+    model: LLMConfig = same_run("identity", default_factory=LLMConfig)  # a base model to prompt
+    checkpoint: Path | None = same_run("identity", default=None)  # or a fine-tuned checkpoint: our `final` folder, any model/adapter folder, a hub id
+    format: str | None = same_run("identity", default=None)  # how a checkpoint without our manifest decodes: standard|cot|act|react|fireact
+    base_model: str | None = same_run("identity", default=None)  # the base of an adapter checkpoint (default: its adapter_config.json)
+    size_class: str | None = same_run("free", default=None)  # e.g. 135m, 8b, 62b; from the checkpoint when not given
+    params_b: float | None = same_run("free", default=None)  # billions of parameters (the figure's x axis)
+    methods: list[str] = same_run("free", default_factory=lambda: ["standard", "cot", "act", "react"])
+    questions: str = same_run("identity", default="offline-eval")  # a set of the task's; react-dev500 needs wiki.backend=live or a full local index
+    limit: int | None = same_run("free", default=None)
+    out_dir: Path = same_run("free", default=Path("runs/eval/default"))
+    prompting: MethodSettings = same_run("identity", default_factory=MethodSettings)  # mode is set from the model (prompt | zero_shot)
+    wiki: WikiConfig = same_run("identity", default_factory=WikiConfig)
+    max_in_flight: int = same_run("free", default=16)
+    shard: str | None = same_run("identity", default=None)  # i/n: this job's share of the questions, for N jobs (pipeline.core.shards)
     # Stop, with no summary, once more than this share of a method's episodes end in a model or
     # page-source error (end_reason llm_error / backend_error); a re-run runs those episodes again
-    max_error_share: float = MAX_ERROR_SHARE
+    max_error_share: float = same_run("free", default=MAX_ERROR_SHARE)
     # Start `vllm serve` for the model under test (its `model` section's tensor_parallel_size,
     # gpu_memory_utilization, max_context, dtype, extra), evaluate over HTTP, stop it (pipeline/llm/serving.py;
     # keys: command, host, port, startup_timeout_s, stop_grace_s, extra_args, env)
-    serve: ServeConfig | None = None
+    serve: ServeConfig | None = same_run("free", default=None)
+
+
+# Keys whose change makes old records incomparable with new ones (a larger `limit` is fine):
+# declared on the fields (pipeline.core.same_run).
+IDENTITY_KEYS = run_keys(EvalConfig)
 
 
 @dataclass

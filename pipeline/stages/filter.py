@@ -30,12 +30,13 @@ import shutil
 import statistics
 import tempfile
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pipeline.core.config import add_config_arguments, stage_config, to_dict
 from pipeline.core.errors import PipelineError
+from pipeline.core.same_run import run_keys, same_run
 from pipeline.core.storage import (
     TMP_SUFFIX,
     check_writable_dir,
@@ -55,29 +56,30 @@ from pipeline.tasks import Task, get_task, task_of
 REQUIRED_FIELDS = ("id", "method", "em", "finished", "trajectory")
 # Why an episode was not kept, in the order the checks run.
 DROP_REASONS = ("unfinished", "incorrect", "low_f1", "bad_trajectory", "duplicate", "over_cap")
-# Settings that change a dataset's content; out_dir/force/methods do not.
-CONTENT_KEYS = ("min_f1", "require_finished", "max_per_method", "seed", "tokenizer", "fireact_other_tasks",
-                "shuffle")
-# The generate config keys that make shards parts of one run (generate's identity keys, which
-# also decide what a resumed folder may hold, without `shard`; plus `limit`, which cuts the set).
+# The generate config keys that make shards parts of one run: GenerateConfig's fields marked
+# shard_set (pipeline.core.same_run); named here because a stage imports no sibling stage, and
+# held equal to them by tests/test_config.py.
 SHARD_SET_KEYS = ("task", "teacher", "questions", "prompting", "wiki", "limit")
 GLOBAL_BATCH = 64  # the paper's batch size, for the epochs the dataset card reports
 
 
 @dataclass
 class FilterConfig:
-    inputs: list[str] = field(default_factory=list)  # generate output folders
-    fireact: list[str] = field(default_factory=list)  # FireAct alpaca .json / gpt .jsonl files or folders
-    fireact_other_tasks: bool = False  # keep non-HotpotQA questions of FireAct's multitask files
-    out_dir: str = "runs/sft"
-    methods: list[str] = field(default_factory=list)  # empty: every method the inputs hold
-    min_f1: float | None = None  # also require F1 >= this (EM = 1 is always required)
-    require_finished: bool = True
-    max_per_method: int = 3000
-    seed: int = 0
-    shuffle: bool = True  # the written order: seeded shuffle (True) or input order
-    tokenizer: str | None = None  # "smollm2", a local folder or a hub id: token-length stats
-    force: bool = False
+    inputs: list[str] = same_run("input", default_factory=list)  # generate output folders
+    fireact: list[str] = same_run("input", default_factory=list)  # FireAct alpaca .json / gpt .jsonl files or folders
+    fireact_other_tasks: bool = same_run("identity", default=False)  # keep non-HotpotQA questions of FireAct's multitask files
+    out_dir: str = same_run("free", default="runs/sft")
+    methods: list[str] = same_run("free", default_factory=list)  # empty: every method the inputs hold
+    min_f1: float | None = same_run("identity", default=None)  # also require F1 >= this (EM = 1 is always required)
+    require_finished: bool = same_run("identity", default=True)
+    max_per_method: int = same_run("identity", default=3000)
+    seed: int = same_run("identity", default=0)
+    shuffle: bool = same_run("identity", default=True)  # the written order: seeded shuffle (True) or input order
+    tokenizer: str | None = same_run("identity", default=None)  # "smollm2", a local folder or a hub id: token-length stats
+    force: bool = same_run("free", default=False)
+
+
+CONTENT_KEYS = run_keys(FilterConfig)
 
 
 @dataclass
@@ -393,6 +395,8 @@ def write_dataset_dir(target: Path, files: dict[str, str], manifest: dict) -> No
 
 
 def content_key(cfg: FilterConfig) -> dict:
+    """The settings that change a dataset's content (FilterConfig's identity fields; the inputs
+    are checked by fingerprint; out_dir, force, methods change nothing)."""
     settings = to_dict(cfg)
     return {k: settings[k] for k in CONTENT_KEYS}
 

@@ -24,7 +24,7 @@ how often Act / ReAct episodes missed a search, recovered, and used Lookup.
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
@@ -33,6 +33,7 @@ from pipeline.agent.episodes import MAX_ERROR_SHARE, method_stats, run_methods, 
 from pipeline.agent.run_folder import start_run, writing_run
 from pipeline.core.config import add_config_arguments, stage_config, to_dict
 from pipeline.core.errors import PipelineError
+from pipeline.core.same_run import run_keys, same_run
 from pipeline.core.storage import check_writable_dir, write_manifest
 from pipeline.llm.config import LLMConfig
 from pipeline.methods import MethodSettings
@@ -44,25 +45,26 @@ from pipeline.wiki.config import WikiConfig
 class GenerateConfig:
     RENAMED_KEYS: ClassVar[dict[str, str]] = {"method": "prompting"}  # old key -> new (pipeline.core.config)
 
-    task: str = "hotpotqa"  # hotpotqa | fever (pipeline.tasks): the questions, metric and exemplars
-    teacher: LLMConfig = field(default_factory=LLMConfig)  # backend: transformers|vllm|openai|oracle
-    methods: list[str] = field(default_factory=lambda: ["standard", "cot", "act", "react"])
-    questions: str = "offline-bootstrap"  # a question-set name of the task (pipeline.tasks) or a file
-    limit: int | None = None  # the first N questions of the set
-    out_dir: Path = Path("runs/generate/default")
-    prompting: MethodSettings = field(default_factory=MethodSettings)  # how the teacher is prompted
-    wiki: WikiConfig = field(default_factory=WikiConfig)
-    max_in_flight: int = 16  # episodes run at once (in rounds, or continuously against a server: pipeline.agent.scheduler)
-    target_correct: int | None = None  # target mode: draw questions until each method has N correct
-    order_seed: int = 0  # target mode: the seed of the order in which questions are drawn
-    shard: str | None = None  # i/n: this job's share of the questions, for N jobs (pipeline.core.shards)
+    task: str = same_run("identity", shard_set=True, default="hotpotqa")  # hotpotqa | fever (pipeline.tasks): the questions, metric and exemplars
+    teacher: LLMConfig = same_run("identity", shard_set=True, default_factory=LLMConfig)  # backend: transformers|vllm|openai|oracle
+    methods: list[str] = same_run("free", default_factory=lambda: ["standard", "cot", "act", "react"])
+    questions: str = same_run("identity", shard_set=True, default="offline-bootstrap")  # a question-set name of the task (pipeline.tasks) or a file
+    limit: int | None = same_run("free", shard_set=True, default=None)  # the first N questions of the set
+    out_dir: Path = same_run("free", default=Path("runs/generate/default"))
+    prompting: MethodSettings = same_run("identity", shard_set=True, default_factory=MethodSettings)  # how the teacher is prompted
+    wiki: WikiConfig = same_run("identity", shard_set=True, default_factory=WikiConfig)
+    max_in_flight: int = same_run("free", default=16)  # episodes run at once (in rounds, or continuously against a server: pipeline.agent.scheduler)
+    target_correct: int | None = same_run("free", default=None)  # target mode: draw questions until each method has N correct
+    order_seed: int = same_run("target", default=0)  # target mode: the seed of the order in which questions are drawn
+    shard: str | None = same_run("identity", default=None)  # i/n: this job's share of the questions, for N jobs (pipeline.core.shards)
     # Stop, the run left incomplete, once more than this share of a method's episodes (of a target
     # mode batch) end in a model or page-source error; a re-run runs those episodes again
-    max_error_share: float = MAX_ERROR_SHARE
+    max_error_share: float = same_run("free", default=MAX_ERROR_SHARE)
 
 
-# Keys whose change makes old records incomparable with new ones (a larger `limit` is fine).
-IDENTITY_KEYS = ("task", "teacher", "questions", "prompting", "wiki", "shard")
+# Keys whose change makes old records incomparable with new ones (a larger `limit` is fine):
+# declared on the fields (pipeline.core.same_run).
+IDENTITY_KEYS = run_keys(GenerateConfig)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -79,7 +81,7 @@ def generate(cfg: GenerateConfig) -> dict[str, dict]:
     check_writable_dir(cfg.out_dir)  # before any model is loaded or episode run
     task = get_task(cfg.task)
     teacher = answerer(cfg.teacher, task)
-    keys = IDENTITY_KEYS if cfg.target_correct is None else (*IDENTITY_KEYS, "order_seed")
+    keys = IDENTITY_KEYS if cfg.target_correct is None else (*IDENTITY_KEYS, *run_keys(GenerateConfig, "target"))
     questions, backend, llm, exemplar_sources = start_run(cfg, "generate", teacher, cfg.prompting, keys)
     manifest = dict(stage="generate", config=to_dict(cfg), task=task.name, teacher=teacher.label,
                     exemplar_sources=exemplar_sources, n_questions=len(questions))
