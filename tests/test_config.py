@@ -217,3 +217,26 @@ def test_an_unclassified_field_is_found():
     assert unclassified(Grown) == ["new_knob"]
     with pytest.raises(ValueError, match="not one of identity, target, input, free"):
         same_run("sometimes", default=1)
+
+
+def test_the_llm_api_key_was_mode_and_old_files_still_read(tmp_path):
+    """`mode` meant three things; an LLM section's (completions | chat) is now `api`. The old key
+    fails naming the new one; a manifest written with it resumes (generate) and is skipped as
+    done (`run`)."""
+    from pipeline.agent.run_folder import check_resumable
+    from pipeline.core.storage import write_manifest
+    from pipeline.stages.generate import IDENTITY_KEYS, GenerateConfig
+    from pipeline.stages.run import unit_done
+
+    with pytest.raises(PipelineError, match=r"unknown key 'teacher.mode'; it was renamed: use 'teacher.api'"):
+        load_config(GenerateConfig, None, ["teacher.mode=chat"])
+    cfg = load_config(GenerateConfig, None, ["teacher.api=chat", f"out_dir={tmp_path}"])
+    old = to_dict(cfg)
+    old["teacher"]["mode"] = old["teacher"].pop("api")
+    write_manifest(tmp_path / "manifest.json", stage="generate", config=old, complete=True)
+    check_resumable(tmp_path, "generate", cfg, IDENTITY_KEYS)
+    assert unit_done(cfg)
+    with pytest.raises(PipelineError, match="different teacher"):
+        check_resumable(tmp_path, "generate", load_config(GenerateConfig, None, ["teacher.api=completions"]),
+                        IDENTITY_KEYS)
+    assert not unit_done(load_config(GenerateConfig, None, ["teacher.api=completions", f"out_dir={tmp_path}"]))

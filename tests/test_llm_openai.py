@@ -66,7 +66,7 @@ def test_completions_send_the_request_and_read_texts_and_usage(server, monkeypat
 
 
 def test_chat_mode_sends_one_user_message(server, monkeypatch):
-    llm = make_llm(server, monkeypatch, mode="chat", name="teacher-x")
+    llm = make_llm(server, monkeypatch, api="chat", name="teacher-x")
     [[c]] = llm.generate([GenerationRequest("What is 2+2?", max_new_tokens=20)])
     assert c.text == "sample 0: What is 2+2?" and c.finish_reason == "stop"
     assert c.prompt_tokens == 3 and c.completion_tokens == 5

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.core.errors import PipelineError
+from pipeline.hub.models import size_label
 
 # How a fine-tuned checkpoint decodes: the trajectory format it runs (methods must use only it)
 # and the method-settings mode that builds its prompts (pipeline.methods).
@@ -202,6 +203,3 @@ def count_params_b(model_dir: str, checkpoint: str) -> float:
         raise PipelineError(f"checkpoint {checkpoint}: cannot count its parameters ({type(exc).__name__}); "
                             "set params_b=<billions> and size_class=<e.g. 7b>") from None
 
-
-def size_label(params_b: float) -> str:
-    return f"{params_b * 1000:.3g}m" if params_b < 1 else f"{params_b:.3g}b"

@@ -35,6 +35,11 @@ def model_label(name: str) -> str:
     return Path(name.rstrip("/")).name.lower() or "student"
 
 
+def size_label(params_b: float) -> str:
+    """The one size label of a model from its parameter count (billions): 135m, 8.03b, 70b."""
+    return f"{params_b * 1000:.3g}m" if params_b < 1 else f"{params_b:.3g}b"
+
+
 def load_tokenizer(name: str, *, key: str = "tokenizer", label: str | None = None,
                    trust_remote_code: bool = False, **kwargs):
     """The tokenizer of `name` (resolved here); a failure is one PipelineError naming the config

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from pipeline.core.same_run import same_run
 
 
 @dataclass
 class LLMConfig:
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {"mode": "api"}  # old key -> new (pipeline.core.config)
+
     # transformers: local dir / hub id / .gguf file ("smollm2" = the embedded SmolLM2-135M-Instruct);
     # vllm: hub id or dir; openai: the served model name.
     backend: str = same_run("identity", default="transformers")  # transformers | vllm | openai
@@ -27,7 +30,7 @@ class LLMConfig:
     # openai-compatible HTTP (vllm serve, TGI, hosted endpoints)
     base_url: str | list[str] = same_run("free", default="http://127.0.0.1:8000/v1")  # or a list: replicas of one model
     api_key_env: str = same_run("identity", default="OPENAI_API_KEY")  # the key is read from this variable, never from config
-    mode: str = same_run("identity", default="completions")  # completions | chat
+    api: str = same_run("identity", default="completions")  # completions | chat: the server's endpoint
     max_concurrency: int = same_run("free", default=8)  # requests in flight at once, per replica
     timeout_s: float = same_run("free", default=60.0)
     max_retries: int = same_run("free", default=5)

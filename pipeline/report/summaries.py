@@ -14,6 +14,7 @@ from pathlib import Path
 
 from pipeline.core.errors import PipelineError
 from pipeline.core.storage import read_json, require_complete
+from pipeline.hub.models import size_label
 from pipeline.methods.registry import method_spec
 from pipeline.report.intervals import rate_interval
 from pipeline.tasks import Task, get_task, task_of
@@ -101,7 +102,7 @@ def validate_row(row: dict, where: str) -> dict:
     if not isinstance(em, int | float) or not 0.0 <= em <= 1.0:
         raise PipelineError(f"{where}: em must be a fraction between 0 and 1, got {em!r}")
     row = dict(row, params_b=resolve_params_b(row, where), origin=where)
-    row["size_class"] = str(row.get("size_class") or _size_label(row["params_b"])).lower()
+    row["size_class"] = str(row.get("size_class") or size_label(row["params_b"])).lower()
     return row
 
 
@@ -117,10 +118,6 @@ def resolve_params_b(row: dict, where: str) -> float:
         f"{where}: model {row.get('model')!r} has unknown size class {row.get('size_class')!r} and no params_b; "
         "set params_b (billions of parameters) or a size_class like '8b' / '135m'"
     )
-
-
-def _size_label(params_b: float) -> str:
-    return f"{params_b * 1000:g}m" if params_b < 1 else f"{params_b:g}b"
 
 
 def check_question_sets(rows: list[dict], allow_mixed: bool) -> list[str]:

@@ -244,7 +244,7 @@ def run(cfg: GrpoConfig) -> dict:
 
 def save_policy(trainer, cfg: GrpoConfig, start: StartPoint, tokenizer, plan: BatchPlan, train_plan: TrainPlan,
                 n_questions: int, result, started: float) -> dict:
-    from pipeline.hub.finetuned import size_label
+    from pipeline.hub.models import size_label
     from pipeline.rl.card import grpo_card
     from pipeline.rl.curve import reward_curve, write_curve
 

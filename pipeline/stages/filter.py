@@ -327,7 +327,9 @@ def stats_line(stats: dict) -> str:
 # ---------------------------------------------------------------- writing
 
 
-def dataset_card(stats: dict, cfg: FilterConfig, task: Task | None = None) -> str:
+def format_card(stats: dict, cfg: FilterConfig, task: Task | None = None) -> str:
+    """README.md of one format's folder (sft/<format>/): what was kept and how. The card of a
+    published dataset (every format) is pipeline.hub.cards.dataset_card."""
     task = get_task(task)
     method = stats["method"]
     sources = ", ".join(f"{s} ({n})" for s, n in stats["sources"].items())
@@ -451,7 +453,7 @@ def run_filter(cfg: FilterConfig) -> dict:
         files = {
             "train.jsonl": "".join(json.dumps(e, ensure_ascii=False) + "\n" for e in examples),
             "stats.json": json.dumps(stats, indent=2) + "\n",
-            "README.md": dataset_card(stats, cfg, task),
+            "README.md": format_card(stats, cfg, task),
         }
         write_dataset_dir(folder, files, {"stage": "filter", "config": to_dict(cfg), "complete": True,
                                           "task": task.name, "method": method, "inputs": inputs,

@@ -46,6 +46,7 @@ from pipeline.core.config import (
     read_section,
     read_yaml,
     to_dict,
+    upgrade_keys,
 )
 from pipeline.core.errors import PipelineError
 from pipeline.core.relay import pieces
@@ -412,16 +413,18 @@ def skip_or(action, identity=None):
 
 def unit_done(config, identity=None) -> bool:
     """Whether a generate/eval unit's manifest says it is complete with this config (and
-    identity); a manifest written before configs had `task` was a HotpotQA run's."""
+    identity). The manifest's config is read in today's key names (pipeline.core.config
+    upgrade_keys); one written before configs had `task` was a HotpotQA run's."""
     try:
         extra = identity(config) if identity else {}
     except PipelineError:  # e.g. a fine-tuned checkpoint not trained yet: not done
         return False
     manifest, wanted = Path(config.out_dir) / "manifest.json", to_dict(config)
-    if is_done(manifest, config=wanted, **extra):
-        return True
+    if not is_done(manifest, **extra):
+        return False
+    was = upgrade_keys(type(config), (read_manifest(manifest) or {}).get("config") or {})
     older = {k: v for k, v in wanted.items() if k != "task"}
-    return wanted.get("task") == DEFAULT_TASK and is_done(manifest, config=older, **extra)
+    return was == wanted or (wanted.get("task") == DEFAULT_TASK and was == older)
 
 
 def with_model_card(final: Path, action):
