@@ -215,7 +215,7 @@ def test_a_right_key_is_accepted(monkeypatch):
 
 
 @pytest.mark.parametrize("field,value,message", [
-    ("mode", "edit", "llm.mode 'edit' is unknown"),
+    ("api", "edit", "llm.api 'edit' is unknown"),  # the key was `mode`
     ("base_url", "127.0.0.1:8000/v1", "is not an http(s) URL"),
     ("max_concurrency", 0, "llm.max_concurrency must be >= 1"),
 ])
