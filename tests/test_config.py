@@ -240,3 +240,21 @@ def test_the_llm_api_key_was_mode_and_old_files_still_read(tmp_path):
         check_resumable(tmp_path, "generate", load_config(GenerateConfig, None, ["teacher.api=completions"]),
                         IDENTITY_KEYS)
     assert not unit_done(load_config(GenerateConfig, None, ["teacher.api=completions", f"out_dir={tmp_path}"]))
+
+
+def test_the_prompting_style_key_was_mode_and_old_files_still_read(tmp_path):
+    """How a method builds its prompts (prompt | zero_shot | fireact) is `prompting.style`; "mode"
+    is left to what a summary row says of its model (prompt | finetune)."""
+    from pipeline.agent.run_folder import check_resumable
+    from pipeline.core.storage import write_manifest
+    from pipeline.stages.eval import IDENTITY_KEYS, EvalConfig
+
+    with pytest.raises(PipelineError, match=r"unknown key 'prompting.mode'; it was renamed: use 'prompting.style'"):
+        load_config(EvalConfig, None, ["prompting.mode=zero_shot"])
+    cfg = load_config(EvalConfig, None, ["prompting.style=zero_shot"])
+    old = to_dict(cfg)
+    old["prompting"]["mode"] = old["prompting"].pop("style")
+    write_manifest(tmp_path / "manifest.json", stage="eval", config=old, complete=False)
+    check_resumable(tmp_path, "eval", cfg, IDENTITY_KEYS)
+    with pytest.raises(PipelineError, match="different prompting"):
+        check_resumable(tmp_path, "eval", load_config(EvalConfig, None, ["prompting.style=prompt"]), IDENTITY_KEYS)

@@ -157,7 +157,7 @@ def test_config_refusals_are_one_line(world, random_student, tmp_path, capsys):
         (["format=cot"], "GRPO runs the interactive loops react, act"),
         (["prompting.temperature=0"], "prompting.temperature: GRPO samples"),
         (["group_size=1"], "group_size must be >= 2"),
-        (["prompting.mode=prompt"], "GRPO trains zero-shot"),
+        (["prompting.style=prompt"], "GRPO trains zero-shot"),
         (["reward.em=0"], "not all 0"),
         (["rollout.engine=vllm", "rollout.vllm_mode=server"], "needs the `trl vllm-serve` URL"),
         (["questions_per_step=17"], "fewer than questions_per_step=17"),

@@ -61,8 +61,8 @@ def test_bad_exemplar_sources_fail_with_one_line(tmp_path):
         load_prompt("react", "nowhere")
     with pytest.raises(PipelineError, match="unknown method 'reactt'"):
         build_method("reactt")
-    with pytest.raises(PipelineError, match="unknown mode"):
-        build_method("react", MethodSettings(mode="chat"))
+    with pytest.raises(PipelineError, match="unknown prompting style"):  # the key was `mode`
+        build_method("react", MethodSettings(style="chat"))
     with pytest.raises(PipelineError, match="exemplar file missing"):
         load_our_exemplars("react", tmp_path)
 
@@ -102,7 +102,7 @@ def test_prompt_prefixes_per_method(shared_data):
     paper = str(shared_data / "react" / "prompts_naive.json")
     p = prompt_prefixes("react_to_cot_sc", MethodSettings(exemplars=paper))
     assert set(p) == {"react", "cot"} and p["cot"].source.endswith("#cotqa_simple6")
-    zero = prompt_prefixes("cot_sc_to_react", MethodSettings(mode="zero_shot"))
+    zero = prompt_prefixes("cot_sc_to_react", MethodSettings(style="zero_shot"))
     assert all(z.text == "" and z.source == "none" for z in zero.values())
     for name in METHOD_NAMES:
         assert build_method(name, MethodSettings(exemplars=paper)).name == name

@@ -81,11 +81,11 @@ def test_an_adapter_names_its_base_and_a_full_model_counts_its_size(tiny):
 
     adapter = resolve_checkpoint(str(tiny["adapter"]), format="fireact")
     assert (adapter.model, adapter.adapter) == (str(tiny["base"]), str(tiny["adapter"]))
-    assert (adapter.trained_format, adapter.decode_mode) == ("react", "fireact")
+    assert (adapter.trained_format, adapter.decode_style) == ("react", "fireact")
     assert adapter.label == "my-agent-lora (released)"
     assert adapter.params_b == pytest.approx(tiny["params_b"])  # the base's parameters, from its config
     full = resolve_checkpoint(str(tiny["full"]), format="react", size_class="tiny")
-    assert (full.model, full.adapter, full.decode_mode, full.size_class) == (str(tiny["full"]), None, "zero_shot", "tiny")
+    assert (full.model, full.adapter, full.decode_style, full.size_class) == (str(tiny["full"]), None, "zero_shot", "tiny")
     override = resolve_checkpoint(str(tiny["adapter"]), format="react", base_model=str(tiny["full"]), params_b=7.0)
     assert override.model == str(tiny["full"]) and override.params_b == 7.0
 

@@ -28,7 +28,7 @@ from pipeline.core.errors import PipelineError
 from pipeline.hub.models import size_label
 
 # How a fine-tuned checkpoint decodes: the trajectory format it runs (methods must use only it)
-# and the method-settings mode that builds its prompts (pipeline.methods).
+# and the prompting style that builds its prompts (pipeline.methods).
 DECODE_FORMATS = {
     "standard": ("standard", "zero_shot"), "cot": ("cot", "zero_shot"),
     "act": ("act", "zero_shot"), "react": ("react", "zero_shot"),  # ours: the paper's numbered text
@@ -58,7 +58,7 @@ class ResolvedCheckpoint:
         return DECODE_FORMATS[self.format][0]
 
     @property
-    def decode_mode(self) -> str:
+    def decode_style(self) -> str:
         return DECODE_FORMATS[self.format][1]
 
 

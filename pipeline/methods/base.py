@@ -16,7 +16,7 @@ import sqlite3
 import zlib
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from pipeline.core.errors import BackendFailure
 from pipeline.core.trajectory import Trajectory, one_line
@@ -30,7 +30,9 @@ Program = Generator[list[GenerationRequest], list[list[Completion]], "Outcome"]
 class MethodSettings:
     """How a method prompts: the `prompting:` block of a stage config (`prompting.max_steps=7`)."""
 
-    mode: str = "prompt"  # prompt (instruction + exemplars + question) | zero_shot (question alone)
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {"mode": "style"}  # old key -> new (pipeline.core.config)
+
+    style: str = "prompt"  # prompt (instruction + exemplars + question) | zero_shot (question alone) | fireact
     exemplars: str = "ours"  # ours | paper | a prompts_naive.json path | a folder of ours
     max_steps: int = 7  # Act / ReAct step limit (the paper's: 7; its FEVER hybrids use 5, pipeline.tasks)
     max_new_tokens: int = 256  # per generation (the original notebook: 100)

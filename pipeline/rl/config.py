@@ -52,7 +52,7 @@ class RolloutSettings:
 class RolloutPrompting(MethodSettings):
     """How the rollouts prompt: the method settings `eval` uses, with GRPO's defaults."""
 
-    mode: str = "zero_shot"  # the question line alone, as `eval` prompts a fine-tuned student (the only mode here)
+    style: str = "zero_shot"  # the question line alone, as `eval` prompts a fine-tuned student (the only style here)
     max_new_tokens: int = 100  # per step (the original ReAct code's cap)
     temperature: float = 1.0  # samples the rollouts (> 0); the loss's log-probabilities use it too
 
@@ -123,9 +123,9 @@ def resolve(cfg: GrpoConfig) -> GrpoConfig:
 
     if cfg.format not in RL_FORMATS:
         raise PipelineError(f"format: GRPO runs the interactive loops {', '.join(RL_FORMATS)}, not '{cfg.format}'")
-    if cfg.prompting.mode != "zero_shot":
-        raise PipelineError(f"prompting.mode: GRPO trains zero-shot (the question line alone), as `eval` decodes "
-                            f"a fine-tuned student; got '{cfg.prompting.mode}'")
+    if cfg.prompting.style != "zero_shot":
+        raise PipelineError(f"prompting.style: GRPO trains zero-shot (the question line alone), as `eval` decodes "
+                            f"a fine-tuned student; got '{cfg.prompting.style}'")
     if cfg.prompting.temperature <= 0:
         raise PipelineError(f"prompting.temperature: GRPO samples its rollouts (a group of greedy rollouts is one "
                             f"rollout {cfg.group_size} times, with no advantage to learn from); set it > 0, e.g. 1.0")

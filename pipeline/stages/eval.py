@@ -66,7 +66,7 @@ class EvalConfig:
     questions: str = same_run("identity", default="offline-eval")  # a set of the task's; react-dev500 needs wiki.backend=live or a full local index
     limit: int | None = same_run("free", default=None)
     out_dir: Path = same_run("free", default=Path("runs/eval/default"))
-    prompting: MethodSettings = same_run("identity", default_factory=MethodSettings)  # mode is set from the model (prompt | zero_shot)
+    prompting: MethodSettings = same_run("identity", default_factory=MethodSettings)  # style is set from the model (prompt | zero_shot)
     wiki: WikiConfig = same_run("identity", default_factory=WikiConfig)
     max_in_flight: int = same_run("free", default=16)
     shard: str | None = same_run("identity", default=None)  # i/n: this job's share of the questions, for N jobs (pipeline.core.shards)
@@ -92,7 +92,7 @@ class ModelUnderTest:
     size_class: str
     params_b: float
     trained_format: str | None  # the format a fine-tuned student decodes
-    decode_mode: str = "zero_shot"  # how its prompts are built (pipeline.methods MODES)
+    decode_style: str = "zero_shot"  # how its prompts are built (pipeline.methods STYLES)
     released: dict | None = None  # a checkpoint not trained here: {checkpoint, format}
     train_precision: str | None = None  # a fine-tuned student's training precision (its manifest)
 
@@ -130,7 +130,7 @@ def run_evaluation(cfg: EvalConfig, target: ModelUnderTest, llm_cfg: LLMConfig, 
                    server=None) -> list[dict]:
     """Evaluate `target` through `llm_cfg` (its own config, or the endpoint of a server started
     for it: `server`, watched for dying mid-run)."""
-    settings = replace(cfg.prompting, mode=target.decode_mode if target.mode == "finetune" else "prompt")
+    settings = replace(cfg.prompting, style=target.decode_style if target.mode == "finetune" else "prompt")
     task = get_task(cfg.task)
     model = answerer(llm_cfg, task)
     record = precision_record(target)  # what the model computes in, however it is reached
@@ -220,7 +220,7 @@ def released_model_under_test(cfg: EvalConfig) -> ModelUnderTest:
                               size_class=cfg.size_class, params_b=cfg.params_b, name=cfg.model.name)
     llm = replace(cfg.model, model=ckpt.model, adapter=ckpt.adapter, gguf_file=None, name=ckpt.label)
     return ModelUnderTest(llm, ckpt.label, "finetune", ckpt.size_class, ckpt.params_b, ckpt.trained_format,
-                          ckpt.decode_mode, {"checkpoint": ckpt.source, "format": ckpt.format})
+                          ckpt.decode_style, {"checkpoint": ckpt.source, "format": ckpt.format})
 
 
 def default_methods(methods: list[str], target: ModelUnderTest) -> list[str]:
