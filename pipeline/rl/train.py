@@ -151,8 +151,9 @@ def grpo_trainer_class():
     return PipelineGRPOTrainer
 
 
-def build_trainer(cfg: GrpoConfig, start: StartPoint, plan: BatchPlan, train_plan: TrainPlan, layout: Layout,
-                  by_prompt: dict, rows: list[dict]):
+def build_trainer(cfg: GrpoConfig, start: StartPoint, plan: BatchPlan, layout: Layout, by_prompt: dict,
+                  rows: list[dict], train_plan: TrainPlan | None = None):
+    """The GRPO trainer of this run; `train_plan` (default: this process's) is the student's plan."""
     import torch
     from accelerate import PartialState
     from datasets import Dataset
@@ -164,6 +165,7 @@ def build_trainer(cfg: GrpoConfig, start: StartPoint, plan: BatchPlan, train_pla
     from pipeline.wiki.config import open_backend
 
     ft = student_settings(cfg, start)
+    train_plan = plan_training(ft) if train_plan is None else train_plan
     tokenizer = load_tokenizer(ft)
     model, peft = load_policy(ft, train_plan, start, tokenizer)
     with PartialState().main_process_first():  # the first process builds a missing index, the others read it
@@ -228,7 +230,7 @@ def run(cfg: GrpoConfig) -> dict:
               f"{cfg.group_size} rollouts = {cfg.rollouts_per_step} per step = {plan.per_device} per device x "
               f"{plan.grad_accum} accumulation x {plan.num_processes} processes; {cfg.max_steps} steps; "
               f"output {cfg.output_dir}")
-    trainer, tokenizer = build_trainer(cfg, start, plan, train_plan, layout, by_prompt, rows)
+    trainer, tokenizer = build_trainer(cfg, start, plan, layout, by_prompt, rows, train_plan)
     if rank0:
         for path, why in set_aside_incomplete(cfg.output_dir):
             print(f"[grpo] set aside an incomplete checkpoint: {path} ({why})")
