@@ -191,8 +191,8 @@ def test_start_points(world, random_student, tmp_path):
     format is refused with the fix."""
     import shutil
 
-    from pipeline.rl.start import resolve_start
     from pipeline.core.storage import write_manifest
+    from pipeline.rl.start import resolve_start
 
     final = tmp_path / "sft" / "final"
     shutil.copytree(random_student, final)

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Literal
 
 from pipeline.core.errors import PipelineError
-from pipeline.train.config import LoraSettings
 from pipeline.methods import MethodSettings
+from pipeline.train.config import LoraSettings
 from pipeline.wiki.config import WikiConfig
 
 RL_FORMATS = ("react", "act")  # the interactive loops: one policy turn per environment step

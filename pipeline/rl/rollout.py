@@ -28,11 +28,11 @@ from typing import Any
 
 from pipeline.agent.scheduler import Episode
 from pipeline.core.errors import PipelineError
+from pipeline.core.storage import atomic_write_text
+from pipeline.core.trajectory import render
 from pipeline.methods import Method
 from pipeline.rl.policy import TokenRequest, VLLMPolicy, transformers_policy
 from pipeline.rl.trace import TokenTrace
-from pipeline.core.storage import atomic_write_text
-from pipeline.core.trajectory import render
 
 
 @dataclass

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.core.errors import PipelineError
-from pipeline.hub.models import SMOLLM2, model_label, resolve_model_path
 from pipeline.core.storage import require_complete
+from pipeline.hub.models import SMOLLM2, model_label, resolve_model_path
 
 
 @dataclass

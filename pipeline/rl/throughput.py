@@ -16,6 +16,7 @@ GPUs, `peak_tflops` elsewhere); without a peak only tokens/s and TFLOP/s are log
 
 from __future__ import annotations
 
+from pipeline.rl.rollout import RolloutCounts
 from pipeline.train.flops import (
     FlopsPerToken,
     ThroughputMeter,
@@ -23,7 +24,6 @@ from pipeline.train.flops import (
     flops_per_token,
     matmul_params,
 )
-from pipeline.rl.rollout import RolloutCounts
 
 
 class RolloutThroughput(ThroughputMeter):

@@ -32,8 +32,8 @@ from pipeline.train.config import FINAL_DIR, FinetuneConfig
 from pipeline.train.data import load_tokenizer
 from pipeline.train.deepspeed_setup import deepspeed_line, settle_deepspeed_config
 from pipeline.train.final import check_same_precision, model_params_b, write_final
-from pipeline.train.model import load_student, peft_config
 from pipeline.train.launch import Launch
+from pipeline.train.model import load_student, peft_config
 from pipeline.train.plan import TrainPlan, plan_training
 from pipeline.train.run import check_launch
 from pipeline.train.script import script_main
@@ -89,9 +89,9 @@ def load_policy(ft: FinetuneConfig, train_plan: TrainPlan, start: StartPoint, to
 def training_questions(cfg: GrpoConfig) -> tuple[dict, list[dict]]:
     """({prompt: question}, dataset rows). TRL hands the rollout function prompts only, so the
     prompt names the question: a question whose text repeats an earlier one's is left out."""
-    from pipeline.tasks.hotpotqa.questions import load_question_set
-    from pipeline.methods import prompt_prefixes
     from pipeline.core.trajectory import question_line
+    from pipeline.methods import prompt_prefixes
+    from pipeline.tasks.hotpotqa.questions import load_question_set
 
     prefix = prompt_prefixes(cfg.format, cfg.prompting)[cfg.format].text
     by_prompt: dict = {}
