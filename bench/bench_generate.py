@@ -38,9 +38,9 @@ sys.path.insert(0, str(REPO / "bench"))
 from machine import compute_limits, load_average, spread  # noqa: E402
 
 from bench.original_react import original_react_loop  # noqa: E402
-from pipeline.agent import run_episodes  # noqa: E402
-from pipeline.hotpotqa import load_question_set  # noqa: E402
+from pipeline.agent.scheduler import run_episodes  # noqa: E402
 from pipeline.methods import MethodSettings, build_method  # noqa: E402
+from pipeline.tasks.hotpotqa.questions import load_question_set  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:
@@ -226,7 +226,7 @@ def run_runner(args, questions, method, index) -> int:
 
 def main() -> int:
     args = parse_args()
-    from pipeline import precision
+    from pipeline.core import precision
 
     print(f"{load_average()}; {precision.inference('auto', args.device).line('auto would choose')}")
     limits = compute_limits()

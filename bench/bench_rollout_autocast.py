@@ -22,8 +22,8 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from pipeline.hub.models import resolve_model_path
     from pipeline.llm.config import LLMConfig
-    from pipeline.llm.models import resolve_model_path
     from pipeline.rl.policy import PolicyLLM, TokenRequest
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])

@@ -37,12 +37,12 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from machine import load_average, spread  # noqa: E402
 
-from pipeline.agent import SCHEDULES, run_episodes  # noqa: E402
-from pipeline.errors import PipelineError  # noqa: E402
-from pipeline.hotpotqa import load_question_set  # noqa: E402
+from pipeline.agent.scheduler import SCHEDULES, run_episodes  # noqa: E402
+from pipeline.core.errors import PipelineError  # noqa: E402
 from pipeline.llm.config import LLMConfig  # noqa: E402
 from pipeline.llm.openai_http import OpenAICompatibleLLM  # noqa: E402
 from pipeline.methods import MethodSettings, build_method  # noqa: E402
+from pipeline.tasks.hotpotqa.questions import load_question_set  # noqa: E402
 
 ENV_VAR = "LLAMA_SERVER"
 ALIAS = "smollm2"  # the model name llama-server serves the GGUF under (--alias)
@@ -155,7 +155,7 @@ def server_for_run(args: argparse.Namespace, binary: str | None) -> contextlib.A
     """One server per timed run: a fresh llama-server, or the one at --base-url; yields its /v1 URL."""
     if args.base_url:
         return contextlib.nullcontext(args.base_url)
-    from pipeline.llm.smollm2 import gguf_path
+    from pipeline.hub.smollm2 import gguf_path
 
     return llama_server(binary, args.gguf or str(gguf_path()), args)
 

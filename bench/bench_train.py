@@ -6,7 +6,7 @@ SFTTrainer on equal settings and as shipped, and bf16 against fp32.
     .venv/bin/python bench/bench_train.py --setups ours ours-bf16       # just the precision ratio
 
 Data: FireAct's 500 real GPT-4 ReAct trajectories (../shared/data), rendered by
-pipeline.trajectory; every setup sees the same examples in the same order (same seed). Setups:
+pipeline.core.trajectory; every setup sees the same examples in the same order (same seed). Setups:
   trl-default  what a user gets out of the box: SFTTrainer as shipped (prompt/completion records
                tokenised by TRL, padded batches, TRL's fused chunked loss, gradient checkpointing
                ON), fp32 (TRL's own default, bf16=True, refuses to start on a CPU without use_cpu).
@@ -76,7 +76,7 @@ RATIOS = [
 
 
 def records() -> list[dict]:
-    from pipeline.trajectory import parse, render
+    from pipeline.core.trajectory import parse, render
     out = []
     for i, row in enumerate(json.loads(DATA.read_text(encoding="utf-8"))):
         rendered = render(parse(f"Question: {row['instruction']}\n{row['output']}", "react"))
@@ -116,8 +116,8 @@ def step_timer():
 
 def finetune_cfg(model: str, out: Path, steps: int, batch: int, checkpointing: bool, precision: str,
                  overrides: tuple[str, ...] = ()):
-    from pipeline.config import load_config
-    from pipeline.finetune import FinetuneConfig, resolve
+    from pipeline.core.config import load_config
+    from pipeline.train.config import FinetuneConfig, resolve
     base = ["init=random", "tokenizer=smollm2", "student=tiny", "learning_rate=1.0e-3"] if model == "tiny" else [
         "student=smollm2", "learning_rate=2.0e-5"]
     return resolve(load_config(FinetuneConfig, None, base + [
@@ -131,30 +131,28 @@ def run_setup(name: str, model_name: str, recs: list[dict], steps: int, batch: i
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
-    from pipeline.finetune import (
-        batch_split,
-        build_trainer,
-        load_student,
-        load_tokenizer,
-        model_loss_trainer_class,
-    )
-    from pipeline.sft import tokenize_records
+    from pipeline.train.data import load_tokenizer
+    from pipeline.train.model import load_student
+    from pipeline.train.plan import plan_training
+    from pipeline.train.sft import tokenize_records
+    from pipeline.train.trainer import build_trainer, model_loss_trainer_class
 
     trainer_kind, checkpointing, precision, overrides = SETUPS[name]
     cfg = finetune_cfg(model_name, out / name, steps, batch, checkpointing, precision, overrides)
     tokenizer = load_tokenizer(cfg)
+    plan = plan_training(cfg)  # one process
     timer = step_timer()
     if trainer_kind == "ours":
-        # the trainer pipeline.finetune builds (batching, loss, precision as configured), its collator wrapped to count
+        # the trainer pipeline.train builds (batching, loss, precision as configured), its collator wrapped to count
         examples, report = tokenize_records(recs, tokenizer)
-        per_device, accum, _ = batch_split(cfg, 1)
-        trainer = build_trainer(cfg, examples, tokenizer, per_device, accum, report.max_length, callbacks=[timer])
+        accum = plan.batch.grad_accum
+        trainer = build_trainer(cfg, plan, examples, tokenizer, report.max_length, callbacks=[timer])
         collator = CountingCollator(trainer.data_collator, tokenizer.pad_token_id)
         trainer.data_collator = collator
         model = trainer.model
     else:
         accum = 1
-        model = load_student(cfg, tokenizer)
+        model = load_student(cfg, tokenizer, plan)
         # TRL's defaults: only the run length, batch, output and fp32 are set (and, for trl-nogc,
         # checkpointing off; TRL 1.16 / transformers 5.24 call it activation_checkpointing).
         names = {f.name for f in dataclasses.fields(SFTConfig)}
@@ -212,7 +210,7 @@ def main() -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
 
-    from pipeline import precision
+    from pipeline.core import precision
     recs = records()
     print(f"data: {len(recs)} FireAct ReAct trajectories; batch {args.batch}; {args.steps} steps x "
           f"{args.repeats} repeats per setup; torch threads {torch.get_num_threads()}; "

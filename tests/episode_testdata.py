@@ -85,7 +85,7 @@ class ScriptedTeacher(dict):
 
     def __init__(self, questions: list, answers: dict[str, str] | None = None):
         super().__init__()
-        from pipeline.trajectory import one_line
+        from pipeline.core.trajectory import one_line
 
         # keyed by the question as prompts carry it (one line, as the renderer writes it)
         self.by_text = {one_line(q.question): q for q in questions}

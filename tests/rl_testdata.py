@@ -4,7 +4,7 @@ Sixteen pages, one per made-up name, each saying the name's colour ("The colour 
 gold."); a question per page ("What colour is alpha?"). A ReAct episode that solves it searches
 the name and copies the colour from the first observation into Finish[...]. The policy is a tiny
 Llama with a byte-level BPE tokenizer trained here on the world's text (`tokenizers`), warm-started
-by SFT on trajectories rendered by pipeline.trajectory in which only a share (`copy_rate`) of the
+by SFT on trajectories rendered by pipeline.core.trajectory in which only a share (`copy_rate`) of the
 answers copies the observation: the rest name a colour at random. So the warm start knows the
 format and answers right about copy_rate + (1 - copy_rate) / 4 of the time; GRPO has to learn to
 copy. Real parts throughout: a real SQLite index, the real tokenizer and model classes.
@@ -53,7 +53,7 @@ def build_world(folder: Path, seed: int = 0) -> World:
 
 def react_text(name: str, colour: str, answer: str):
     """The rendered (prompt, completion) of one episode answering `answer`."""
-    from pipeline.trajectory import Step, Trajectory, render
+    from pipeline.core.trajectory import Step, Trajectory, render
 
     reward = int(answer == colour)
     traj = Trajectory(f"What colour is {name}?", "react", [

@@ -1,14 +1,14 @@
 """Small real SFT datasets for the training tests (docs/formats.md: SFT dataset), written by hand
 here so these tests do not depend on the `filter` stage: real GPT-4 ReAct trajectories from
-FireAct's release and the paper's own exemplars, rendered by pipeline.trajectory."""
+FireAct's release and the paper's own exemplars, rendered by pipeline.core.trajectory."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from pipeline.storage import write_manifest
-from pipeline.trajectory import parse, render
+from pipeline.core.storage import write_manifest
+from pipeline.core.trajectory import parse, render
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 FIREACT = DATA / "fireact" / "alpaca_format" / "hotpotqa.json"

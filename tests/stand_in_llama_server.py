@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from episode_testdata import ScriptedTeacher  # noqa: E402
 from http_servers import FakeOpenAI, Reply  # noqa: E402
 
-from pipeline.hotpotqa import load_question_set  # noqa: E402
+from pipeline.tasks.hotpotqa.questions import load_question_set  # noqa: E402
 
 LOADING_S = 0.3
 

@@ -1,5 +1,5 @@
 """A STAND-IN for `vllm serve` (it is not vLLM and loads no model), for the managed-server
-lifecycle tests: started by pipeline/serving.py as `serve.command`, it takes `vllm serve`'s
+lifecycle tests: started by pipeline/llm/serving.py as `serve.command`, it takes `vllm serve`'s
 arguments (the model first, --host, --port, --served-model-name, --enable-lora, --lora-modules
 NAME=PATH, --max-lora-rank; other flags are accepted and ignored) and answers like it on
 127.0.0.1: GET /health (200, or 503 while "loading"), GET /v1/models (the served name and each
@@ -71,7 +71,7 @@ class StandIn(FakeOpenAI):
         if args.standin_questions:
             from episode_testdata import ScriptedTeacher
 
-            from pipeline.hotpotqa import load_question_set
+            from pipeline.tasks.hotpotqa.questions import load_question_set
 
             self.replies = ScriptedTeacher(load_question_set(args.standin_questions))
         self.record({"argv": sys.argv[1:], "pid": os.getpid()})

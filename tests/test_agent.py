@@ -15,13 +15,13 @@ from dataclasses import replace
 import pytest
 
 from bench.original_react import original_react_loop
-from pipeline.agent import run_episodes, run_one_at_a_time
-from pipeline.hotpotqa import Question
+from pipeline.agent.scheduler import run_episodes, run_one_at_a_time
+from pipeline.core.trajectory import render
 from pipeline.llm.base import Completion, GenerationRequest, cut_at_stop
 from pipeline.llm.scripted import ScriptedLLM
 from pipeline.methods import MethodSettings, build_method
 from pipeline.methods.prompts import PromptPrefix
-from pipeline.trajectory import render
+from pipeline.tasks.hotpotqa.questions import Question
 from pipeline.wiki.backend import Page
 
 RECORD_FIELDS = {"id", "question", "gold_answer", "method", "teacher", "prediction", "em", "f1", "finished",
@@ -229,7 +229,7 @@ def test_one_llm_call_per_round_and_records_as_they_finish(paper_prompts):
 def test_zero_shot_prompt_is_the_rendered_question_alone():
     llm = RecordingLLM(scripted())
     for name in ("react", "act", "standard", "cot"):
-        run_episodes(llm, DictBackend, QUESTIONS[:1], build_method(name, MethodSettings(mode="zero_shot")))
+        run_episodes(llm, DictBackend, QUESTIONS[:1], build_method(name, MethodSettings(style="zero_shot")))
     first_prompts = [c[0].prompt for c in llm.calls]
     assert "Question: Milhouse was named after who?\nThought 1:" in first_prompts
     assert "Question: Milhouse was named after who?\nAction 1:" in first_prompts
@@ -338,7 +338,7 @@ def test_bad_act_and_direct_output(paper_prompts):
 
 
 def render_record(rec: dict) -> str:
-    from pipeline.trajectory import Trajectory
+    from pipeline.core.trajectory import Trajectory
 
     return render(Trajectory.from_dict(rec["trajectory"])).text
 
@@ -438,7 +438,7 @@ def test_tiny_real_model_batched_equals_sequential(tiny_model_dir):
     from pipeline.llm.hf import TransformersLLM
 
     llm = TransformersLLM(LLMConfig(model=str(tiny_model_dir), dtype="float32", device="cpu", max_batch_size=8))
-    settings = MethodSettings(mode="zero_shot", max_steps=3, max_new_tokens=24)
+    settings = MethodSettings(style="zero_shot", max_steps=3, max_new_tokens=24)
     prefix = PromptPrefix("react", "Answer questions with Search, Lookup and Finish.\n",
                           "Question: Who created Milhouse?\nThought 1: Search him.\nAction 1: Search[Milhouse]\n", "test")
     react = build_method("react", settings)

@@ -14,14 +14,14 @@ import pytest
 from episode_testdata import CORPUS, ScriptedTeacher, read_records, run_pipeline, write_questions
 from http_servers import FakeOpenAI, Fault
 
-from pipeline.trajectory import one_line
+from pipeline.core.trajectory import one_line
 
 pytestmark = pytest.mark.skipif(not CORPUS.is_file(), reason=f"offline corpus not found at {CORPUS}")
 
 
 @pytest.fixture(scope="module")
 def questions():
-    from pipeline.hotpotqa import load_question_set
+    from pipeline.tasks.hotpotqa.questions import load_question_set
 
     return load_question_set("offline-eval", limit=6)
 
@@ -87,10 +87,10 @@ def test_an_eval_of_mostly_errors_stops_without_a_summary_and_a_rerun_retries_th
 
 def test_a_teacher_that_errors_stops_generate_in_target_mode_and_the_rerun_draws_the_errored_questions_again(
         tmp_path, index, questions):
-    from pipeline.episodes import ErrorShareExceeded
+    from pipeline.agent.episodes import ErrorShareExceeded
+    from pipeline.core.storage import read_manifest
     from pipeline.llm.config import LLMConfig
     from pipeline.stages.generate import GenerateConfig, draw_order, generate
-    from pipeline.storage import read_manifest
     from pipeline.wiki.config import WikiConfig
 
     out = tmp_path / "gen"

@@ -21,8 +21,8 @@ from http_servers import FakeOpenAI
 sys.path.insert(0, str(REPO / "bench"))
 import bench_server  # noqa: E402
 
-from pipeline.errors import PipelineError  # noqa: E402
-from pipeline.hotpotqa import load_question_set  # noqa: E402
+from pipeline.core.errors import PipelineError  # noqa: E402
+from pipeline.tasks.hotpotqa.questions import load_question_set  # noqa: E402
 
 TINY = ["--questions", "3", "--repeats", "1", "--max-in-flight", "3", "--max-steps", "3"]
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import load_config, to_dict
-from pipeline.errors import PipelineError
+from pipeline.core.config import load_config, to_dict
+from pipeline.core.errors import PipelineError
 
 
 @dataclass
@@ -102,9 +102,9 @@ def test_cli_lists_every_stage_and_rejects_unknown():
 
 def test_renamed_and_removed_keys_name_the_new_key(tmp_path):
     """Configs written before the renames fail with the new key's name, not a guess."""
-    from pipeline.finetune import FinetuneConfig
     from pipeline.stages.eval import EvalConfig
     from pipeline.stages.generate import GenerateConfig
+    from pipeline.train.config import FinetuneConfig
 
     with pytest.raises(PipelineError, match=r"unknown key 'method'; it was renamed: use 'prompting'"):
         load_config(GenerateConfig, write(tmp_path, "generate:\n  method:\n    max_steps: 5\n"), section="generate")
@@ -119,9 +119,9 @@ def test_renamed_and_removed_keys_name_the_new_key(tmp_path):
 def test_an_old_run_folder_still_resumes(tmp_path):
     """A manifest written with the old key names (`method:` block, wiki.max_steps) is read in
     today's names, so the same run resumes instead of being refused."""
-    from pipeline.episodes import check_resumable
+    from pipeline.agent.run_folder import check_resumable
+    from pipeline.core.storage import write_manifest
     from pipeline.stages.generate import IDENTITY_KEYS, GenerateConfig
-    from pipeline.storage import write_manifest
 
     cfg = load_config(GenerateConfig, None, ["prompting.max_steps=5"])
     old = to_dict(cfg)
@@ -164,3 +164,97 @@ def test_print_config_shows_the_effective_config_without_running(tmp_path, capsy
         main(["train", "format=act", "size_class=8b", "--print-config"])
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["max_steps"] == 4000 and printed["output_dir"].endswith("act")
+
+
+def run_writing_configs() -> list[type]:
+    """The configs whose fields decide whether a run folder is the same run (resume, skip)."""
+    from pipeline.llm.config import LLMConfig
+    from pipeline.stages.eval import EvalConfig
+    from pipeline.stages.filter import FilterConfig
+    from pipeline.stages.generate import GenerateConfig
+
+    return [GenerateConfig, EvalConfig, FilterConfig, LLMConfig]
+
+
+def test_every_field_of_a_run_writing_config_says_what_its_change_does_to_the_run():
+    """A new field must be declared identity / target / input / free (pipeline.core.same_run):
+    one left undeclared would silently count as neither."""
+    from pipeline.core.same_run import unclassified
+
+    missing = {cls.__name__: unclassified(cls) for cls in run_writing_configs() if unclassified(cls)}
+    assert not missing, f"declare these fields with same_run(...): {missing}"
+
+
+def test_the_declared_keys_are_the_ones_the_stages_used_to_list_by_hand():
+    """The same runs as before the declarations: the lists derived from the fields are the former
+    hand-kept IDENTITY_KEYS (generate, eval), CONTENT_KEYS, SHARD_SET_KEYS and OPERATIONAL_KEYS."""
+    from pipeline.agent.run_folder import OPERATIONAL_KEYS
+    from pipeline.core.same_run import run_keys, shard_set_keys
+    from pipeline.stages import eval as eval_stage
+    from pipeline.stages import filter as filter_stage
+    from pipeline.stages import generate
+
+    assert generate.IDENTITY_KEYS == ("task", "teacher", "questions", "prompting", "wiki", "shard", "samples")
+    assert run_keys(generate.GenerateConfig, "target") == ("order_seed",)
+    assert eval_stage.IDENTITY_KEYS == ("task", "model", "checkpoint", "format", "base_model", "questions",
+                                        "prompting", "wiki", "shard")
+    assert set(filter_stage.CONTENT_KEYS) == {"min_f1", "require_finished", "max_per_method", "per_question", "seed",
+                                              "tokenizer", "fireact_other_tasks", "shuffle"}
+    assert set(filter_stage.SHARD_SET_KEYS) == set(shard_set_keys(generate.GenerateConfig)) == {
+        "task", "teacher", "questions", "prompting", "wiki", "samples", "limit"}
+    assert set(OPERATIONAL_KEYS) == {"max_batch_size", "max_concurrency", "timeout_s", "max_retries", "device",
+                                     "base_url"}
+
+
+def test_an_unclassified_field_is_found():
+    from pipeline.core.same_run import same_run, unclassified
+
+    @dataclass
+    class Grown:
+        task: str = same_run("identity", default="hotpotqa")
+        new_knob: int = 3
+
+    assert unclassified(Grown) == ["new_knob"]
+    with pytest.raises(ValueError, match="not one of identity, target, input, free"):
+        same_run("sometimes", default=1)
+
+
+def test_the_llm_api_key_was_mode_and_old_files_still_read(tmp_path):
+    """`mode` meant three things; an LLM section's (completions | chat) is now `api`. The old key
+    fails naming the new one; a manifest written with it resumes (generate) and is skipped as
+    done (`run`)."""
+    from pipeline.agent.run_folder import check_resumable
+    from pipeline.core.storage import write_manifest
+    from pipeline.stages.generate import IDENTITY_KEYS, GenerateConfig
+    from pipeline.stages.run import unit_done
+
+    with pytest.raises(PipelineError, match=r"unknown key 'teacher.mode'; it was renamed: use 'teacher.api'"):
+        load_config(GenerateConfig, None, ["teacher.mode=chat"])
+    cfg = load_config(GenerateConfig, None, ["teacher.api=chat", f"out_dir={tmp_path}"])
+    old = to_dict(cfg)
+    old["teacher"]["mode"] = old["teacher"].pop("api")
+    write_manifest(tmp_path / "manifest.json", stage="generate", config=old, complete=True)
+    check_resumable(tmp_path, "generate", cfg, IDENTITY_KEYS)
+    assert unit_done(cfg)
+    with pytest.raises(PipelineError, match="different teacher"):
+        check_resumable(tmp_path, "generate", load_config(GenerateConfig, None, ["teacher.api=completions"]),
+                        IDENTITY_KEYS)
+    assert not unit_done(load_config(GenerateConfig, None, ["teacher.api=completions", f"out_dir={tmp_path}"]))
+
+
+def test_the_prompting_style_key_was_mode_and_old_files_still_read(tmp_path):
+    """How a method builds its prompts (prompt | zero_shot | fireact) is `prompting.style`; "mode"
+    is left to what a summary row says of its model (prompt | finetune)."""
+    from pipeline.agent.run_folder import check_resumable
+    from pipeline.core.storage import write_manifest
+    from pipeline.stages.eval import IDENTITY_KEYS, EvalConfig
+
+    with pytest.raises(PipelineError, match=r"unknown key 'prompting.mode'; it was renamed: use 'prompting.style'"):
+        load_config(EvalConfig, None, ["prompting.mode=zero_shot"])
+    cfg = load_config(EvalConfig, None, ["prompting.style=zero_shot"])
+    old = to_dict(cfg)
+    old["prompting"]["mode"] = old["prompting"].pop("style")
+    write_manifest(tmp_path / "manifest.json", stage="eval", config=old, complete=False)
+    check_resumable(tmp_path, "eval", cfg, IDENTITY_KEYS)
+    with pytest.raises(PipelineError, match="different prompting"):
+        check_resumable(tmp_path, "eval", load_config(EvalConfig, None, ["prompting.style=prompt"]), IDENTITY_KEYS)

@@ -22,7 +22,7 @@ WINDOW = 1024  # the tiny model's max_position_embeddings: Standard's 6-shot pro
 
 @pytest.fixture(scope="module")
 def questions():
-    from pipeline.hotpotqa import load_question_set
+    from pipeline.tasks.hotpotqa.questions import load_question_set
 
     return load_question_set("offline-eval", limit=2)
 

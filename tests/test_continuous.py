@@ -25,9 +25,10 @@ from test_agent import (
     settings_for,
 )
 
-from pipeline.agent import run_episodes, schedule_for
-from pipeline.episodes import PromptedModel, run_methods
-from pipeline.errors import PipelineError
+from pipeline.agent.answerers import PromptedModel
+from pipeline.agent.episodes import run_methods
+from pipeline.agent.scheduler import run_episodes, schedule_for
+from pipeline.core.errors import PipelineError
 from pipeline.llm.config import LLMConfig
 from pipeline.llm.openai_http import OpenAICompatibleLLM
 from pipeline.llm.scripted import ScriptedLLM
@@ -198,7 +199,7 @@ def test_a_run_stopped_by_an_error_raises_it_and_resumes_to_the_uninterrupted_re
         paper_prompts, tmp_path, monkeypatch):
     """A record that cannot be written (a full disk) stops a continuous run with that error, as it
     stops a round-based one; nothing goes on sending in the background; a re-run writes the rest."""
-    import pipeline.episodes as episodes
+    import pipeline.agent.episodes as episodes
 
     settings = replace(settings_for(paper_prompts))
     model = PromptedModel(LLMConfig(backend="openai", model="paced"))

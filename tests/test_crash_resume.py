@@ -118,7 +118,7 @@ def test_sigkill_at_random_moments_then_resume_equals_an_uninterrupted_run(index
 
 def test_sigkill_of_an_llm_teacher_run_then_resume_equals_an_uninterrupted_run(index, tmp_path):
     """A real HTTP teacher (scripted, deterministic) with a per-request delay, killed 4 times."""
-    from pipeline.hotpotqa import load_question_set
+    from pipeline.tasks.hotpotqa.questions import load_question_set
 
     questions = load_question_set("offline-eval", limit=24)
     qfile = write_questions(tmp_path / "q.jsonl", questions)
@@ -221,7 +221,7 @@ def test_filter_refuses_a_run_whose_manifest_says_incomplete(small_run, tmp_path
 def test_a_killed_eval_leaves_no_stale_summary_and_resumes(index, tmp_path):
     """eval over 2 questions completes; extended to 12 it is SIGKILLed mid-run: the old summary
     is gone (not plotted as the new run's), the manifest says incomplete; a re-run completes."""
-    from pipeline.hotpotqa import load_question_set
+    from pipeline.tasks.hotpotqa.questions import load_question_set
 
     questions = load_question_set("offline-eval", limit=12)
     qfile = write_questions(tmp_path / "q.jsonl", questions)

@@ -22,14 +22,14 @@ from episode_testdata import (
 )
 from http_servers import FakeOpenAI
 
-from pipeline.trajectory import Trajectory, one_line, render
+from pipeline.core.trajectory import Trajectory, one_line, render
 
 pytestmark = pytest.mark.skipif(not CORPUS.is_file(), reason=f"offline corpus not found at {CORPUS}")
 
 
 @pytest.fixture(scope="module")
 def questions():
-    from pipeline.hotpotqa import load_question_set
+    from pipeline.tasks.hotpotqa.questions import load_question_set
 
     return load_question_set("offline-eval", limit=4)
 
@@ -49,7 +49,7 @@ def one_error_line(proc) -> str:
 def write_checkpoint(folder: Path, *, method: str = "react", adapter: bool = False, complete: bool = True,
                      base_model: str | None = None, **extra) -> Path:
     """A `final` folder's manifest in pipeline/finetune.py's format (weights added by callers)."""
-    from pipeline.storage import write_manifest
+    from pipeline.core.storage import write_manifest
 
     folder.mkdir(parents=True, exist_ok=True)
     write_manifest(folder / "manifest.json", stage="train", config={}, complete=complete,

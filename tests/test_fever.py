@@ -16,8 +16,8 @@ import pytest
 import yaml
 from episode_testdata import REPO, read_records, run_pipeline
 
-from pipeline.agent import run_episodes
-from pipeline.errors import PipelineError
+from pipeline.agent.scheduler import run_episodes
+from pipeline.core.errors import PipelineError
 from pipeline.llm.scripted import ScriptedLLM
 from pipeline.methods import MethodSettings, build_method
 from pipeline.methods.prompts import load_prompt, paper_prefix
@@ -227,7 +227,7 @@ def test_a_fever_plot_draws_accuracy_beside_the_papers_points_and_refuses_a_seco
 
 
 def test_the_shipped_fever_config_plans_every_unit_on_fever():
-    from pipeline.config import build, read_yaml
+    from pipeline.core.config import build, read_yaml
     from pipeline.stages.run import RunConfig, Student, plan
 
     cfg = build(RunConfig, read_yaml(REPO / "configs" / "fever.yaml"))

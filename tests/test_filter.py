@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
+from pipeline.core.storage import read_jsonl, read_manifest, write_manifest
+from pipeline.core.trajectory import Step, Trajectory, render
 from pipeline.stages.filter import FilterConfig, run_filter, select, write_dataset_dir
-from pipeline.storage import read_jsonl, read_manifest, write_manifest
-from pipeline.trajectory import Step, Trajectory, render
 
 REPO = Path(__file__).resolve().parents[1]
 FIREACT = REPO.parent / "shared" / "data" / "fireact"

@@ -26,17 +26,12 @@ from pathlib import Path
 import pytest
 from sft_testdata import DATA, fireact_records, write_dataset
 
-from pipeline.config import load_config, to_dict
-from pipeline.errors import PipelineError
-from pipeline.finetune import (
-    PAPER_STEPS,
-    FinetuneConfig,
-    is_complete_checkpoint,
-    latest_complete_checkpoint,
-    load_sft_records,
-    resolve,
-    set_aside_incomplete,
-)
+from pipeline.core.config import load_config, to_dict
+from pipeline.core.errors import PipelineError
+from pipeline.train.checkpoints import latest_complete_checkpoint, set_aside_incomplete
+from pipeline.train.checks import is_complete_checkpoint
+from pipeline.train.config import PAPER_STEPS, FinetuneConfig, resolve
+from pipeline.train.data import load_sft_records
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "configs" / "students" / "tiny.yaml"
@@ -46,6 +41,26 @@ LOSS_TOLERANCE = 1e-3
 LONG = 24  # steps of the reference and killed runs: enough that a kill lands before the end
 
 pytestmark = pytest.mark.skipif(not DATA.is_dir(), reason="../shared/data is absent")
+
+
+def load_as_eval(final: Path):
+    """(model, tokenizer) of a `final` folder the way `eval` loads it (its manifest read by
+    model_under_test, the transformers backend: a LoRA adapter merged into its base), in fp32."""
+    from dataclasses import replace
+
+    from pipeline.llm.hf import TransformersLLM
+    from pipeline.stages.eval import EvalConfig, model_under_test
+
+    llm = TransformersLLM(replace(model_under_test(EvalConfig(checkpoint=final)).llm, dtype="float32"))
+    return llm.model, llm.tokenizer
+
+
+def student(cfg: FinetuneConfig, tokenizer):
+    """The student as the run loads it, under this process's plan."""
+    from pipeline.train.model import load_student
+    from pipeline.train.plan import plan_training
+
+    return load_student(cfg, tokenizer, plan_training(cfg))
 
 
 def tiny_cfg(tmp_path: Path, *overrides: str) -> FinetuneConfig:
@@ -125,9 +140,9 @@ def test_a_gpu_launch_hands_deepspeed_fp32_accumulation(tmp_path, monkeypatch, n
     from accelerate.utils import DeepSpeedPlugin
     from accelerate.utils.launch import prepare_deepspeed_cmd_env
 
-    from pipeline.deepspeed_setup import settle_deepspeed_config
     from pipeline.stages.train import launch_command, pick_accelerate_config
-    from pipeline.train_checks import launch_strategy
+    from pipeline.train.deepspeed_setup import settle_deepspeed_config
+    from pipeline.train.launch import launch_strategy
 
     cmd = launch_command(pick_accelerate_config(name, 8), 8, tmp_path / "c.yaml", gpus=8)
     assert "--mixed_precision" not in cmd
@@ -167,8 +182,8 @@ def test_deepspeed_without_a_gpu_is_refused_unless_asked_for(tmp_path, monkeypat
     """A DeepSpeed launch with no CUDA device in sight (this machine; a job step without its GPUs)
     would train its processes on the CPU in fp32: `train` refuses it in one line before launching,
     and `deepspeed_on_cpu=true` is the explicit way to run ZeRO on CPU (the tests do)."""
-    from pipeline.deepspeed_setup import check_deepspeed_device
     from pipeline.stages.train import train
+    from pipeline.train.deepspeed_setup import check_deepspeed_device
     if __import__("torch").cuda.is_available():
         pytest.skip("this machine has a GPU")
     cfg = tiny_cfg(tmp_path, "max_steps=3")
@@ -256,13 +271,13 @@ def test_padding_free_batches_match_padded_ones(tmp_path, smollm2_dir):
     import torch
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
-    from pipeline.finetune import load_student, load_tokenizer
-    from pipeline.sft import tokenize_records
+    from pipeline.train.data import load_tokenizer
+    from pipeline.train.sft import tokenize_records
 
     cfg = tiny_cfg(tmp_path)
     tokenizer = load_tokenizer(cfg)
     examples, _ = tokenize_records(fireact_records(limit=4), tokenizer)
-    model = load_student(cfg, tokenizer).eval()
+    model = student(cfg, tokenizer).eval()
     outputs = {}
     for padding_free in (False, True):
         batch = DataCollatorForLanguageModeling(pad_token_id=tokenizer.pad_token_id, padding_free=padding_free)(examples)
@@ -279,20 +294,20 @@ def test_padding_free_batches_match_padded_ones(tmp_path, smollm2_dir):
 
 
 def test_packed_rows_match_padded_batches(tmp_path):
-    """`packing` (pipeline/batching.py): trajectories placed whole into fixed-length rows, the
+    """`packing` (pipeline/train/batching.py): trajectories placed whole into fixed-length rows, the
     tail padded with positions that continue the last one. Same loss as a padded batch, and no
     attention across trajectories (per-trajectory logits equal)."""
     import torch
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
-    from pipeline.batching import PackingCollator, best_fit_decreasing, count_trajectories
-    from pipeline.finetune import load_student, load_tokenizer
-    from pipeline.sft import tokenize_records
+    from pipeline.train.batching import PackingCollator, best_fit_decreasing, count_trajectories
+    from pipeline.train.data import load_tokenizer
+    from pipeline.train.sft import tokenize_records
 
     cfg = tiny_cfg(tmp_path)
     tokenizer = load_tokenizer(cfg)
     examples, report = tokenize_records(fireact_records(limit=5), tokenizer)
-    model = load_student(cfg, tokenizer).eval()
+    model = student(cfg, tokenizer).eval()
     packed = PackingCollator(tokenizer.pad_token_id, max_length=2 * report.max_length)(examples)
     assert packed["input_ids"].shape == (3, 2 * report.max_length) and count_trajectories(packed) == 5
     padded = DataCollatorForLanguageModeling(pad_token_id=tokenizer.pad_token_id)(examples)
@@ -313,14 +328,18 @@ def test_packed_rows_match_padded_batches(tmp_path):
 def test_every_batching_mode_trains_global_batch_trajectories_per_step(tmp_path, batching):
     """Batch 8 (= 2 per device x 4 accumulation here) means 8 trajectories per optimizer step in
     every mode: counted in the batches the trainer really collates."""
-    from pipeline.batching import count_trajectories
-    from pipeline.finetune import build_trainer, load_tokenizer
-    from pipeline.sft import tokenize_records
+    from pipeline.train.batching import count_trajectories
+    from pipeline.train.data import load_tokenizer
+    from pipeline.train.plan import plan_training
+    from pipeline.train.sft import tokenize_records
+    from pipeline.train.trainer import build_trainer
 
     cfg = tiny_cfg(tmp_path, f"batching={batching}", "max_steps=1", "save_steps=100", "per_device_batch_size=2")
     tokenizer = load_tokenizer(cfg)
     examples, report = tokenize_records(fireact_records(max_chars=450, limit=16), tokenizer)
-    trainer = build_trainer(cfg, examples, tokenizer, per_device=2, grad_accum=4, max_length=2 * report.max_length)
+    plan = plan_training(cfg)
+    assert plan.batch[:2] == (2, 4)  # 2 per device x 4 accumulation, one process
+    trainer = build_trainer(cfg, plan, examples, tokenizer, max_length=2 * report.max_length)
     counts: list[int] = []  # per micro-batch the model trains on (the loader collates one ahead)
     compute_loss = trainer.compute_loss
 
@@ -405,16 +424,17 @@ def test_ddp_run_learns_checkpoints_and_saves_final(dataset, reference_run):
     import torch
     from safetensors.torch import load_file
 
-    from pipeline.finetune import load_finetuned, load_student, load_tokenizer
+    from pipeline.train.data import load_tokenizer
 
     out_dir, log = reference_run
     assert "1 per device x 4 accumulation x 2 processes" in log
+    assert log.count("[finetune] launch: ddp over 2 process(es)") == 1  # the plan, printed once (rank 0)
     kept = sorted(out_dir.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
     assert [p.name for p in kept] == [f"checkpoint-{LONG - 6}", f"checkpoint-{LONG - 3}", f"checkpoint-{LONG}"]
     assert all(is_complete_checkpoint(p) for p in kept)
     losses = losses_by_step(out_dir / f"checkpoint-{LONG}")
     assert sorted(losses) == list(range(1, LONG + 1))
-    # throughput per logged step, from the Trainer's own log (pipeline/flops.py)
+    # throughput per logged step, from the Trainer's own log (pipeline/train/flops.py)
     rows = [r for r in json.loads((out_dir / f"checkpoint-{LONG}" / "trainer_state.json").read_text())["log_history"] if "loss" in r]
     # step 1 (the launch's warm-up) has no figures; every later logged step has them
     assert rows[0]["step"] == 1 and "mfu" not in rows[0] and "tokens_per_s_per_device" not in rows[0]
@@ -427,12 +447,12 @@ def test_ddp_run_learns_checkpoints_and_saves_final(dataset, reference_run):
     assert manifest["lengths"]["n_too_long"] == 0 and manifest["eos_token"] == "<|im_end|>"
     # every trainable parameter moved away from its (seeded) initial value
     cfg = tiny_cfg(dataset)
-    initial = load_student(cfg, load_tokenizer(cfg)).state_dict()
+    initial = student(cfg, load_tokenizer(cfg)).state_dict()
     final = load_file(out_dir / "final" / "model.safetensors")
     assert set(final) <= set(initial) and len(final) >= len(initial) - 1  # tied lm_head is stored once
     unchanged = [name for name, tensor in final.items() if torch.equal(tensor, initial[name])]
     assert not unchanged, unchanged
-    model, tokenizer = load_finetuned(out_dir / "final")  # what eval loads
+    model, tokenizer = load_as_eval(out_dir / "final")  # what eval loads
     assert model.config.vocab_size == len(tokenizer)
 
 
@@ -558,7 +578,8 @@ def test_lora_adapter_saves_reloads_merges(tmp_path, smollm2_dir):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from pipeline.finetune import load_finetuned, resolve_model_path, run
+    from pipeline.hub.models import resolve_model_path
+    from pipeline.train.run import run
 
     write_dataset(tmp_path / "sft", "react", fireact_records(max_chars=400))
     cfg = resolve(load_config(FinetuneConfig, REPO / "configs" / "students" / "smollm2-135m.yaml", [
@@ -569,7 +590,7 @@ def test_lora_adapter_saves_reloads_merges(tmp_path, smollm2_dir):
     final = cfg.output_dir / "final"
     assert manifest["adapter"] is True and manifest["base_model"] == resolve_model_path("smollm2")
     assert (final / "adapter_model.safetensors").is_file() and not (final / "model.safetensors").exists()
-    card = (final / "README.md").read_text()  # our model card, not PEFT's template (pipeline.cards)
+    card = (final / "README.md").read_text()  # our model card, not PEFT's template (pipeline.hub.cards)
     assert "library_name: \"peft\"" in card and "fine-tuned on react trajectories" in card
     assert "| steps | 2 of 2 |" in card and "Not evaluated yet" in card
     ids = torch.tensor([[17872, 42, 617, 47, 198, 1082, 3779, 216, 33, 42]])
@@ -578,7 +599,7 @@ def test_lora_adapter_saves_reloads_merges(tmp_path, smollm2_dir):
         base_logits = base(ids).logits
         adapted = PeftModel.from_pretrained(base, final).eval()
         adapter_logits = adapted(ids).logits
-        merged, _ = load_finetuned(final)
+        merged, _ = load_as_eval(final)
         merged_logits = merged.eval()(ids).logits
     assert not any("lora" in name for name, _ in merged.named_parameters())
     assert (adapter_logits - base_logits).abs().max() > 1e-3, "the trained adapter changes nothing"

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from pipeline.core.trajectory import Step, Trajectory
 from pipeline.llm.scripted import ScriptedLLM
 from pipeline.methods import MethodSettings, build_method
 from pipeline.methods.base import EpisodeContext
@@ -24,7 +25,6 @@ from pipeline.methods.fireact import (
     render,
     split_output,
 )
-from pipeline.trajectory import Step, Trajectory
 
 
 def generate_prompt(record: dict) -> str:
@@ -125,7 +125,7 @@ def test_the_episode_program_rebuilds_fireacts_released_eval_texts(eval_run):
     """Fed the released run's thoughts/actions as model outputs and its observations through a
     replay environment, our program's final text equals FireAct's logged text for each record,
     and each prompt it sent is that text cut before a step, plus `Thought:`."""
-    method = build_method("react", MethodSettings(mode="fireact"))
+    method = build_method("react", MethodSettings(style="fireact"))
     assert method.settings.max_steps == MAX_ITERATIONS == 11
     checked = 0
     for record in list(eval_run.values())[:60]:
@@ -148,7 +148,7 @@ def test_stop_strings_iteration_limit_and_the_action_repair(index):
     from pipeline.wiki.env import WikiEnv
     from pipeline.wiki.index import LocalIndex
 
-    method = build_method("react", MethodSettings(mode="fireact"))
+    method = build_method("react", MethodSettings(style="fireact"))
     env = WikiEnv(LocalIndex(index), max_steps=method.settings.max_steps, score=method.task.scores)
     outputs = [" I should look it up.", "search[Milhouse Van Houten]"] + [" Again.\nAction: search[Milhouse]"] * 10
     outcome, llm = run_program(method, "Who is Milhouse named after?", env, outputs)
@@ -171,7 +171,7 @@ def test_output_splitting_follows_fireacts_loop():
 
 
 def test_fireacts_format_runs_react_only():
-    from pipeline.errors import PipelineError
+    from pipeline.core.errors import PipelineError
 
     with pytest.raises(PipelineError, match="FireAct's format is ReAct only"):
-        build_method("cot", MethodSettings(mode="fireact"))
+        build_method("cot", MethodSettings(style="fireact"))

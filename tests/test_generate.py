@@ -22,7 +22,7 @@ from episode_testdata import (
 )
 from http_servers import FakeOpenAI
 
-from pipeline.trajectory import Trajectory, parse, render
+from pipeline.core.trajectory import Trajectory, parse, render
 
 METHODS = ("standard", "cot", "act", "react")
 MISSING_TITLE = "No Such Page At All 4711"
@@ -33,7 +33,7 @@ pytestmark = pytest.mark.skipif(not CORPUS.is_file(), reason=f"offline corpus no
 @pytest.fixture(scope="module")
 def questions():
     """5 offline-eval questions (gold pages in the corpus) + one whose gold page is not."""
-    from pipeline.hotpotqa import load_question_set
+    from pipeline.tasks.hotpotqa.questions import load_question_set
 
     qs = load_question_set("offline-eval", limit=6)
     qs[5] = replace(qs[5], id="no-page", supporting_facts=[[MISSING_TITLE, 0]])

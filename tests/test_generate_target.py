@@ -11,8 +11,8 @@ from dataclasses import replace
 import pytest
 from episode_testdata import CORPUS, read_records, run_pipeline, write_questions
 
+from pipeline.core.storage import read_manifest
 from pipeline.stages.generate import draw_order, target_progress
-from pipeline.storage import read_manifest
 
 pytestmark = pytest.mark.skipif(not CORPUS.is_file(), reason=f"offline corpus not found at {CORPUS}")
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(not CORPUS.is_file(), reason=f"offline corpus no
 @pytest.fixture(scope="module")
 def pool():
     """8 offline-eval questions; the oracle cannot answer two (gold page missing from the corpus)."""
-    from pipeline.hotpotqa import load_question_set
+    from pipeline.tasks.hotpotqa.questions import load_question_set
 
     qs = load_question_set("offline-eval", limit=8)
     for i in (1, 4):

@@ -1,4 +1,4 @@
-"""Free GPU memory before a train or eval unit starts (pipeline/gpu_memory.py, called by `run`).
+"""Free GPU memory before a train or eval unit starts (pipeline/core/gpu_memory.py, called by `run`).
 
 This machine has no GPU: the tests put a STAND-IN `nvidia-smi` on PATH (a shell script, below)
 that answers the two queries the check makes with what a real nvidia-smi prints on an 8 x H100
@@ -17,17 +17,17 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import gpu_memory
-from pipeline.config import build, read_yaml
-from pipeline.errors import PipelineError
-from pipeline.gpu_memory import App, GpuNeed, check, parse_apps, parse_gpus
+from pipeline.core import gpu_memory
+from pipeline.core.config import build, read_yaml
+from pipeline.core.errors import PipelineError
+from pipeline.core.gpu_memory import App, GpuNeed, check, parse_apps, parse_gpus
 
 REPO = Path(__file__).resolve().parents[1]
 H100_MIB = 81559  # memory.total of an H100 80GB HBM3
 IDLE_FREE = 81004  # memory.free of an idle one (the driver reserves the rest)
 UUIDS = [f"GPU-6c2f1b0e-4f3a-8d1e-9a7c-0b5d3e2f1a{i:02d}" for i in range(8)]
 
-# The STAND-IN nvidia-smi: the exact arguments pipeline/gpu_memory.py passes, answered from files
+# The STAND-IN nvidia-smi: the exact arguments pipeline/core/gpu_memory.py passes, answered from files
 # the test writes; any other call fails, so a changed query shows here.
 NVIDIA_SMI = f"""#!/bin/bash
 here=$(dirname "$0")

@@ -30,8 +30,8 @@ from test_finetune import (  # a launch's log and exit code; SIGKILL of its whol
     kill_tree,
 )
 
-from pipeline.config import load_config
-from pipeline.errors import PipelineError
+from pipeline.core.config import load_config
+from pipeline.core.errors import PipelineError
 from pipeline.llm.base import cut_at_stop
 from pipeline.rl.config import GrpoConfig, resolve
 from pipeline.rl.policy import TokenCompletion
@@ -104,7 +104,7 @@ def world_cfg(world, student: Path, out: Path, *overrides: str) -> GrpoConfig:
 
 def log_history(output_dir: Path) -> list[dict]:
     """The per-step log of a finished run (the last checkpoint's trainer_state.json)."""
-    from pipeline.finetune import list_checkpoints
+    from pipeline.train.checkpoints import list_checkpoints
 
     state = json.loads((list_checkpoints(output_dir)[-1] / "trainer_state.json").read_text(encoding="utf-8"))
     return [e for e in state["log_history"] if "loss" in e and "reward" in e]
@@ -115,7 +115,7 @@ def log_history(output_dir: Path) -> list[dict]:
 def test_trace_rebuilds_the_renderers_text_and_masks_the_loop(world):
     """Policy tokens are kept exactly as sampled; the loop's text is appended masked; a policy
     line the renderer does not keep (a second line after the action) is dropped, counted."""
-    from pipeline.trajectory import Step, Trajectory, render
+    from pipeline.core.trajectory import Step, Trajectory, render
 
     tokenizer = train_tokenizer([p + c for p, c in warm_start_examples(world, 0.3, 64)])
     prompt = "Question: What colour is alpha?\n"
@@ -157,7 +157,7 @@ def test_config_refusals_are_one_line(world, random_student, tmp_path, capsys):
         (["format=cot"], "GRPO runs the interactive loops react, act"),
         (["prompting.temperature=0"], "prompting.temperature: GRPO samples"),
         (["group_size=1"], "group_size must be >= 2"),
-        (["prompting.mode=prompt"], "GRPO trains zero-shot"),
+        (["prompting.style=prompt"], "GRPO trains zero-shot"),
         (["reward.em=0"], "not all 0"),
         (["rollout.engine=vllm", "rollout.vllm_mode=server"], "needs the `trl vllm-serve` URL"),
         (["questions_per_step=17"], "fewer than questions_per_step=17"),
@@ -191,8 +191,8 @@ def test_start_points(world, random_student, tmp_path):
     format is refused with the fix."""
     import shutil
 
+    from pipeline.core.storage import write_manifest
     from pipeline.rl.start import resolve_start
-    from pipeline.storage import write_manifest
 
     final = tmp_path / "sft" / "final"
     shutil.copytree(random_student, final)
@@ -223,8 +223,8 @@ def test_eval_reads_a_grpo_final_as_a_student_whose_rows_say_grpo(random_student
     carry `training: grpo` (what plot draws with its own marker); a `train` final/'s rows do not."""
     import shutil
 
+    from pipeline.core.storage import write_manifest
     from pipeline.stages.eval import EvalConfig, model_under_test, summary_row
-    from pipeline.storage import write_manifest
 
     rows = {}
     for stage in ("grpo", "train"):
@@ -233,7 +233,7 @@ def test_eval_reads_a_grpo_final_as_a_student_whose_rows_say_grpo(random_student
         write_manifest(final / "manifest.json", stage=stage, config={}, complete=True, student=f"tiny-{stage}",
                        format="react", adapter=False, size_class="tiny", params_b=0.0001, precision="fp32")
         target = model_under_test(EvalConfig(checkpoint=final))
-        assert (target.mode, target.decode_mode, target.trained_format, target.llm.model) == \
+        assert (target.mode, target.decode_style, target.trained_format, target.llm.model) == \
             ("finetune", "zero_shot", "react", str(final))
         rows[stage] = summary_row(target, "react", "offline-eval", {"em": 0.5, "n": 2}, {"precision": "fp32"})
     assert rows["grpo"]["model"] == "tiny-grpo (GRPO)" and rows["grpo"]["training"] == "grpo"
@@ -359,7 +359,7 @@ def test_grpo_learns_to_copy_the_observed_answer(world, warm_student, tmp_path):
     assert last - first >= LEARNING_MARGIN, rewards
     assert manifest["grpo"]["reward_first_steps"] == pytest.approx(first, abs=1e-3)
     history = json.loads((cfg.output_dir / "checkpoint-30" / "trainer_state.json").read_text())["log_history"]
-    # the launch's first step is warm-up: no figures (pipeline.flops.ThroughputMeter); every later one has them
+    # the launch's first step is warm-up: no figures (pipeline.train.flops.ThroughputMeter); every later one has them
     assert "mfu" not in history[0] and history[0]["step"] == 1
     assert all(e.get("mfu", 0) > 0 and e["tokens_per_s_per_device"] > 0 for e in history if "loss" in e and e["step"] > 1)
     final = cfg.output_dir / "final"
@@ -384,7 +384,7 @@ def warm_start_final(warm_student: Path, tmp_path: Path) -> Path:
     """The warm start as eval reads a fine-tuned student: its folder with a manifest (as SFT's)."""
     import shutil
 
-    from pipeline.storage import write_manifest
+    from pipeline.core.storage import write_manifest
 
     final = tmp_path / "warm-final"
     shutil.copytree(warm_student, final)
@@ -435,7 +435,8 @@ def test_killed_launch_resumes_with_the_uninterrupted_runs_steps(world, warm_stu
     """SIGKILL a real one-process launch as soon as its checkpoint-2 is complete; the same
     command resumes from the latest complete checkpoint, re-samples the same rollouts (seeded
     by step), and every step's loss, reward and gradient norm equal the uninterrupted run's."""
-    from pipeline.finetune import is_complete_checkpoint, latest_complete_checkpoint
+    from pipeline.train.checkpoints import latest_complete_checkpoint
+    from pipeline.train.checks import is_complete_checkpoint
 
     args = (*SMALL, "max_steps=8")
     run_dir = world_cfg(world, warm_student, tmp_path, *args).output_dir
@@ -476,7 +477,7 @@ def test_deepspeed_zero3_launch(world, warm_student, reference, tmp_path):
     is DeepSpeed's and complete, final/ holds the gathered model. On a fresh machine DeepSpeed
     first compiles its CPU communication op (~1-2 min, cached in ~/.cache/torch_extensions)."""
     pytest.importorskip("deepspeed")
-    from pipeline.finetune import is_complete_checkpoint
+    from pipeline.train.checks import is_complete_checkpoint
 
     log = finish(grpo_launch(world, warm_student, tmp_path, *SMALL, "max_steps=2", config="deepspeed_zero3",
                              processes=2), timeout=900)

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import hotpotqa
-from pipeline.download import USER_AGENT, download
-from pipeline.errors import PipelineError
-from pipeline.hotpotqa import (
+from pipeline.core.download import USER_AGENT, download
+from pipeline.core.errors import PipelineError
+from pipeline.core.paths import REPO_ROOT, SOURCES, data_dir, mirror_dir, resolve_source
+from pipeline.tasks.hotpotqa import questions as hotpotqa
+from pipeline.tasks.hotpotqa.questions import (
     Question,
     build_offline_split,
     detect_format,
@@ -23,7 +24,6 @@ from pipeline.hotpotqa import (
     questions_from_hf,
     react_dev500_indices,
 )
-from pipeline.paths import REPO_ROOT, SOURCES, data_dir, mirror_dir, resolve_source
 
 OFFICIAL = [
     {"_id": "5a8b57f25542995d1e6f1371", "question": "Were Scott Derrickson and Ed Wood of the same nationality?",

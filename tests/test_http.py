@@ -18,7 +18,7 @@ import pytest
 from http_servers import FAULT_KINDS, Fault, FaultyServer, Recorded, Reply
 
 from pipeline import __version__
-from pipeline.transport import (
+from pipeline.core.transport import (
     USER_AGENT,
     JsonHttpClient,
     PermanentPayload,

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import PipelineError
-from pipeline.importers import (
+from pipeline.core.errors import PipelineError
+from pipeline.core.trajectory import Trajectory, parse, render
+from pipeline.hub.importers import (
     Skip,
     fireact_episode,
     fireact_run_model,
@@ -22,7 +23,6 @@ from pipeline.importers import (
     read_fireact_eval_run,
     read_fireact_trajectories,
 )
-from pipeline.trajectory import Trajectory, parse, render
 
 REPO = Path(__file__).resolve().parents[1]
 FIREACT = REPO.parent / "shared" / "data" / "fireact"
@@ -229,11 +229,11 @@ def test_real_eval_runs_match_the_reported_em():
 @needs_fireact
 def test_cli_runs_and_trajectories(tmp_path):
     out = tmp_path / "summary.json"
-    proc = subprocess.run([sys.executable, "-m", "pipeline.importers", "runs", str(FIREACT / "trajs"), "-o", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "pipeline.hub.importers", "runs", str(FIREACT / "trajs"), "-o", str(out)],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(out.read_text())
     assert len(rows) == 3 and {r["source"] for r in rows} == {"fireact"}
-    proc = subprocess.run([sys.executable, "-m", "pipeline.importers", "runs", str(tmp_path / "nope"), "-o", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "pipeline.hub.importers", "runs", str(tmp_path / "nope"), "-o", str(out)],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.startswith("error: ")

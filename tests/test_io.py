@@ -8,8 +8,8 @@ from importlib import metadata
 
 import pytest
 
-from pipeline.errors import PipelineError
-from pipeline.storage import (
+from pipeline.core.errors import PipelineError
+from pipeline.core.storage import (
     JsonlAppender,
     atomic_path,
     atomic_write_json,

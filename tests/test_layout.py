@@ -45,11 +45,11 @@ def test_tasks_import_no_stage():
     assert {p.parent.name for p in tasks} >= {"tasks", "hotpotqa", "fever"}
     for path in tasks:
         imported = imported_modules(path)
-        assert not {m for m in imported if m.startswith(("pipeline.stages", "pipeline.episodes", "pipeline.agent"))}, path
+        assert not {m for m in imported if m.startswith(("pipeline.stages", "pipeline.agent"))}, path
 
 
 # What makes a task's answers right or wrong, and its question line: none of it is the environment's.
-TASK_METRIC_MODULES = ("pipeline.metrics", "pipeline.hotpotqa_metric", "pipeline.hotpotqa", "pipeline.tasks")
+TASK_METRIC_MODULES = ("pipeline.tasks",)  # HotpotQA's metric, questions and evaluate wrapper, FEVER's: all in tasks/
 
 
 def test_the_environment_imports_no_task_metric_and_writes_no_question_line():
@@ -85,6 +85,32 @@ def test_importing_the_report_loads_no_training_or_inference_library():
 
     modules = ", ".join(f"pipeline.report.{p.stem}" for p in sorted((PACKAGE / "report").glob("*.py")))
     code = f"import sys, {modules}; print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
+# Inference backends: the project's (pipeline.llm: transformers decoding, vLLM and llama.cpp
+# servers, the OpenAI client) and vLLM itself. Training names its model through pipeline.hub.models.
+INFERENCE = ("pipeline.llm", "vllm")
+
+
+def test_train_imports_no_inference_backend():
+    """Everything under `accelerate launch` (pipeline/train/, pipeline/finetune.py) imports no
+    inference backend, in its source (module level or inside a function) or through what it
+    imports."""
+    import subprocess
+    import sys
+
+    files = [*sorted((PACKAGE / "train").glob("*.py")), PACKAGE / "finetune.py"]
+    assert {p.stem for p in files} >= {"plan", "launch", "run", "trainer", "model", "data", "final", "finetune"}
+    for path in files:
+        reached = {m for m in imported_modules(path) if m.startswith(INFERENCE)}
+        assert not reached, f"{path.name} imports {reached}"
+    modules = ", ".join(f"pipeline.train.{p.stem}" for p in files if p.parent.name == "train" and p.stem != "__init__")
+    code = (f"import sys, pipeline.finetune, {modules}; "
+            f"print(sorted(m for m in sys.modules if m.startswith({INFERENCE!r})))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.llm.base import GenerationRequest
 from pipeline.llm.config import LLMConfig
 from pipeline.llm.factory import BACKENDS, load_llm

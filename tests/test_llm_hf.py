@@ -16,8 +16,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from pipeline.errors import PipelineError  # noqa: E402
-from pipeline.llm import smollm2  # noqa: E402
+from pipeline.core.errors import PipelineError  # noqa: E402
+from pipeline.hub import smollm2  # noqa: E402
 from pipeline.llm.base import GenerationRequest  # noqa: E402
 from pipeline.llm.config import LLMConfig  # noqa: E402
 from pipeline.llm.hf import TransformersLLM  # noqa: E402

@@ -13,7 +13,7 @@ import socket
 import pytest
 from http_servers import FAULT_KINDS, FakeOpenAI, Fault
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.llm.base import Completion, GenerationRequest
 from pipeline.llm.config import LLMConfig
 from pipeline.llm.openai_http import OpenAICompatibleLLM
@@ -66,7 +66,7 @@ def test_completions_send_the_request_and_read_texts_and_usage(server, monkeypat
 
 
 def test_chat_mode_sends_one_user_message(server, monkeypatch):
-    llm = make_llm(server, monkeypatch, mode="chat", name="teacher-x")
+    llm = make_llm(server, monkeypatch, api="chat", name="teacher-x")
     [[c]] = llm.generate([GenerationRequest("What is 2+2?", max_new_tokens=20)])
     assert c.text == "sample 0: What is 2+2?" and c.finish_reason == "stop"
     assert c.prompt_tokens == 3 and c.completion_tokens == 5
@@ -215,7 +215,7 @@ def test_a_right_key_is_accepted(monkeypatch):
 
 
 @pytest.mark.parametrize("field,value,message", [
-    ("mode", "edit", "llm.mode 'edit' is unknown"),
+    ("api", "edit", "llm.api 'edit' is unknown"),  # the key was `mode`
     ("base_url", "127.0.0.1:8000/v1", "is not an http(s) URL"),
     ("max_concurrency", 0, "llm.max_concurrency must be >= 1"),
 ])
@@ -308,7 +308,7 @@ def test_bad_replica_lists_are_one_line_errors(urls, message):
 
 
 def test_a_list_of_base_urls_reads_from_yaml_and_the_command_line(tmp_path):
-    from pipeline.config import load_config
+    from pipeline.core.config import load_config
 
     cfg = load_config(LLMConfig, overrides=["base_url=[http://a:8000/v1, http://b:8000/v1]"])
     assert cfg.base_url == ["http://a:8000/v1", "http://b:8000/v1"]
@@ -414,9 +414,9 @@ def test_a_server_returning_fewer_choices_than_n_gives_an_error_completion_for_e
 ])
 def test_a_finish_reason_other_than_stop_or_length(server, monkeypatch, reason, finish, end_reason):
     """Through the backend and then a Standard episode (the agent runner, as eval runs it)."""
-    from pipeline.agent import run_episodes
-    from pipeline.hotpotqa import Question
+    from pipeline.agent.scheduler import run_episodes
     from pipeline.methods import MethodSettings, build_method
+    from pipeline.tasks.hotpotqa.questions import Question
 
     server.finish_reason = reason
     llm = make_llm(server, monkeypatch)

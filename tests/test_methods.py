@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
+from pipeline.core.trajectory import Trajectory, parse, render
 from pipeline.llm.base import Completion
 from pipeline.methods import METHOD_NAMES, MethodSettings, build_method, prompt_prefixes
 from pipeline.methods.base import Outcome, completion_failure
@@ -24,7 +25,6 @@ from pipeline.methods.prompts import (
     load_prompt,
     paper_prefix,
 )
-from pipeline.trajectory import Trajectory, parse, render
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +61,8 @@ def test_bad_exemplar_sources_fail_with_one_line(tmp_path):
         load_prompt("react", "nowhere")
     with pytest.raises(PipelineError, match="unknown method 'reactt'"):
         build_method("reactt")
-    with pytest.raises(PipelineError, match="unknown mode"):
-        build_method("react", MethodSettings(mode="chat"))
+    with pytest.raises(PipelineError, match="unknown prompting style"):  # the key was `mode`
+        build_method("react", MethodSettings(style="chat"))
     with pytest.raises(PipelineError, match="exemplar file missing"):
         load_our_exemplars("react", tmp_path)
 
@@ -102,7 +102,7 @@ def test_prompt_prefixes_per_method(shared_data):
     paper = str(shared_data / "react" / "prompts_naive.json")
     p = prompt_prefixes("react_to_cot_sc", MethodSettings(exemplars=paper))
     assert set(p) == {"react", "cot"} and p["cot"].source.endswith("#cotqa_simple6")
-    zero = prompt_prefixes("cot_sc_to_react", MethodSettings(mode="zero_shot"))
+    zero = prompt_prefixes("cot_sc_to_react", MethodSettings(style="zero_shot"))
     assert all(z.text == "" and z.source == "none" for z in zero.values())
     for name in METHOD_NAMES:
         assert build_method(name, MethodSettings(exemplars=paper)).name == name
@@ -149,8 +149,8 @@ def test_majority_vote_normalises_answers():
 def test_the_registry_has_one_distinct_row_per_method(shared_data):
     """One row per method (pipeline.methods.registry): a unique name, label and look in the
     figure, formats a student can be trained on, and a row the method is really built from."""
+    from pipeline.core.trajectory import FORMATS
     from pipeline.methods.registry import METHODS, method_spec
-    from pipeline.trajectory import FORMATS
 
     assert METHOD_NAMES == tuple(spec.name for spec in METHODS)
     for key in (lambda s: s.name, lambda s: s.label, lambda s: (s.color, s.marker)):

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.metrics import aggregate, exact_match, f1_score, normalize_answer
+from pipeline.tasks.hotpotqa.metric import aggregate, exact_match, f1_score, normalize_answer
 
-METRIC_MODULE = Path(__file__).resolve().parents[1] / "pipeline" / "hotpotqa_metric.py"
+METRIC_MODULE = Path(__file__).resolve().parents[1] / "pipeline" / "tasks" / "hotpotqa" / "evaluate_metric.py"
 
 
 # The official hotpot_evaluate_v1.py functions, transcribed as the reference to compare against.

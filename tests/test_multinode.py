@@ -25,8 +25,7 @@ import pytest
 from sft_testdata import DATA, fireact_records, write_dataset
 from test_finetune import LOSS_TOLERANCE, TINY, kill_tree, losses_by_step
 
-from pipeline.errors import PipelineError
-from pipeline.finetune import is_complete_checkpoint, latest_complete_checkpoint
+from pipeline.core.errors import PipelineError
 from pipeline.stages.train import (
     DEFAULT_PORT,
     Machines,
@@ -34,6 +33,8 @@ from pipeline.stages.train import (
     machines_from,
     pick_accelerate_config,
 )
+from pipeline.train.checkpoints import latest_complete_checkpoint
+from pipeline.train.checks import is_complete_checkpoint
 
 SLURM = {"SLURM_NNODES": "4", "SLURM_NODEID": "2", "MASTER_ADDR": "node017", "MASTER_PORT": "29601"}
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.agent import run_episodes
-from pipeline.errors import PipelineError
-from pipeline.hotpotqa import load_question_set
-from pipeline.methods.oracle import TEACHER, oracle_method
+from pipeline.agent.scheduler import run_episodes
+from pipeline.core.errors import PipelineError
+from pipeline.core.trajectory import Trajectory, parse, render
 from pipeline.tasks import get_task
-from pipeline.trajectory import Trajectory, parse, render
+from pipeline.tasks.hotpotqa.oracle import TEACHER, oracle_method
+from pipeline.tasks.hotpotqa.questions import load_question_set
 from pipeline.wiki.env import SENTENCES_SHOWN, WikiEnv
 
 

@@ -18,13 +18,19 @@ from pathlib import Path
 import pytest
 from episode_testdata import run_pipeline
 
-from pipeline.agent import run_episodes
-from pipeline.hotpotqa import load_question_set
+from pipeline.agent.scheduler import run_episodes
+from pipeline.agent.search_stats import search_stats
 from pipeline.methods import MethodSettings
-from pipeline.methods.oracle import TEACHER, name_span, oracle_method, search_query, similar_shown
-from pipeline.search_stats import search_stats
 from pipeline.stages.filter import FilterConfig, select
 from pipeline.tasks import get_task
+from pipeline.tasks.hotpotqa.oracle import (
+    TEACHER,
+    name_span,
+    oracle_method,
+    search_query,
+    similar_shown,
+)
+from pipeline.tasks.hotpotqa.questions import load_question_set
 from pipeline.wiki.env import SENTENCES_SHOWN, WikiEnv
 from pipeline.wiki.index import LocalIndex, title_key
 
@@ -209,7 +215,7 @@ def test_a_bad_oracle_style_exits_2_and_writes_nothing(index, tmp_path, override
 
 
 def test_recovery_thoughts_are_drawn_from_the_seeded_generator():
-    from pipeline.methods.oracle import recovery_thought
+    from pipeline.tasks.hotpotqa.oracle import recovery_thought
 
     miss = "Could not find Lit. Similar: ['Lit (band)', 'Lit (album)']."
     thoughts = {recovery_thought("Lit", "Lit (band)", miss, False, random.Random(seed)) for seed in range(20)}

@@ -11,15 +11,15 @@ import hashlib
 import pytest
 from episode_testdata import build_small_index
 
-from pipeline.agent import run_episodes
-from pipeline.errors import PipelineError
-from pipeline.hotpotqa import Question
+from pipeline.agent.scheduler import run_episodes
+from pipeline.core.errors import PipelineError
+from pipeline.core.trajectory import Trajectory
 from pipeline.llm.scripted import ScriptedLLM
 from pipeline.methods import MethodSettings, build_method
 from pipeline.methods.base import Outcome
 from pipeline.methods.composed import no_answer
 from pipeline.methods.prompts import NOTEBOOK_INSTRUCTION, load_prompt
-from pipeline.trajectory import Trajectory
+from pipeline.tasks.hotpotqa.questions import Question
 from pipeline.wiki.index import LocalIndex
 
 PAGES = [{"title": "Milhouse Van Houten", "sentences": [
@@ -34,7 +34,7 @@ def index_path(tmp_path_factory):
 
 def run(index_path, outputs, loop="original", max_new_tokens=100):
     llm = ScriptedLLM(list(outputs))
-    settings = MethodSettings(exemplars="none", mode="zero_shot", loop=loop, max_new_tokens=max_new_tokens)
+    settings = MethodSettings(exemplars="none", style="zero_shot", loop=loop, max_new_tokens=max_new_tokens)
     records = []
     with LocalIndex(index_path) as index:
         index.observation_style = "original"
@@ -72,7 +72,7 @@ def test_the_re_ask_stops_at_a_newline(index_path):
         return " thinking only" if len(requests) == 1 else " Finish[Richard Nixon]\nmore"
 
     llm = ScriptedLLM(responder)
-    settings = MethodSettings(exemplars="none", mode="zero_shot", loop="original", max_new_tokens=100)
+    settings = MethodSettings(exemplars="none", style="zero_shot", loop="original", max_new_tokens=100)
     with LocalIndex(index_path) as index:
         run_episodes(llm, lambda: index, [QUESTION], build_method("react", settings), None, teacher="s")
     assert requests[0].stop == ["\nObservation 1:"] and requests[1].stop == ["\n"]

@@ -1,4 +1,4 @@
-"""`batching: packing` (pipeline/batching.py): a packed micro-batch trains each trajectory on
+"""`batching: packing` (pipeline/train/batching.py): a packed micro-batch trains each trajectory on
 itself alone, under every attention implementation this machine has.
 
 The per-token losses of a packed batch (several fixed-length rows) must equal those of its
@@ -32,7 +32,7 @@ from packing_flash import (  # noqa: E402
     trajectories,
 )
 
-from pipeline.batching import PackingCollator, best_fit_decreasing  # noqa: E402
+from pipeline.train.batching import PackingCollator, best_fit_decreasing  # noqa: E402
 
 FP32 = TOLERANCE[torch.float32]
 HERE = ["eager", "sdpa", *(name for name in ("flash_attention_2", "flash_attention_3") if available(name) is None)]

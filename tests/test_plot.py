@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.report.orderings import check_orderings
 from pipeline.report.references import TABLE1_HOTPOTQA_EM, reference_rows
 from pipeline.report.summaries import load_summaries, validate_row
@@ -292,7 +292,7 @@ def test_bad_summaries_are_clear_errors(tmp_path):
 
 
 def test_a_summary_whose_eval_manifest_says_incomplete_is_refused(tmp_path):
-    from pipeline.storage import write_manifest
+    from pipeline.core.storage import write_manifest
 
     (tmp_path / "eval").mkdir()
     summary = write_summary(tmp_path / "eval" / "summary.json", PAPER_LIKE)

@@ -1,4 +1,4 @@
-"""Precision: the auto rule (pipeline/precision.py), its one line, the Trainer's CPU bf16 path, and
+"""Precision: the auto rule (pipeline/core/precision.py), its one line, the Trainer's CPU bf16 path, and
 quality: a short training run's losses in bf16 against fp32.
 
     .venv/bin/python -m pytest tests/test_precision.py -q
@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from sft_testdata import DATA, fireact_records, write_dataset
 
-from pipeline import precision
-from pipeline.config import load_config
-from pipeline.errors import PipelineError
-from pipeline.finetune import FinetuneConfig, resolve
+from pipeline.core import precision
+from pipeline.core.config import load_config
+from pipeline.core.errors import PipelineError
+from pipeline.train.config import FinetuneConfig, resolve
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "configs" / "students" / "tiny.yaml"
@@ -125,7 +125,8 @@ def test_the_student_loads_in_the_rules_dtype(tmp_path, monkeypatch, env, loaded
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from pipeline import finetune
+    from pipeline.train.model import load_student
+    from pipeline.train.plan import plan_training
 
     LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                                  intermediate_size=32)).save_pretrained(tmp_path / "student")
@@ -133,25 +134,31 @@ def test_the_student_loads_in_the_rules_dtype(tmp_path, monkeypatch, env, loaded
         monkeypatch.delenv(key, raising=False)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    monkeypatch.setattr(finetune, "precision_choice", lambda cfg: precision.Choice("bf16", "given by the test"))
+    monkeypatch.setattr(precision, "training", lambda value, deepspeed=False: precision.Choice("bf16", "given by the test"))
     cfg = FinetuneConfig(student=str(tmp_path / "student"), init="pretrained", finetuning="full")
-    model = finetune.load_student(cfg, tokenizer=None)
+    plan = plan_training(cfg)
+    model = load_student(cfg, None, plan)
     assert {str(p.dtype).removeprefix("torch.") for p in model.parameters()} == {loaded}
-    assert finetune.weights_choice(cfg).torch_dtype == getattr(torch, loaded)
+    assert plan.weights.torch_dtype == getattr(torch, loaded)
 
 
 def test_cpu_bf16_goes_through_the_trainers_own_support(native, tmp_path):
     """bf16 on CPU: transformers refuses bf16=True without a GPU unless use_cpu=True; with it,
     accelerate autocasts the forward to bf16 on the CPU (native_amp)."""
+    from dataclasses import replace
+
     import torch
 
-    from pipeline.finetune import sft_arguments
+    from pipeline.train.launch import Launch
+    from pipeline.train.plan import plan_training
+    from pipeline.train.trainer import sft_arguments
 
     native(True)
     cfg = resolve(load_config(FinetuneConfig, TINY, [f"output_root={tmp_path}", "max_steps=1"], section="train"))
-    args = sft_arguments(cfg, 1, 1, 64, bf16=True, distributed_cpu=False)
+    plan = plan_training(cfg, Launch())  # one process; the CPU's native bf16 (above)
+    args = sft_arguments(cfg, plan, 64)
     assert args.bf16 and args.use_cpu and args.mixed_precision == "bf16"
-    assert not sft_arguments(cfg, 1, 1, 64, bf16=False, distributed_cpu=False).use_cpu
+    assert not sft_arguments(cfg, replace(plan, precision=precision.Choice("fp32", "given by the test")), 64).use_cpu
     from accelerate.utils import get_mixed_precision_context_manager
     from transformers import Trainer
 
@@ -162,7 +169,7 @@ def test_cpu_bf16_goes_through_the_trainers_own_support(native, tmp_path):
 
 
 def train_losses(tmp_path: Path, value: str, steps: int) -> tuple[list[float], dict]:
-    from pipeline.finetune import run
+    from pipeline.train.run import run
 
     cfg = resolve(load_config(FinetuneConfig, TINY, [
         f"dataset_dir={tmp_path / 'sft'}", f"output_root={tmp_path / value}", f"precision={value}",
@@ -191,15 +198,15 @@ def test_bf16_training_losses_track_fp32(tmp_path):
         assert b == pytest.approx(a, rel=BF16_LOSS_RTOL), f"step {step}: bf16 {b} vs fp32 {a}"
     assert bf16[-1] < bf16[0]
     with pytest.raises(PipelineError, match="was trained in fp32, this run would train in bf16"):
-        from pipeline.finetune import check_same_precision
+        from pipeline.train.final import check_same_precision
         check_same_precision(m32, "bf16", tmp_path / "final")
 
 
 # ----------------------------------------------------------------------------- never mixed silently
 
 def test_eval_refuses_to_mix_precisions_in_one_folder(tmp_path):
+    from pipeline.core.storage import write_manifest
     from pipeline.stages.eval import check_same_precision
-    from pipeline.storage import write_manifest
 
     check_same_precision(tmp_path, {"precision": "bf16", "train_precision": None})  # nothing there yet
     write_manifest(tmp_path / "manifest.json", stage="eval", config={}, complete=True,
@@ -210,7 +217,7 @@ def test_eval_refuses_to_mix_precisions_in_one_folder(tmp_path):
 
 
 def test_run_treats_precision_as_part_of_a_units_identity(tmp_path):
-    from pipeline.storage import is_done, write_manifest
+    from pipeline.core.storage import is_done, write_manifest
 
     write_manifest(tmp_path / "manifest.json", stage="eval", config={"a": 1}, complete=True, precision="fp32")
     assert is_done(tmp_path / "manifest.json", config={"a": 1}, precision="fp32")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from episode_testdata import CORPUS, run_pipeline
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.stages.publish import PublishConfig, publish
 
 pytestmark = pytest.mark.skipif(not CORPUS.is_file(), reason=f"offline corpus not found at {CORPUS}")
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(not CORPUS.is_file(), reason=f"offline corpus no
 def sft(tmp_path_factory, index, shared_data) -> Path:
     """A real SFT dataset: the oracle stand-in teacher's ReAct and CoT episodes through the local
     index, plus FireAct's released ReAct trajectories, filtered with token counts."""
-    from pipeline.config import build
+    from pipeline.core.config import build
     from pipeline.stages.filter import FilterConfig, run_filter
     from pipeline.stages.generate import GenerateConfig, generate
 
@@ -69,8 +69,8 @@ def finals(tmp_path_factory, sft) -> dict[str, Path]:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from pipeline.llm.smollm2 import local_smollm2_dir
-    from pipeline.storage import atomic_write_json, write_manifest
+    from pipeline.core.storage import atomic_write_json, write_manifest
+    from pipeline.hub.smollm2 import local_smollm2_dir
 
     root = tmp_path_factory.mktemp("finals")
     tokenizer = AutoTokenizer.from_pretrained(local_smollm2_dir())
@@ -137,7 +137,7 @@ def test_an_adapter_checkpoint_is_loadable_on_its_base(finals, tmp_path):
 
 def test_the_card_train_leaves_in_final_is_the_card_publish_writes(finals, tmp_path):
     """`run` rewrites final/README.md after evaluating it; publish writes the same text."""
-    from pipeline.cards import eval_rows_for, write_model_card
+    from pipeline.hub.cards import eval_rows_for, write_model_card
 
     summary = finals["summaries"] / "full" / "summary.json"
     write_model_card(finals["full"], eval_rows_for(finals["full"], [summary]))

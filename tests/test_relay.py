@@ -1,4 +1,4 @@
-"""A child's progress bars relayed as redraws, not one line each (pipeline/relay.py): the
+"""A child's progress bars relayed as redraws, not one line each (pipeline/core/relay.py): the
 `train` stage's launch output and `run`'s eval stderr, from real child processes."""
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ RELAYED = "\rstep 0/3\rstep 1/3\rstep 2/3\ndone\ntail"
 
 
 def test_the_train_stage_passes_redraws_through(capsys):
-    from pipeline.launcher import stream
+    from pipeline.train.launcher import stream
     code, held = stream([sys.executable, "-c", BAR])
     assert code == 0 and held == []
     assert capsys.readouterr().out == RELAYED  # universal newlines gave "\nstep 0/3\nstep 1/3..."
 
 
 def test_the_train_stage_still_holds_back_the_launchers_report(capsys):
-    from pipeline.launcher import stream
+    from pipeline.train.launcher import stream
     child = BAR + "sys.stdout.write('\\nTraceback (most recent call last):\\n  boom\\r  again\\n'); sys.exit(3)\n"
     code, held = stream([sys.executable, "-c", child])
     assert code == 3 and held == ["Traceback (most recent call last):\n", "  boom\r", "  again\n"]

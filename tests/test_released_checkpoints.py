@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 from episode_testdata import CORPUS, read_records, run_pipeline, write_questions
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 
 pytestmark = pytest.mark.skipif(not CORPUS.is_file(), reason=f"offline corpus not found at {CORPUS}")
 
 
 @pytest.fixture(scope="module")
 def questions():
-    from pipeline.hotpotqa import load_question_set
+    from pipeline.tasks.hotpotqa.questions import load_question_set
 
     return load_question_set("offline-eval", limit=2)
 
@@ -40,7 +40,7 @@ def tiny(tmp_path_factory):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from pipeline.llm.smollm2 import local_smollm2_dir
+    from pipeline.hub.smollm2 import local_smollm2_dir
 
     root = tmp_path_factory.mktemp("released")
     tokenizer = AutoTokenizer.from_pretrained(local_smollm2_dir())
@@ -77,15 +77,15 @@ def one_error_line(proc) -> str:
 
 
 def test_an_adapter_names_its_base_and_a_full_model_counts_its_size(tiny):
-    from pipeline.checkpoints import resolve_checkpoint
+    from pipeline.hub.finetuned import resolve_checkpoint
 
     adapter = resolve_checkpoint(str(tiny["adapter"]), format="fireact")
     assert (adapter.model, adapter.adapter) == (str(tiny["base"]), str(tiny["adapter"]))
-    assert (adapter.trained_format, adapter.decode_mode) == ("react", "fireact")
+    assert (adapter.trained_format, adapter.decode_style) == ("react", "fireact")
     assert adapter.label == "my-agent-lora (released)"
     assert adapter.params_b == pytest.approx(tiny["params_b"])  # the base's parameters, from its config
     full = resolve_checkpoint(str(tiny["full"]), format="react", size_class="tiny")
-    assert (full.model, full.adapter, full.decode_mode, full.size_class) == (str(tiny["full"]), None, "zero_shot", "tiny")
+    assert (full.model, full.adapter, full.decode_style, full.size_class) == (str(tiny["full"]), None, "zero_shot", "tiny")
     override = resolve_checkpoint(str(tiny["adapter"]), format="react", base_model=str(tiny["full"]), params_b=7.0)
     assert override.model == str(tiny["full"]) and override.params_b == 7.0
 
@@ -93,8 +93,8 @@ def test_an_adapter_names_its_base_and_a_full_model_counts_its_size(tiny):
 def test_a_local_copy_of_a_registered_agent_needs_nothing_else(tiny, tmp_path):
     import shutil
 
-    from pipeline.checkpoints import resolve_checkpoint
-    from pipeline.released import AGENTS
+    from pipeline.hub.finetuned import resolve_checkpoint
+    from pipeline.hub.released import AGENTS
 
     copy = tmp_path / "fireact_llama_2_7b_lora"
     shutil.copytree(tiny["adapter"], copy)
@@ -110,8 +110,8 @@ def test_a_local_copy_of_a_registered_agent_needs_nothing_else(tiny, tmp_path):
 
 
 def test_the_registry_lists_fireact_and_agentlm_with_base_format_and_size():
-    from pipeline.checkpoints import DECODE_FORMATS, NOT_IMPLEMENTED
-    from pipeline.released import AGENTS
+    from pipeline.hub.finetuned import DECODE_FORMATS, NOT_IMPLEMENTED
+    from pipeline.hub.released import AGENTS
 
     assert {"forestai/fireact_llama_2_7b_lora", "forestai/fireact_llama_2_13b_lora", "THUDM/agentlm-7b",
             "THUDM/agentlm-13b", "THUDM/agentlm-70b"} <= set(AGENTS)
@@ -174,12 +174,12 @@ def test_the_prompts_a_released_checkpoint_receives(tiny, tmp_path, index, quest
     """In process, with a scripted model standing in for the loaded checkpoint: FireAct's format
     sends the Alpaca-wrapped question then `Thought:`; ours sends the question line then `Thought 1:`;
     the model the eval opens is the adapter on the base its adapter_config.json names."""
-    from pipeline import episodes
-    from pipeline.config import build
+    from pipeline.agent import answerers
+    from pipeline.core.config import build
+    from pipeline.core.trajectory import one_line
     from pipeline.llm.scripted import ScriptedLLM
     from pipeline.methods.fireact import alpaca_prompt
     from pipeline.stages.eval import EvalConfig, evaluate
-    from pipeline.trajectory import one_line
 
     cases = {"fireact": (" I answer.\nAction: finish[nothing]", lambda q: alpaca_prompt(q.question) + "Thought:"),
              "react": (" I answer.\nAction 1: Finish[nothing]", lambda q: f"Question: {one_line(q.question)}\nThought 1:")}
@@ -190,7 +190,7 @@ def test_the_prompts_a_released_checkpoint_receives(tiny, tmp_path, index, quest
             opened.append((model.cfg, ScriptedLLM(lambda prompt, req: reply, name=model.cfg.label)))
             return opened[-1][1]
 
-        monkeypatch.setattr(episodes.PromptedModel, "open", scripted)
+        monkeypatch.setattr(answerers.PromptedModel, "open", scripted)
         out = tmp_path / fmt
         cfg = build(EvalConfig, {"checkpoint": str(tiny["adapter"]), "format": fmt, "questions": str(question_file),
                                  "wiki": {"index": str(index)}, "out_dir": str(out)})
@@ -242,7 +242,7 @@ def test_a_released_checkpoint_is_plotted_as_its_own_labelled_point(tmp_path):
 
 
 def checkpoint_grid(tmp_path: Path, index: Path, tiny: dict) -> tuple:
-    from pipeline.config import build
+    from pipeline.core.config import build
     from pipeline.stages.run import RunConfig, Student
 
     cfg = build(RunConfig, {
@@ -277,7 +277,7 @@ def test_a_checkpoint_student_plans_an_eval_and_no_training(tmp_path, index, tin
     ({"name": "x", "size_class": "7b", "params_b": 7}, "set config"),
 ])
 def test_bad_students_fail_before_anything_runs(tmp_path, index, tiny, student, message):
-    from pipeline.config import build
+    from pipeline.core.config import build
     from pipeline.stages.run import Student, plan
 
     cfg, _ = checkpoint_grid(tmp_path, index, tiny)

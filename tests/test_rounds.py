@@ -19,8 +19,8 @@ import pytest
 import yaml
 from episode_testdata import CORPUS, read_records, run_pipeline, without_timing
 
-from pipeline.config import build
-from pipeline.errors import PipelineError
+from pipeline.core.config import build
+from pipeline.core.errors import PipelineError
 from pipeline.stages.run import RunConfig, Student, plan
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,7 +37,7 @@ def sampled_generate(out: Path, index: Path, model: Path, **keys):
 
     layers = {"teacher": {"backend": "transformers", "model": str(model), "dtype": "float32", "name": "tiny"},
               "methods": ["react"], "questions": "offline-bootstrap", "limit": 2, "samples": 3,
-              "prompting": {"mode": "zero_shot", "temperature": 1.0, "max_new_tokens": 6, "max_steps": 2},
+              "prompting": {"style": "zero_shot", "temperature": 1.0, "max_new_tokens": 6, "max_steps": 2},
               "wiki": {"index": str(index)}, "out_dir": str(out), **keys}
     return generate(build(GenerateConfig, layers))
 
@@ -64,7 +64,7 @@ def test_k_samples_per_question_are_seeded_the_same_in_any_batch_and_on_resume(t
     assert records(path) == first
     # another seed draws other tokens
     sampled_generate(tmp_path / "c", index, tiny_prompt_model, prompting={
-        "mode": "zero_shot", "temperature": 1.0, "max_new_tokens": 6, "max_steps": 2, "seed": 1})
+        "style": "zero_shot", "temperature": 1.0, "max_new_tokens": 6, "max_steps": 2, "seed": 1})
     assert [r["text"] for r in records(tmp_path / "c" / "react.jsonl")] != [r["text"] for r in first]
 
 
@@ -113,9 +113,9 @@ def test_a_round_teacher_served_by_a_real_vllm_samples_the_same_draws_in_any_bat
         wait_until_gone,
     )
 
+    from pipeline.hub.models import resolve_model_path
     from pipeline.llm.config import LLMConfig
-    from pipeline.llm.models import resolve_model_path
-    from pipeline.serving import (
+    from pipeline.llm.serving import (
         SHARED_SERVER_ENV,
         ManagedServer,
         ServeConfig,
@@ -144,7 +144,7 @@ def test_a_round_teacher_served_by_a_real_vllm_samples_the_same_draws_in_any_bat
                     "teacher": {"backend": "vllm", "model": "smollm2", "adapter": str(adapter), "name": "round 1",
                                 **MODEL_SETTINGS},
                     "methods": ["react"], "limit": 2, "samples": 2, "max_in_flight": in_flight,
-                    "prompting": {"mode": "zero_shot", "temperature": 0.7, "max_new_tokens": 24, "max_steps": 2},
+                    "prompting": {"style": "zero_shot", "temperature": 0.7, "max_new_tokens": 24, "max_steps": 2},
                     "wiki": {"index": str(index)}, "serve": {"port": 0}, "out_dir": str(tmp_path / out)}))
     finally:
         server.stop()
@@ -191,7 +191,7 @@ def test_the_plan_lists_each_round_as_its_own_units_after_round_one(tmp_path, in
     gen2, flt2, ft2, ev2, gen3 = units[4:9]
     first = tmp_path / "ckpt" / "rounds" / "tiny" / "react" / "final"
     assert gen2.config.teacher.model == str(first) and gen2.config.teacher.name == "tiny round 1 (react)"
-    assert gen2.config.prompting.mode == "zero_shot" and gen2.config.prompting.temperature == 1.0
+    assert gen2.config.prompting.style == "zero_shot" and gen2.config.prompting.temperature == 1.0
     assert gen2.config.prompting.max_new_tokens == 10  # it decodes as the student's eval does
     assert (gen2.config.samples, gen2.config.limit) == (2, 3)
     assert gen2.config.earlier_runs == [str(tmp_path / "run" / "generate")]
@@ -206,7 +206,7 @@ def test_the_plan_lists_each_round_as_its_own_units_after_round_one(tmp_path, in
 
 
 def test_the_shipped_rounds_config_plans_the_500_question_grid_and_two_rounds_of_react():
-    from pipeline.config import read_yaml
+    from pipeline.core.config import read_yaml
 
     units = planned(read_yaml(REPO / "configs" / "small-rounds.yaml"))
     titles = [u.title for u in units]
@@ -333,7 +333,7 @@ def test_served_rounds_generate_through_a_server_and_share_one_with_the_round_be
     from test_shared_server import STANDIN, server_events
     from vllm_testdata import TAG_VAR, mark_trained, new_tag, wait_until_gone
 
-    from pipeline.hotpotqa import load_question_set
+    from pipeline.tasks.hotpotqa.questions import load_question_set
 
     questions = write_questions(tmp_path / "q.jsonl", load_question_set("offline-bootstrap", limit=2))
     tag = new_tag()
@@ -361,8 +361,8 @@ def test_served_rounds_generate_through_a_server_and_share_one_with_the_round_be
 
 
 def test_the_rounds_report_gives_em_by_round_with_intervals_and_dashes_for_rounds_not_run(tmp_path):
+    from pipeline.core.storage import atomic_write_json, write_manifest
     from pipeline.report.rounds import RoundsReport, write_rounds_report
-    from pipeline.storage import atomic_write_json, write_manifest
 
     def summary(folder: Path, em: float, n: int, mode: str = "finetune") -> str:
         folder.mkdir(parents=True)
@@ -422,8 +422,9 @@ def wait_for(proc: subprocess.Popen, ready, what: str, log: Path, timeout: float
 
 @pytest.mark.slow
 def test_rounds_on_the_oracle_and_a_tiny_model_survive_kills_between_and_within_rounds(tmp_path, index, smollm2_dir):
-    from pipeline.finetune import checkpoint_step, latest_complete_checkpoint
-    from pipeline.storage import is_done
+    from pipeline.core.storage import is_done
+    from pipeline.train.checkpoints import latest_complete_checkpoint
+    from pipeline.train.checks import checkpoint_step
 
     grid = tmp_path / "grid.yaml"
     grid.write_text(yaml.safe_dump(rounds_grid(tmp_path, index, rounds=2)))

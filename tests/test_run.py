@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.config import build, read_yaml
+from pipeline.core.config import build, read_yaml
 from pipeline.stages.run import RunConfig, Student, plan
 
 REPO = Path(__file__).resolve().parents[1]
@@ -109,7 +109,8 @@ def kill_tree(proc: subprocess.Popen) -> None:
 @pytest.mark.slow
 def test_a_tiny_grid_killed_mid_training_resumes_from_its_checkpoint_and_then_skips_everything(
         tmp_path, shared_data, tiny_prompt_model):
-    from pipeline.finetune import checkpoint_step, latest_complete_checkpoint
+    from pipeline.train.checkpoints import latest_complete_checkpoint
+    from pipeline.train.checks import checkpoint_step
 
     grid = tiny_grid(tmp_path, shared_data, tiny_prompt_model)
     run_dir = tmp_path / "run"

@@ -16,8 +16,8 @@ import yaml
 from episode_testdata import CORPUS, ScriptedTeacher, run_pipeline
 from http_servers import FakeOpenAI
 
-from pipeline.config import build, read_yaml
-from pipeline.errors import PipelineError
+from pipeline.core.config import build, read_yaml
+from pipeline.core.errors import PipelineError
 from pipeline.stages.run import PHASES, RunConfig, Student, plan, selected_phases
 
 REPO = Path(__file__).resolve().parents[1]
@@ -146,8 +146,8 @@ def test_without_a_grpo_section_or_for_other_students_there_is_no_grpo_unit():
 
 
 def test_a_grpo_unit_whose_final_is_complete_with_its_config_is_skipped(tmp_path, monkeypatch, capsys):
-    from pipeline.config import to_dict
-    from pipeline.storage import write_manifest
+    from pipeline.core.config import to_dict
+    from pipeline.core.storage import write_manifest
 
     cfg, students = demo_with_grpo(formats=["react"], settings={"output_root": str(tmp_path), "max_steps": 2})
     [unit] = [u for u in plan(cfg, students) if u.phase == "grpo"]
@@ -190,7 +190,7 @@ needs_corpus = pytest.mark.skipif(not CORPUS.is_file(), reason=f"offline corpus 
 
 @needs_corpus
 def test_a_grid_runs_one_phase_at_a_time_and_each_eval_in_its_own_process(tmp_path, grid):
-    from pipeline.hotpotqa import load_question_set
+    from pipeline.tasks.hotpotqa.questions import load_question_set
 
     run_dir = tmp_path / "run"
     with FakeOpenAI(model="big-model") as server:

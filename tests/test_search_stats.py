@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.agent.search_stats import episode_searches, search_stats
 from pipeline.report.intervals import difference_interval, wilson
-from pipeline.search_stats import episode_searches, search_stats
 
 REPO = Path(__file__).resolve().parents[1]
 PAGE = "Adorable was an alternative rock band, formed in Coventry in 1990."

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.skipif(not CORPUS.is_file(), reason=f"offline corpus no
 
 @pytest.fixture(scope="module")
 def questions():
-    from pipeline.hotpotqa import load_question_set
+    from pipeline.tasks.hotpotqa.questions import load_question_set
 
     return load_question_set("offline-eval", limit=3)
 
@@ -75,7 +75,7 @@ def record_trust_remote_code(monkeypatch) -> list[tuple[str, object]]:
 
 @pytest.mark.parametrize("asked", [False, True])
 def test_trust_remote_code_reaches_the_inference_loader_only_when_the_config_asks(tiny_model_dir, monkeypatch, asked):
-    from pipeline.config import load_config
+    from pipeline.core.config import load_config
     from pipeline.llm.hf import TransformersLLM
     from pipeline.stages.generate import GenerateConfig
 
@@ -92,15 +92,18 @@ def test_trust_remote_code_reaches_the_inference_loader_only_when_the_config_ask
 def test_trust_remote_code_reaches_the_training_loader_only_when_the_config_asks(tiny_model_dir, monkeypatch, asked):
     """The same through pipeline/finetune.py's loaders (what `accelerate launch` runs), on a
     pretrained student given as a local folder."""
-    from pipeline.config import load_config
-    from pipeline.finetune import FinetuneConfig, load_student, load_tokenizer, resolve
+    from pipeline.core.config import load_config
+    from pipeline.train.config import FinetuneConfig, resolve
+    from pipeline.train.data import load_tokenizer
+    from pipeline.train.model import load_student
+    from pipeline.train.plan import plan_training
 
     calls = record_trust_remote_code(monkeypatch)
     overrides = [f"student={tiny_model_dir}", "finetuning=full", "precision=fp32", "max_steps=1"]
     if asked:
         overrides.append("trust_remote_code=true")
     cfg = resolve(load_config(FinetuneConfig, None, overrides))
-    load_student(cfg, load_tokenizer(cfg))
+    load_student(cfg, load_tokenizer(cfg), plan_training(cfg))
     assert sorted(calls) == [("AutoModelForCausalLM", asked), ("AutoTokenizer", asked)]
 
 
@@ -322,8 +325,8 @@ HOSTILE_NAMES = ["../escaped", "/tmp/evil", "react/../../x", "..", ".", "", ".hi
 
 @pytest.mark.parametrize("name", HOSTILE_NAMES)
 def test_the_method_file_name_check_refuses_paths(tmp_path, name):
-    from pipeline.episodes import method_file
-    from pipeline.errors import PipelineError
+    from pipeline.agent.episodes import method_file
+    from pipeline.core.errors import PipelineError
 
     with pytest.raises(PipelineError, match="cannot name a file in"):
         method_file(tmp_path, name)
@@ -331,7 +334,7 @@ def test_the_method_file_name_check_refuses_paths(tmp_path, name):
 
 @pytest.mark.parametrize("name", ["react", "cot_sc", "react_to_cot_sc", "my-method2"])
 def test_the_method_file_name_check_keeps_plain_names_in_out_dir(tmp_path, name):
-    from pipeline.episodes import method_file
+    from pipeline.agent.episodes import method_file
 
     assert method_file(tmp_path, name) == tmp_path / f"{name}.jsonl"
 
@@ -340,8 +343,8 @@ def test_with_the_allow_list_bypassed_hostile_method_names_still_write_nothing(t
     """The episode runner that generate and eval share, with the allow-list replaced by a
     stand-in that accepts any name (building the real ReAct method): the path is now built from
     the hostile name, and the file-name check refuses it before anything is opened."""
-    from pipeline import episodes
-    from pipeline.errors import PipelineError
+    from pipeline.agent import episodes
+    from pipeline.core.errors import PipelineError
     from pipeline.methods import build_method
 
     class AnyName:  # a stand-in answerer that accepts every method name (no allow-list)

@@ -1,4 +1,4 @@
-"""A `vllm serve` process managed by the pipeline (pipeline/serving.py), for real on 127.0.0.1:
+"""A `vllm serve` process managed by the pipeline (pipeline/llm/serving.py), for real on 127.0.0.1:
 `python -m pipeline eval` with a `serve:` section starts tests/standin_vllm_serve.py (a labelled
 stand-in that speaks vLLM's HTTP API and takes its flags), waits until it is healthy, evaluates
 over the OpenAI-compatible backend, stops it and waits until it has exited; and its faults:
@@ -21,9 +21,9 @@ import pytest
 import yaml
 from episode_testdata import CORPUS, read_records, run_pipeline, write_questions
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.llm.config import LLMConfig
-from pipeline.serving import ServeConfig, max_lora_rank, serve_command, unit_server
+from pipeline.llm.serving import ServeConfig, max_lora_rank, serve_command, unit_server
 
 pytestmark = pytest.mark.skipif(not CORPUS.is_file(), reason=f"offline corpus not found at {CORPUS}")
 
@@ -32,7 +32,7 @@ STANDIN = Path(__file__).resolve().parent / "standin_vllm_serve.py"
 
 @pytest.fixture(scope="module")
 def question_file(tmp_path_factory):
-    from pipeline.hotpotqa import load_question_set
+    from pipeline.tasks.hotpotqa.questions import load_question_set
 
     return write_questions(tmp_path_factory.mktemp("q") / "q.jsonl", load_question_set("offline-eval", limit=4))
 
@@ -40,7 +40,7 @@ def question_file(tmp_path_factory):
 def lora_checkpoint(folder: Path, rank: int = 4, rank_pattern: dict | None = None) -> Path:
     """A `final` folder of a LoRA student as pipeline/finetune.py leaves it (manifest, and the
     adapter_config.json PEFT writes; no weights: the stand-in loads none)."""
-    from pipeline.storage import write_manifest
+    from pipeline.core.storage import write_manifest
 
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "adapter_config.json").write_text(json.dumps(
@@ -121,7 +121,7 @@ def test_an_adapter_above_vllms_largest_rank_or_without_a_config_is_refused(tmp_
 
 
 def test_serve_command_defaults_to_the_projects_vllm_venv_when_there_is_one(tmp_path, monkeypatch):
-    from pipeline import serving
+    from pipeline.llm import serving
 
     monkeypatch.setattr(serving, "VLLM_VENV", tmp_path / ".venv-vllm")
     assert ServeConfig().command == ["vllm", "serve"]
@@ -237,7 +237,7 @@ def test_an_in_process_vllm_engine_is_shut_down_when_closed(monkeypatch):
 
 
 def test_a_killed_eval_takes_its_server_with_it(tmp_path, question_file, index):
-    """kill -9 of the eval process: its guardian (pipeline/guardian.py) sees its pipe close and ends
+    """kill -9 of the eval process: its guardian (pipeline/llm/guardian.py) sees its pipe close and ends
     the server, so no orphan keeps the GPUs and the port (tests/test_vllm_server.py does the same
     to a real vLLM's process tree)."""
     import subprocess
@@ -279,7 +279,7 @@ def test_a_killed_eval_takes_its_server_with_it(tmp_path, question_file, index):
     (["INFO: loading", "INFO: still loading"], "INFO: still loading"),
 ])
 def test_a_failed_servers_reason_is_the_last_error_line_of_its_log(tmp_path, tail, reason):
-    from pipeline.serving import ServerView
+    from pipeline.llm.serving import ServerView
 
     (tmp_path / "serve.log").write_text("\n".join(tail) + "\n")
     assert ServerView("127.0.0.1", 1, tmp_path / "serve.log").failure_reason() == reason

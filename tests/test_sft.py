@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from sft_testdata import DATA, exemplar_records, fireact_records
 
-from pipeline.errors import PipelineError
-from pipeline.sft import IGNORE_INDEX, split_batch, tokenize_example, tokenize_records
+from pipeline.core.errors import PipelineError
+from pipeline.train.sft import IGNORE_INDEX, split_batch, tokenize_example, tokenize_records
 
 pytestmark = pytest.mark.skipif(not DATA.is_dir(), reason="../shared/data is absent")
 

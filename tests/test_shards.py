@@ -1,4 +1,4 @@
-"""Sharded generation and eval (`shard=i/n`, pipeline.shards) and their merge by `filter` and
+"""Sharded generation and eval (`shard=i/n`, pipeline.core.shards) and their merge by `filter` and
 `plot`: real `python -m pipeline` processes, the oracle stand-in teacher (backend=oracle, no model)
 over the real local index.
 
@@ -12,8 +12,8 @@ import json
 import pytest
 from episode_testdata import CORPUS, read_records, run_pipeline
 
-from pipeline.errors import PipelineError
-from pipeline.shards import Shard, parse_shard, shard_questions
+from pipeline.core.errors import PipelineError
+from pipeline.core.shards import Shard, parse_shard, shard_questions
 
 N_QUESTIONS = 7  # not a multiple of the shard count: shards of 3, 2 and 2
 METHODS = "methods=[react,act,cot,standard]"

@@ -1,4 +1,4 @@
-"""One managed server for several eval units of a `run` (pipeline/serve_groups.py): the prompted
+"""One managed server for several eval units of a `run` (pipeline/llm/serve_groups.py): the prompted
 methods of SmolLM2 and two LoRA students of it, served by ONE server with the adapters by name,
 each unit keeping its own folder, records and resume. Against tests/standin_vllm_serve.py (a
 labelled stand-in, for what a real server cannot be made to do: die on cue) and against a real
@@ -34,7 +34,7 @@ UNITS = ("tiny-prompt", "tiny-ft-act", "tiny-ft-react")
 
 @pytest.fixture
 def questions(tmp_path):
-    from pipeline.hotpotqa import load_question_set
+    from pipeline.tasks.hotpotqa.questions import load_question_set
 
     return write_questions(tmp_path / "q.jsonl", load_question_set("offline-eval", limit=2))
 

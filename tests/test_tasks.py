@@ -12,10 +12,10 @@ from dataclasses import replace
 import pytest
 from episode_testdata import read_records, run_pipeline
 
-from pipeline.config import to_dict
-from pipeline.errors import PipelineError
+from pipeline.core.config import to_dict
+from pipeline.core.errors import PipelineError
+from pipeline.core.trajectory import Step, Trajectory, render
 from pipeline.tasks import TASK_NAMES, get_task, task_of
-from pipeline.trajectory import Step, Trajectory, render
 
 
 def test_tasks_by_name_and_what_a_file_without_task_means():

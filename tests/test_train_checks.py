@@ -1,5 +1,5 @@
 """Checkpoint completeness under every strategy, the resume layout rule, and the config-time
-refusals (pipeline/train_checks.py).
+refusals (pipeline/train/checks.py).
 
 The DeepSpeed layouts are real: a module fixture (slow) trains LoRA on a tiny saved base under
 ZeRO-2 (uninterrupted) and ZeRO-3 (SIGKILLed after a checkpoint, relaunched: the same losses),
@@ -24,17 +24,17 @@ from types import SimpleNamespace
 import pytest
 from sft_testdata import DATA, fireact_records, write_dataset
 
-from pipeline.errors import PipelineError
-from pipeline.train_checks import (
+from pipeline.core.errors import PipelineError
+from pipeline.train.checks import (
     Layout,
     check_config,
     check_devices,
     check_resume_layout,
     incomplete_reason,
     is_complete_checkpoint,
-    launch_strategy,
     saved_layout,
 )
+from pipeline.train.launch import Launch, launch_strategy
 
 
 def checkpoint(root: Path, step: int, files: dict[str, bytes | None], layout: Layout | None = None) -> Path:
@@ -161,14 +161,17 @@ def lora_runs(tmp_path_factory, smollm2_dir):
         pytest.skip("../shared/data is absent")
     from test_finetune import finish, kill_after_checkpoint, launch, tiny_cfg
 
-    from pipeline.finetune import latest_complete_checkpoint, load_student, load_tokenizer
+    from pipeline.train.checkpoints import latest_complete_checkpoint
+    from pipeline.train.data import load_tokenizer
+    from pipeline.train.model import load_student
+    from pipeline.train.plan import plan_training
 
     root = tmp_path_factory.mktemp("lora-zero")
     write_dataset(root / "sft", "react", fireact_records(max_chars=450, limit=16))
     base = root / "base"
     cfg = tiny_cfg(root)
     tokenizer = load_tokenizer(cfg)
-    load_student(cfg, tokenizer).save_pretrained(base)
+    load_student(cfg, tokenizer, plan_training(cfg)).save_pretrained(base)
     tokenizer.save_pretrained(base)
     common = (f"student={base}", f"tokenizer={base}", "init=pretrained", *LORA, f"max_steps={LORA_STEPS}", "save_steps=3")
     finish(launch(root, "experiment=z2", *common, config="deepspeed_zero2"), timeout=400)
@@ -275,17 +278,17 @@ def test_config_combinations_that_work_pass():
 
 def test_more_processes_than_gpus_is_refused_on_every_rank():
     with pytest.raises(PipelineError, match="starts 8 processes on this node, which has 2 GPU.*--num_processes 2"):
-        check_devices({"LOCAL_WORLD_SIZE": "8", "WORLD_SIZE": "8"}, cuda_devices=2)
-    check_devices({"LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "16"}, cuda_devices=2)  # 8 nodes x 2
-    check_devices({"LOCAL_WORLD_SIZE": "2"}, cuda_devices=0)  # CPU processes
-    check_devices({"LOCAL_WORLD_SIZE": "8", "ACCELERATE_USE_CPU": "True"}, cuda_devices=1)
+        check_devices(Launch.from_env({"LOCAL_WORLD_SIZE": "8", "WORLD_SIZE": "8"}), cuda_devices=2)
+    check_devices(Launch.from_env({"LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "16"}), cuda_devices=2)  # 8 nodes x 2
+    check_devices(Launch.from_env({"LOCAL_WORLD_SIZE": "2"}), cuda_devices=0)  # CPU processes
+    check_devices(Launch.from_env({"LOCAL_WORLD_SIZE": "8", "ACCELERATE_USE_CPU": "True"}), cuda_devices=1)
 
 
 def test_qlora_stores_4bit_weights_in_the_compute_dtype():
     """ZeRO-3 / FSDP shard floating tensors of one dtype: bnb_4bit_quant_storage must be it."""
     import torch
 
-    from pipeline.finetune import bnb_4bit_config
+    from pipeline.train.model import bnb_4bit_config
     for bf16, dtype in ((True, torch.bfloat16), (False, torch.float16)):
         config = bnb_4bit_config(bf16)
         assert config.bnb_4bit_quant_storage == config.bnb_4bit_compute_dtype == dtype
@@ -307,7 +310,9 @@ def test_the_model_own_pad_token_is_used_where_the_vocabulary_has_one(tmp_path):
     not EOS. A tokenizer without one keeps EOS (labels mask padding either way)."""
     from transformers import AutoTokenizer
 
-    from pipeline.finetune import FinetuneConfig, load_tokenizer, resolve_model_path
+    from pipeline.hub.models import resolve_model_path
+    from pipeline.train.config import FinetuneConfig
+    from pipeline.train.data import load_tokenizer
     source = AutoTokenizer.from_pretrained(resolve_model_path("smollm2"))
     source.pad_token = None
     source.save_pretrained(tmp_path / "plain")

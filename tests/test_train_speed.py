@@ -1,5 +1,5 @@
-"""The GPU speed choices as pure decisions (pipeline/train_speed.py), the FLOP arithmetic behind
-MFU (pipeline/flops.py) and packing that keeps the batch (pipeline/batching.py). Fast, CPU."""
+"""The GPU speed choices as pure decisions (pipeline/train/speed.py), the FLOP arithmetic behind
+MFU (pipeline/train/flops.py) and packing that keeps the batch (pipeline/train/batching.py). Fast, CPU."""
 
 from __future__ import annotations
 
@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import PipelineError
-from pipeline.flops import (
+from pipeline.core.errors import PipelineError
+from pipeline.train.flops import (
     ThroughputMeter,
     attention_length,
     flops_per_token,
     matmul_params,
     peak_tflops,
 )
-from pipeline.train_speed import (
+from pipeline.train.speed import (
     Kernels,
     choose_attention,
     choose_loss,
@@ -182,7 +182,7 @@ def test_peak_table():
 
 
 def test_padding_free_without_a_varlen_kernel_takes_one_trajectory_per_micro_batch():
-    from pipeline.train_speed import micro_batch_cap
+    from pipeline.train.speed import micro_batch_cap
     cap, why = micro_batch_cap("padding_free", "sdpa", 8)
     assert cap == 1 and "dense block-diagonal mask" in why
     assert micro_batch_cap("padding_free", "flash_attention_2", 8) == (8, None)
@@ -191,9 +191,12 @@ def test_padding_free_without_a_varlen_kernel_takes_one_trajectory_per_micro_bat
 
 
 def test_batch_split_keeps_an_explicit_micro_batch(tmp_path):
-    from pipeline.config import load_config
-    from pipeline.finetune import FinetuneConfig, batch_split, resolve
+    from pipeline.core.config import load_config
+    from pipeline.train.config import FinetuneConfig, resolve
+    from pipeline.train.launch import Launch
+    from pipeline.train.plan import plan_training
     cfg = lambda *o: resolve(load_config(FinetuneConfig, None, ["global_batch_size=8", *o]))  # noqa: E731
+    batch_split = lambda c, n: plan_training(c, Launch(world_size=n)).batch  # noqa: E731
     assert batch_split(cfg(), 2)[:2] == (1, 4)  # CPU: sdpa, padding-free
     assert batch_split(cfg("per_device_batch_size=4"), 2) == (4, 1, None)
     assert batch_split(cfg("batching=padded"), 1) == (8, 1, None)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pipeline.trajectory import Step, Trajectory, parse, render
+from pipeline.core.trajectory import Step, Trajectory, parse, render
 
 
 def test_react_text_and_observation_spans():

@@ -2,7 +2,7 @@
 SmolLM2-135M-Instruct and a rank-64 LoRA adapter of it built here with PEFT). Without .venv-vllm
 every test here skips with one line: `bash scripts/setup_vllm.sh` installs it (.ci/run does).
 
-One server (started by the pipeline's own managed serve: pipeline/serving.py, fp32, eager mode)
+One server (started by the pipeline's own managed serve: pipeline/llm/serving.py, fp32, eager mode)
 serves the base model and the adapter to most tests: its greedy completions against the
 transformers backend (PEFT for the adapter), the teacher role (`generate`, continuous) against
 the round-based runner, and a slow, loaded server that must be waited for, never asked twice.
@@ -50,7 +50,7 @@ from vllm_testdata import (
 
 from pipeline.llm.base import GenerationRequest
 from pipeline.llm.config import LLMConfig
-from pipeline.serving import LORA_NAME, ServeConfig, ServedLLM, served
+from pipeline.llm.serving import LORA_NAME, ServeConfig, ServedLLM, served
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm,
               pytest.mark.skipif(not CORPUS.is_file(), reason=f"offline corpus not found at {CORPUS}")]
@@ -90,8 +90,8 @@ def load() -> str:
 def first_step_prompts(n: int, mode: str = "prompt") -> list[GenerationRequest]:
     """ReAct's first step for `n` offline-eval questions: prompted (6 exemplars, the question,
     `Thought 1:`), or zero-shot as a fine-tuned student decodes (the question line alone)."""
-    from pipeline.hotpotqa import load_question_set
     from pipeline.methods import MethodSettings, prompt_prefixes
+    from pipeline.tasks.hotpotqa.questions import load_question_set
 
     prefix = prompt_prefixes("react", MethodSettings(mode=mode))["react"]
     return [GenerationRequest(f"{prefix.text}Question: {q.question}\nThought 1:", stop=["\nObservation 1:"],
@@ -145,10 +145,10 @@ def test_the_teacher_role_generate_continuously_against_vllm_matches_the_round_b
         server, index, tmp_path):
     """`python -m pipeline generate` with the served model as its teacher (continuous scheduling,
     as for any server), against the round-based runner on the same server and questions."""
-    from pipeline.agent import run_episodes
-    from pipeline.hotpotqa import load_question_set
+    from pipeline.agent.scheduler import run_episodes
     from pipeline.llm.openai_http import OpenAICompatibleLLM
     from pipeline.methods import MethodSettings, build_method
+    from pipeline.tasks.hotpotqa.questions import load_question_set
     from pipeline.wiki.index import LocalIndex
 
     questions = load_question_set("offline-eval", limit=6)
@@ -227,7 +227,7 @@ def test_a_busy_managed_server_is_waited_for_and_never_asked_twice(server):
 
 
 def eval_config(tmp_path: Path, adapter: Path, index: Path, tag: str, **serve) -> Path:
-    from pipeline.hotpotqa import load_question_set
+    from pipeline.tasks.hotpotqa.questions import load_question_set
 
     qfile = write_questions(tmp_path / "q.jsonl", load_question_set("offline-eval", limit=4))
     config = {"checkpoint": str(adapter), "model": {"backend": "vllm", **MODEL_SETTINGS},
@@ -319,7 +319,7 @@ def test_a_server_that_exits_before_it_is_healthy_is_one_line_with_vllms_own_rea
 
 
 def in_process_config(tmp_path: Path, name: str, index: Path, **keys) -> Path:
-    from pipeline.hotpotqa import load_question_set
+    from pipeline.tasks.hotpotqa.questions import load_question_set
 
     qfile = write_questions(tmp_path / "q.jsonl", load_question_set("offline-eval", limit=4))
     config = {"methods": ["react"], "questions": str(qfile), "wiki": {"index": str(index)}, "max_in_flight": 4,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.wiki import index as index_module
 from pipeline.wiki.corpus import _json_list, iter_pages, split_sentences, strip_links
 from pipeline.wiki.index import INDEX_FORMAT, LocalIndex, build_index, query_tokens, title_key

@@ -10,9 +10,9 @@ import random
 import pytest
 from http_servers import FAULT_KINDS, FakeMediaWiki, Fault
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
+from pipeline.core.transport import JsonHttpClient, RequestFailed
 from pipeline.tasks import get_task
-from pipeline.transport import JsonHttpClient, RequestFailed
 from pipeline.wiki.backend import Page
 from pipeline.wiki.env import WikiEnv
 from pipeline.wiki.live import LiveWikipedia, split_sentences

@@ -11,7 +11,7 @@ import json
 import pytest
 from episode_testdata import build_small_index
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.tasks import get_task
 from pipeline.wiki.actions import parse_action_original
 from pipeline.wiki.config import WikiConfig, open_backend

@@ -12,7 +12,7 @@ import tarfile
 
 import pytest
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.wiki.corpus import iter_pages, read_redirects
 from pipeline.wiki.env import WikiEnv
 from pipeline.wiki.index import LocalIndex, build_index, near_key

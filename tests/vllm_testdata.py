@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from pipeline.serving import VLLM_VENV
+from pipeline.llm.serving import VLLM_VENV
 
 VLLM_PYTHON = VLLM_VENV / "bin" / "python"
 INSTALL_LINE = ("vLLM is not installed for this checkout (.venv-vllm); bash scripts/setup_vllm.sh "
@@ -86,7 +86,7 @@ def build_lora_adapter(smollm2_dir: Path, folder: Path, rank: int = 64) -> Path:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from pipeline.storage import write_manifest
+    from pipeline.core.storage import write_manifest
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32)
@@ -139,10 +139,10 @@ def mark_trained(config_path: Path, adapter: Path | None = None, phases: tuple[s
     adapter_config.json of rank 64, for a stand-in server that loads no weights)."""
     import shutil
 
-    from pipeline.config import build, load_config, to_dict
-    from pipeline.llm.models import resolve_model_path
+    from pipeline.core.config import build, load_config, to_dict
+    from pipeline.core.storage import write_manifest
+    from pipeline.hub.models import resolve_model_path
     from pipeline.stages.run import RunConfig, Student, plan, training_precision
-    from pipeline.storage import write_manifest
 
     cfg = load_config(RunConfig, config_path, [])
     finals = []

@@ -3,7 +3,7 @@
 A backend turns a batch of requests (prompt, stop strings, sampling settings) into completions.
 Batching is the backend's business: the agent runner hands it every episode that is waiting, in
 rounds. A backend that declares `continuous_batching = True` (its server batches requests as they
-arrive) is instead called once per episode, from several threads at once (pipeline.agent).
+arrive) is instead called once per episode, from several threads at once (pipeline.agent.scheduler).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.llm.base import LLM
 from pipeline.llm.config import LLMConfig
 
@@ -35,7 +35,7 @@ def load_llm(cfg: LLMConfig) -> LLM:
 
 def _require_local_files(cfg: LLMConfig) -> None:
     """A model written as a path must exist (a hub id is left to the loader), and so must the adapter."""
-    from pipeline.llm.hf import looks_like_path
+    from pipeline.hub.models import looks_like_path
 
     if looks_like_path(cfg.model) and not Path(cfg.model).expanduser().exists():
         raise PipelineError(f"llm.model: model path {cfg.model} not found; give an existing directory or .gguf file, a hub id, or 'smollm2'")

@@ -19,22 +19,18 @@ Greedy output is the same token for token whatever the batch (tested in fp32).
 from __future__ import annotations
 
 import inspect
-import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
+from pipeline.hub.models import SMOLLM2, load_tokenizer, looks_like_path, resolve_model_path
 from pipeline.llm.base import Completion, GenerationRequest, cut_at_stop
 from pipeline.llm.config import LLMConfig
-from pipeline.llm.models import SMOLLM2, load_tokenizer, resolve_model_path
 
 # Below this many shared tokens, a separate prefix pass is not worth its overhead.
 MIN_SHARED_PREFIX = 32
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
-
-
 @dataclass
 class _Row:
     """One sequence to decode: a request's prompt (and its sample index when n > 1)."""
@@ -73,12 +69,6 @@ def resolve_model_source(cfg: LLMConfig) -> tuple[str, dict[str, Any]]:
     if looks_like_path(model):
         raise PipelineError(f"llm.model: model directory {model} not found; give an existing directory, a hub id, a .gguf file, or 'smollm2'")
     return model, {}  # a hub id
-
-
-def looks_like_path(model: str) -> bool:
-    """A filesystem path rather than a hub id ("name" or "org/name")."""
-    return (model.startswith(("/", "./", "../", "~")) or Path(model).expanduser().exists()
-            or not _HUB_ID.match(model))
 
 
 class TransformersLLM:
@@ -387,10 +377,10 @@ def _resolve_device(device: str) -> str:
 
 def _resolve_dtype(dtype: str, device):
     """auto: bf16 on a bf16 GPU or a CPU with native bf16, else fp32 (fp16 on older GPUs); see
-    pipeline/precision.py. fp32 keeps batched greedy output identical to batch-1 output; bf16
+    pipeline/core/precision.py. fp32 keeps batched greedy output identical to batch-1 output; bf16
     can flip an occasional token, against fp32 and across batch sizes (bench/bench_generate.py
     --parts precision reports how many trajectories stay identical)."""
-    from pipeline import precision
+    from pipeline.core import precision
 
     choice = precision.inference(dtype, device.type)
     print(choice.line("inference"), file=sys.stderr)

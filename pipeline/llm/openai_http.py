@@ -5,12 +5,12 @@
       base_url: http://127.0.0.1:8000/v1   # where `vllm serve MODEL` listens (or a list of
                                              # replicas: pipeline.llm.replicas)
       model: meta-llama/Llama-3.1-70B-Instruct
-      mode: completions                      # or chat (one user message per prompt)
+      api: completions                       # or chat (one user message per prompt)
       api_key_env: OPENAI_API_KEY            # the key is read from this variable only
       max_concurrency: 8
 
 A PEFT adapter (`adapter:`) is refused: the server applies one only to requests that name it,
-and `eval`'s `serve:` section serves it under a name and sends that name (pipeline/serving.py).
+and `eval`'s `serve:` section serves it under a name and sends that name (pipeline/llm/serving.py).
 Each request is one HTTP call (`n` samples in one call); up to `max_concurrency` calls are in
 flight at once to each replica (each base URL). A call that still fails after its retries (and
 on the other replicas) becomes `n` completions with finish_reason="error" and the reason, so
@@ -27,27 +27,27 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
+from pipeline.core.transport import JsonHttpClient, RequestFailed, TransientPayload
 from pipeline.llm.base import Completion, GenerationRequest, cut_at_stop
 from pipeline.llm.config import LLMConfig
 from pipeline.llm.replicas import ReplicaSet
-from pipeline.transport import JsonHttpClient, RequestFailed, TransientPayload
 
-MODES = ("completions", "chat")
+APIS = ("completions", "chat")
 
 
 class OpenAICompatibleLLM:
     """The `LLM` protocol over POST {base_url}/completions or /chat/completions."""
 
     # The server batches requests as they arrive (vLLM, llama-server): the agent runner sends each
-    # episode's next request as soon as its last one is back (pipeline.agent.schedule_for).
+    # episode's next request as soon as its last one is back (pipeline.agent.scheduler.schedule_for).
     continuous_batching = True
 
     def __init__(self, cfg: LLMConfig, *, backoff_base_s: float = 0.5,
                  backoff_max_s: float = 30.0, sleep: Callable[[float], None] = time.sleep):
         """`backoff_*` and `sleep` shape the retry schedule (tests shrink it)."""
-        if cfg.mode not in MODES:
-            raise PipelineError(f"llm.mode '{cfg.mode}' is unknown; use one of {list(MODES)}")
+        if cfg.api not in APIS:
+            raise PipelineError(f"llm.api '{cfg.api}' is unknown; use one of {list(APIS)}")
         base_urls = replica_urls(cfg.base_url)
         if cfg.max_concurrency < 1:
             raise PipelineError(f"llm.max_concurrency must be >= 1, got {cfg.max_concurrency}")
@@ -59,7 +59,7 @@ class OpenAICompatibleLLM:
                 "`vllm serve BASE --enable-lora --lora-modules NAME=ADAPTER` and sends NAME")
         self.name = cfg.label
         self.model = cfg.model
-        self.mode = cfg.mode
+        self.api = cfg.api
         self.replicas = ReplicaSet(base_urls, cfg.max_concurrency)
         self.api_key_env = cfg.api_key_env
         self.max_concurrency = cfg.max_concurrency
@@ -79,7 +79,7 @@ class OpenAICompatibleLLM:
     def __repr__(self) -> str:  # the key lives only inside the clients' headers
         urls = [r.url for r in self.replicas.replicas]
         return (f"OpenAICompatibleLLM(model={self.model!r}, base_url={urls if len(urls) > 1 else urls[0]!r}, "
-                f"mode={self.mode!r}, key_from=${self.api_key_env})")
+                f"api={self.api!r}, key_from=${self.api_key_env})")
 
     # -- the LLM protocol -------------------------------------------------------------------
 
@@ -147,7 +147,7 @@ class OpenAICompatibleLLM:
             self.replicas.release(replica)
             break
         try:
-            return _completions(payload, request, chat=self.mode == "chat")
+            return _completions(payload, request, chat=self.api == "chat")
         except (TypeError, ValueError, AttributeError) as e:  # e.g. usage {"prompt_tokens": "x"}
             return _failed(request, self.client.redact(f"malformed answer from {url}: {e}"))
 
@@ -158,7 +158,7 @@ class OpenAICompatibleLLM:
             body["stop"] = list(request.stop)
         if request.seed is not None:
             body["seed"] = request.seed
-        if self.mode == "chat":
+        if self.api == "chat":
             body["messages"] = [{"role": "user", "content": request.prompt}]
             return f"{base_url}/chat/completions", body
         body["prompt"] = request.prompt

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.llm.base import Completion, GenerationRequest, cut_at_stop
 from pipeline.llm.config import LLMConfig
 
@@ -115,7 +115,7 @@ class VLLMBackend:
 
 
 def engine_kwargs(cfg: LLMConfig) -> dict[str, Any]:
-    from pipeline.llm.models import resolve_model_path
+    from pipeline.hub.models import resolve_model_path
 
     kwargs: dict[str, Any] = {
         "model": resolve_model_path(cfg.model),
@@ -130,7 +130,7 @@ def engine_kwargs(cfg: LLMConfig) -> dict[str, Any]:
     if cfg.adapter:
         from pathlib import Path
 
-        from pipeline.serving import max_lora_rank
+        from pipeline.llm.serving import max_lora_rank
 
         # vLLM's default max_lora_rank (16) refuses a larger adapter: the 70B student's is r=64.
         kwargs.update(enable_lora=True, max_lora_rank=max_lora_rank(Path(cfg.adapter)))

@@ -2,18 +2,18 @@
 
     method = build_method("react", MethodSettings(exemplars="paper"))            # HotpotQA
     method = build_method("react", MethodSettings(exemplars="paper"), "fever")   # FEVER's 3-shot prompts
-    records = pipeline.agent.run_episodes(llm, make_backend, questions, method, on_record)
+    records = pipeline.agent.scheduler.run_episodes(llm, make_backend, questions, method, on_record)
 
 Names: standard, cot, cot_sc, act, react, react_to_cot_sc, cot_sc_to_react, one row each in
 pipeline.methods.registry (its formats, how it is built, how the figure draws it).
-`settings.mode == "zero_shot"` drops instruction and exemplars (fine-tuned students);
-`settings.mode == "fireact"` runs ReAct in FireAct's format (pipeline.methods.fireact: the
+`settings.style == "zero_shot"` drops instruction and exemplars (fine-tuned students);
+`settings.style == "fireact"` runs ReAct in FireAct's format (pipeline.methods.fireact: the
 Alpaca wrapper, unnumbered lines), the way FireAct's released agents decode.
 """
 
 from __future__ import annotations
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.methods.base import EpisodeContext, Method, MethodSettings, Outcome, Program
 from pipeline.methods.prompts import PromptPrefix, load_prompt, zero_shot
 from pipeline.methods.registry import METHODS, MethodSpec, method_spec
@@ -22,7 +22,7 @@ from pipeline.tasks import Task
 # Read from the registry (pipeline.methods.registry), for callers that ask by name.
 METHOD_NAMES = tuple(spec.name for spec in METHODS)
 FORMATS_USED = {spec.name: spec.formats for spec in METHODS}  # the formats each method prompts with
-MODES = ("prompt", "zero_shot", "fireact")
+STYLES = ("prompt", "zero_shot", "fireact")
 LOOPS = ("ours", "original")
 
 __all__ = ["METHODS", "METHOD_NAMES", "EpisodeContext", "Method", "MethodSettings", "MethodSpec", "Outcome",
@@ -36,12 +36,12 @@ def prompt_prefixes(name: str, settings: MethodSettings, task: Task | str | None
 
     task = get_task(task)
     check_method(name, settings, task)
-    if settings.mode == "fireact":
+    if settings.style == "fireact":
         from pipeline.methods.fireact import SOURCE
 
         return {"react": PromptPrefix("react", "", "", SOURCE)}
     formats = method_spec(name).formats
-    if settings.mode == "zero_shot":
+    if settings.style == "zero_shot":
         return {fmt: zero_shot(fmt) for fmt in formats}
     return {fmt: load_prompt(fmt, settings.exemplars, task) for fmt in formats}
 
@@ -52,7 +52,7 @@ def build_method(name: str, settings: MethodSettings | None = None, task: Task |
 
     settings, task = settings or MethodSettings(), get_task(task)
     p = prompt_prefixes(name, settings, task)
-    if settings.mode == "fireact":
+    if settings.style == "fireact":
         from pipeline.methods.fireact import FireActReAct
 
         return FireActReAct(settings)
@@ -62,13 +62,13 @@ def build_method(name: str, settings: MethodSettings | None = None, task: Task |
 
 def check_method(name: str, settings: MethodSettings, task: Task | None = None) -> None:
     method_spec(name)  # an unknown name: an error listing the known ones
-    if settings.mode not in MODES:
-        raise PipelineError(f"unknown mode '{settings.mode}'; expected one of {', '.join(MODES)}")
+    if settings.style not in STYLES:
+        raise PipelineError(f"unknown prompting style '{settings.style}'; expected one of {', '.join(STYLES)}")
     if settings.loop not in LOOPS:
         raise PipelineError(f"unknown loop '{settings.loop}'; expected one of {', '.join(LOOPS)}")
-    if settings.mode == "fireact" and name != "react":
+    if settings.style == "fireact" and name != "react":
         raise PipelineError(f"FireAct's format is ReAct only; it cannot run '{name}' (set methods=[react])")
-    if settings.mode == "fireact" and task is not None and task.name != "hotpotqa":
+    if settings.style == "fireact" and task is not None and task.name != "hotpotqa":
         raise PipelineError(f"FireAct's format was trained on HotpotQA questions; it does not run the {task.title} task")
     if settings.max_steps < 1 or settings.max_new_tokens < 1 or settings.cot_sc_samples < 1:
         raise PipelineError("max_steps, max_new_tokens and cot_sc_samples must be >= 1 "

@@ -4,7 +4,7 @@ generator protocol that lets one runner drive many episodes at once.
 A method's `run(ctx)` is a generator (an "episode program"). Each time it needs the model it
 yields a list of GenerationRequests and is sent back, for each request, its list of
 Completions; when the episode is over it returns an Outcome. The program never calls the LLM
-itself, so `pipeline.agent` can gather the requests of every waiting episode into ONE
+itself, so `pipeline.agent.scheduler` can gather the requests of every waiting episode into ONE
 `llm.generate()` call per round, or drive a single episode with batch-1 calls; both see the same
 completions and produce the same trajectory under greedy decoding. Environment steps happen
 inside the program, each episode against its own WikiEnv.
@@ -16,11 +16,11 @@ import sqlite3
 import zlib
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
-from pipeline.errors import BackendFailure
+from pipeline.core.errors import BackendFailure
+from pipeline.core.trajectory import Trajectory, one_line
 from pipeline.llm.base import Completion, GenerationRequest
-from pipeline.trajectory import Trajectory, one_line
 from pipeline.wiki.env import WikiEnv
 
 Program = Generator[list[GenerationRequest], list[list[Completion]], "Outcome"]
@@ -30,7 +30,9 @@ Program = Generator[list[GenerationRequest], list[list[Completion]], "Outcome"]
 class MethodSettings:
     """How a method prompts: the `prompting:` block of a stage config (`prompting.max_steps=7`)."""
 
-    mode: str = "prompt"  # prompt (instruction + exemplars + question) | zero_shot (question alone)
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {"mode": "style"}  # old key -> new (pipeline.core.config)
+
+    style: str = "prompt"  # prompt (instruction + exemplars + question) | zero_shot (question alone) | fireact
     exemplars: str = "ours"  # ours | paper | a prompts_naive.json path | a folder of ours
     max_steps: int = 7  # Act / ReAct step limit (the paper's: 7; its FEVER hybrids use 5, pipeline.tasks)
     max_new_tokens: int = 256  # per generation (the original notebook: 100)

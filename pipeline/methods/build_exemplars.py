@@ -17,10 +17,10 @@ import json
 import sys
 from pathlib import Path
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
+from pipeline.core.storage import atomic_write_json
+from pipeline.core.trajectory import FORMATS, Step, Trajectory, one_line
 from pipeline.methods.prompts import EXEMPLAR_DIR, our_exemplar_file
-from pipeline.storage import atomic_write_json
-from pipeline.trajectory import FORMATS, Step, Trajectory, one_line
 from pipeline.wiki.backend import WikiBackend
 from pipeline.wiki.env import WikiEnv
 
@@ -80,7 +80,7 @@ def check(backend: WikiBackend, directory: Path = EXEMPLAR_DIR, authored: list[d
 
 def check_questions(authored: list[dict], question_set: str = "offline-bootstrap") -> list[str]:
     """Each exemplar must be a question of the bootstrap pool, with the same text and answer."""
-    from pipeline.hotpotqa import load_question_set
+    from pipeline.tasks.hotpotqa.questions import load_question_set
 
     by_id = {q.id: q for q in load_question_set(question_set)}
     problems = []

@@ -7,6 +7,7 @@ where it would start inventing the next exemplar) and the answer is read from th
 
 from __future__ import annotations
 
+from pipeline.core.trajectory import COT_PREFIX, QUESTION_LABEL, Trajectory, one_line, question_line
 from pipeline.llm.base import Completion
 from pipeline.methods.base import (
     EpisodeContext,
@@ -18,7 +19,6 @@ from pipeline.methods.base import (
 )
 from pipeline.methods.prompts import PromptPrefix
 from pipeline.tasks import Task
-from pipeline.trajectory import COT_PREFIX, QUESTION_LABEL, Trajectory, one_line, question_line
 
 STOP = ["\nQuestion:"]  # HotpotQA's; a task's own is `stop_at(label)`
 CUES = {"standard": "Answer:", "cot": "Thought:"}

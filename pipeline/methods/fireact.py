@@ -36,6 +36,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
+from pipeline.core.trajectory import Rendered, Step, Trajectory, one_line
 from pipeline.methods.base import (
     EpisodeContext,
     MethodSettings,
@@ -45,7 +46,6 @@ from pipeline.methods.base import (
     request,
     step_env,
 )
-from pipeline.trajectory import Rendered, Step, Trajectory, one_line
 
 FORMAT = "fireact"
 HEADER = ("Below is an instruction that describes a task. "
@@ -81,7 +81,7 @@ def fireact_observation(observation: str) -> str:
 def render(traj: Trajectory) -> Rendered:
     """A ReAct trajectory in FireAct's text: prompt = the Alpaca wrapper, completion = the steps.
     Fields are written as they are (FireAct's loop appends them verbatim); observation spans as in
-    pipeline.trajectory.render."""
+    pipeline.core.trajectory.render."""
     if traj.method != "react":
         raise ValueError(f"FireAct's format holds ReAct trajectories, not {traj.method!r}")
     parts: list[str] = []

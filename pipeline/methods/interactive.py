@@ -29,6 +29,7 @@ has no original loop in the released code and runs the same in both modes.
 
 from __future__ import annotations
 
+from pipeline.core.trajectory import Step, Trajectory, one_line, render
 from pipeline.methods.base import (
     EpisodeContext,
     MethodSettings,
@@ -40,7 +41,6 @@ from pipeline.methods.base import (
 )
 from pipeline.methods.prompts import PromptPrefix
 from pipeline.tasks import Task
-from pipeline.trajectory import Step, Trajectory, one_line, render
 
 
 def split_thought_action(text: str, i: int) -> tuple[str, str | None]:

@@ -3,7 +3,7 @@
 Two exemplar sources, each the task's (pipeline.tasks):
   - "ours": the project's own 6 HotpotQA exemplars per format (pipeline/methods/exemplars/),
     written from offline-bootstrap questions, with observations produced by our WikiEnv over the
-    local index, rendered by pipeline.trajectory (so they read exactly like our training data);
+    local index, rendered by pipeline.core.trajectory (so they read exactly like our training data);
     FEVER has none;
   - "paper": the ReAct paper's released exemplars, used verbatim, from a path or through the data
     resolver: HotpotQA's `prompts_naive.json` (keys webthink_simple6 / webact_simple6 /
@@ -19,14 +19,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.errors import PipelineError
-from pipeline.storage import read_json
+from pipeline.core.errors import PipelineError
+from pipeline.core.storage import read_json
+from pipeline.core.trajectory import FORMATS, Trajectory, render
 from pipeline.tasks import Task
 
 # HotpotQA's (the default task's) under their old names: our exemplars' folder, the keys of the
 # paper's, the instructions that precede them.
 from pipeline.tasks.hotpotqa import EXEMPLAR_DIR, INSTRUCTIONS, NOTEBOOK_INSTRUCTION, PAPER_KEYS  # noqa: F401
-from pipeline.trajectory import FORMATS, Trajectory, render
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def paper_prefix(fmt: str, path: str | Path | None = None, task: Task | str | No
     """The paper's exemplars for `fmt` in the task's release (HotpotQA's by default), verbatim,
     from `path` (its prompts_naive.json / fever.json) or, when None, the file the data resolver
     finds (project cache, local mirror, or a download)."""
-    from pipeline.paths import SOURCES, resolve_source
+    from pipeline.core.paths import SOURCES, resolve_source
     from pipeline.tasks import get_task
 
     _check_format(fmt)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.methods.base import Method
 from pipeline.methods.composed import SelfConsistency, cot_sc_then_react, react_then_cot_sc
 from pipeline.methods.direct import Direct
@@ -20,7 +20,7 @@ from pipeline.methods.interactive import Interactive
 @dataclass(frozen=True)
 class MethodSpec:
     name: str  # the config value and the records' `method`
-    formats: tuple[str, ...]  # the trajectory formats (pipeline.trajectory.FORMATS) it prompts with
+    formats: tuple[str, ...]  # the trajectory formats (pipeline.core.trajectory.FORMATS) it prompts with
     # called with the prompt prefix of each of `formats`, in that order, then settings and task
     build: Callable[..., Method]
     label: str  # how the figure and the tables name it

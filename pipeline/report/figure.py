@@ -17,9 +17,9 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
+from pipeline.core.storage import atomic_path
 from pipeline.methods.registry import METHODS, in_figure_order, method_spec
 from pipeline.report.summaries import MODES, em_interval, is_grpo, method_label
-from pipeline.storage import atomic_path
 from pipeline.tasks import Task, get_task
 
 

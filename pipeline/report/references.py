@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.tasks import Task, get_task
 
 REACT_PAPER = "Yao et al. 2023 (ReAct, ICLR), Table 1: PaLM-540B prompting"
@@ -102,7 +102,7 @@ def collect_references(task: Task | None = None, published: bool = True, fireact
     if fireact_runs:
         if task.name != "hotpotqa":
             raise PipelineError(f"plot: fireact_runs are HotpotQA evaluations; these summaries are {task.title}'s")
-        from pipeline.importers import read_fireact_eval_runs
+        from pipeline.hub.importers import read_fireact_eval_runs
 
         for path in fireact_runs:
             for row in read_fireact_eval_runs(path):

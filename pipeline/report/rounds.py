@@ -14,14 +14,14 @@ import io
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.report.intervals import difference_interval, rate_interval
-from pipeline.storage import (
+from pipeline.core.storage import (
     atomic_write_json,
     atomic_write_text,
     check_writable_dir,
     read_json,
     read_manifest,
 )
+from pipeline.report.intervals import difference_interval, rate_interval
 from pipeline.tasks import get_task, task_of
 
 FAILED_WHY = ("error", "unfinished", "incorrect", "low_f1")  # pipeline.stages.filter FAILED_REASONS

@@ -1,6 +1,6 @@
 """Eval's summary rows as `plot` reads them: validated (a row without `task` is HotpotQA's), with
 `params_b` resolved and `origin` noted, the shards of a sharded eval (`shard=i/n`,
-pipeline.shards) merged into one row per model and method (counts summed, rates weighted by each
+pipeline.core.shards) merged into one row per model and method (counts summed, rates weighted by each
 shard's question count; an incomplete shard set is refused); and a row's EM as the tables and
 the orderings check print it.
 
@@ -12,10 +12,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
+from pipeline.core.storage import read_json, require_complete
+from pipeline.hub.models import size_label
 from pipeline.methods.registry import method_spec
 from pipeline.report.intervals import rate_interval
-from pipeline.storage import read_json, require_complete
 from pipeline.tasks import Task, get_task, task_of
 
 MODES = {"prompt": "Prompting", "finetune": "Fine-tuning"}  # mode -> its panel and table section
@@ -42,14 +43,14 @@ def load_summaries(paths: list[str | Path]) -> list[dict]:
     return merge_shards(rows)
 
 
-# Per-question means of eval's summary rows (pipeline.episodes.method_stats), and sums.
+# Per-question means of eval's summary rows (pipeline.agent.episodes.method_stats), and sums.
 SHARD_MEANS = ("em", "f1", "finish_rate", "mean_steps")
 SHARD_SUMS = ("n", "errors", "prompt_tokens", "completion_tokens", "seconds")
 
 
 def merge_shards(rows: list[dict]) -> list[dict]:
-    """One row per shard set (pipeline.shards) in place of its shards' rows; other rows as they are."""
-    from pipeline.shards import parse_shard
+    """One row per shard set (pipeline.core.shards) in place of its shards' rows; other rows as they are."""
+    from pipeline.core.shards import parse_shard
 
     groups: dict[tuple, list[dict]] = {}
     out: list[dict | tuple] = []
@@ -68,7 +69,7 @@ def merge_shards(rows: list[dict]) -> list[dict]:
 
 
 def merged_row(rows: list[dict]) -> dict:
-    from pipeline.shards import check_shard_set, parse_shard
+    from pipeline.core.shards import check_shard_set, parse_shard
 
     what = f"plot: {rows[0]['model']} / {rows[0]['method']} shards"
     check_shard_set([(parse_shard(r["shard"]), r["origin"]) for r in rows], what)
@@ -101,7 +102,7 @@ def validate_row(row: dict, where: str) -> dict:
     if not isinstance(em, int | float) or not 0.0 <= em <= 1.0:
         raise PipelineError(f"{where}: em must be a fraction between 0 and 1, got {em!r}")
     row = dict(row, params_b=resolve_params_b(row, where), origin=where)
-    row["size_class"] = str(row.get("size_class") or _size_label(row["params_b"])).lower()
+    row["size_class"] = str(row.get("size_class") or size_label(row["params_b"])).lower()
     return row
 
 
@@ -117,10 +118,6 @@ def resolve_params_b(row: dict, where: str) -> float:
         f"{where}: model {row.get('model')!r} has unknown size class {row.get('size_class')!r} and no params_b; "
         "set params_b (billions of parameters) or a size_class like '8b' / '135m'"
     )
-
-
-def _size_label(params_b: float) -> str:
-    return f"{params_b * 1000:g}m" if params_b < 1 else f"{params_b:g}b"
 
 
 def check_question_sets(rows: list[dict], allow_mixed: bool) -> list[str]:

@@ -1,10 +1,10 @@
-"""The model card of a GRPO `final/` (pipeline.cards.model_card hands a grpo manifest here)."""
+"""The model card of a GRPO `final/` (pipeline.hub.cards.model_card hands a grpo manifest here)."""
 
 from __future__ import annotations
 
 import json
 
-from pipeline.cards import HOTPOTQA, WIKIPEDIA, front_matter, results_table
+from pipeline.hub.cards import HOTPOTQA, WIKIPEDIA, front_matter, results_table
 
 
 def grpo_card(manifest: dict, eval_rows: list[dict]) -> str:

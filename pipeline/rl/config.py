@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from pipeline.errors import PipelineError
-from pipeline.finetune import LoraSettings
+from pipeline.core.errors import PipelineError
 from pipeline.methods import MethodSettings
+from pipeline.train.config import LoraSettings
 from pipeline.wiki.config import WikiConfig
 
 RL_FORMATS = ("react", "act")  # the interactive loops: one policy turn per environment step
@@ -52,7 +52,7 @@ class RolloutSettings:
 class RolloutPrompting(MethodSettings):
     """How the rollouts prompt: the method settings `eval` uses, with GRPO's defaults."""
 
-    mode: str = "zero_shot"  # the question line alone, as `eval` prompts a fine-tuned student (the only mode here)
+    style: str = "zero_shot"  # the question line alone, as `eval` prompts a fine-tuned student (the only style here)
     max_new_tokens: int = 100  # per step (the original ReAct code's cap)
     temperature: float = 1.0  # samples the rollouts (> 0); the loss's log-probabilities use it too
 
@@ -61,7 +61,7 @@ class RolloutPrompting(MethodSettings):
 class GrpoConfig:
     experiment: str = "default"
     # where the policy starts: a base model (hub id, folder, "smollm2"), a `final/` of ours, or a
-    # released checkpoint (a full model or a PEFT adapter, folder or hub id; pipeline/released.py)
+    # released checkpoint (a full model or a PEFT adapter, folder or hub id; pipeline/hub/released.py)
     student: str = "smollm2"
     student_name: str | None = None  # folder label; default: <the start's label>-grpo
     base_model: str | None = None  # the base of an adapter `student` (default: its manifest / adapter_config.json)
@@ -95,7 +95,7 @@ class GrpoConfig:
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"  # auto: bf16 on a bf16 GPU or CPU, else fp32
     attn_implementation: str | None = "auto"
     gradient_checkpointing: bool = False
-    peak_tflops: float | None = None  # per device, for MFU; default: the GPU's from pipeline/flops.py's table
+    peak_tflops: float | None = None  # per device, for MFU; default: the GPU's from pipeline/train/flops.py's table
     rollout: RolloutSettings = field(default_factory=RolloutSettings)
     output_root: Path = Path("checkpoints")
     output_dir: Path | None = None  # default: <output_root>/<experiment>/<student_name>/<format>
@@ -123,9 +123,9 @@ def resolve(cfg: GrpoConfig) -> GrpoConfig:
 
     if cfg.format not in RL_FORMATS:
         raise PipelineError(f"format: GRPO runs the interactive loops {', '.join(RL_FORMATS)}, not '{cfg.format}'")
-    if cfg.prompting.mode != "zero_shot":
-        raise PipelineError(f"prompting.mode: GRPO trains zero-shot (the question line alone), as `eval` decodes "
-                            f"a fine-tuned student; got '{cfg.prompting.mode}'")
+    if cfg.prompting.style != "zero_shot":
+        raise PipelineError(f"prompting.style: GRPO trains zero-shot (the question line alone), as `eval` decodes "
+                            f"a fine-tuned student; got '{cfg.prompting.style}'")
     if cfg.prompting.temperature <= 0:
         raise PipelineError(f"prompting.temperature: GRPO samples its rollouts (a group of greedy rollouts is one "
                             f"rollout {cfg.group_size} times, with no advantage to learn from); set it > 0, e.g. 1.0")

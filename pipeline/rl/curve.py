@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.storage import atomic_write_text
+from pipeline.core.storage import atomic_write_text
 
 COLUMNS = ("step", "reward", "reward_std", "rewards/em/mean", "rewards/f1/mean", "rewards/format/mean",
            "rollout/finish_rate", "rollout/mean_steps", "loss")
@@ -67,12 +67,12 @@ def plot_curve(curve: RewardCurve, path: Path) -> None:
 
 def plot_run(output_dir: str | Path) -> RewardCurve:
     """Redraw a run's curve from its latest trainer_state.json (e.g. of a checkpoint mid-run)."""
-    from pipeline.finetune import list_checkpoints
+    from pipeline.train.checkpoints import list_checkpoints
 
     output_dir = Path(output_dir)
     states = [p / "trainer_state.json" for p in list_checkpoints(output_dir) if (p / "trainer_state.json").is_file()]
     if not states:
-        from pipeline.errors import PipelineError
+        from pipeline.core.errors import PipelineError
 
         raise PipelineError(f"{output_dir}: no checkpoint with a trainer_state.json yet")
     curve = reward_curve(json.loads(states[-1].read_text(encoding="utf-8"))["log_history"])

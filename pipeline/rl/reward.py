@@ -3,7 +3,7 @@
     score("Paris", "paris")  -> {"em": 1.0, "f1": 1.0}
 
 `score` is the one place a prediction meets the gold answer (HotpotQA's official EM and F1 today,
-pipeline.metrics; the task seam will hand its own metric here). TRL calls one reward function per
+pipeline.tasks.hotpotqa.metric; the task seam will hand its own metric here). TRL calls one reward function per
 term with the batch's dataset columns (`answer`) and the rollout's fields (`prediction`,
 `end_reason`); the reward is their weighted sum (`reward.em`, `reward.f1`, `reward.format`), and
 TRL logs each term's mean as rewards/<term>/mean.
@@ -11,7 +11,7 @@ TRL logs each term's mean as rewards/<term>/mean.
 
 from __future__ import annotations
 
-from pipeline.metrics import exact_match, f1_score
+from pipeline.tasks.hotpotqa.metric import exact_match, f1_score
 
 TERMS = ("em", "f1", "format")
 

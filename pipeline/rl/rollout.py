@@ -26,13 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.agent import Episode
-from pipeline.errors import PipelineError
+from pipeline.agent.scheduler import Episode
+from pipeline.core.errors import PipelineError
+from pipeline.core.storage import atomic_write_text
+from pipeline.core.trajectory import render
 from pipeline.methods import Method
 from pipeline.rl.policy import TokenRequest, VLLMPolicy, transformers_policy
 from pipeline.rl.trace import TokenTrace
-from pipeline.storage import atomic_write_text
-from pipeline.trajectory import render
 
 
 @dataclass

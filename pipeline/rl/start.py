@@ -4,7 +4,7 @@
 
 - a folder with our manifest.json (a `train` or `grpo` final/): its weights, or its LoRA adapter
   on the base its manifest names; it must have been trained on the loop GRPO runs;
-- a PEFT adapter or a known released agent (pipeline.checkpoints resolves it as `eval` does: the
+- a PEFT adapter or a known released agent (pipeline.hub.finetuned resolves it as `eval` does: the
   base from `base_model=`, its adapter_config.json or the registry); it must decode in our
   format (FireAct's and AgentLM's own formats are not this project's loop);
 - anything else is a base model: "smollm2", a folder with config.json, or a hub id.
@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.errors import PipelineError
-from pipeline.llm.models import SMOLLM2, model_label, resolve_model_path
-from pipeline.storage import require_complete
+from pipeline.core.errors import PipelineError
+from pipeline.core.storage import require_complete
+from pipeline.hub.models import SMOLLM2, model_label, resolve_model_path
 
 
 @dataclass
@@ -40,7 +40,7 @@ def start_label(student: str) -> str:
     folder of our layout (<student>/<format>/final), else the folder or hub id's last part."""
     path = Path(student).expanduser()
     if is_ours(student):
-        from pipeline.storage import read_manifest
+        from pipeline.core.storage import read_manifest
 
         return str((read_manifest(path / "manifest.json") or {}).get("student") or model_label(student))
     if path.name == "final" and len(path.parts) >= 3:
@@ -52,13 +52,13 @@ def resolve_start(student: str, *, fmt: str, base_model: str | None = None, size
     if is_ours(student):
         return _ours(Path(student).expanduser(), fmt)
     folder = Path(student).expanduser()
-    from pipeline.released import find_agent
+    from pipeline.hub.released import find_agent
 
     if find_agent(student) is not None or (folder / "adapter_config.json").is_file():
         return _released(student, fmt, base_model, size_class)
     if base_model:
         raise PipelineError(f"base_model={base_model} names the base of an adapter, but {student} is not one; drop it")
-    from pipeline.llm.hf import looks_like_path
+    from pipeline.hub.models import looks_like_path
 
     if student != SMOLLM2 and looks_like_path(student) and not folder.is_dir():
         raise PipelineError(f"student: {student} not found; give a final/ of ours (e.g. from `train`), a model or "
@@ -74,7 +74,7 @@ def _ours(final: Path, fmt: str) -> StartPoint:
                             f"student of that format (set format={trained}, or start from a {fmt} student)")
     model, adapter = str(final), None
     if manifest.get("adapter"):
-        from pipeline.llm.hf import looks_like_path
+        from pipeline.hub.models import looks_like_path
 
         model, adapter = str(manifest.get("base_model") or ""), str(final)
         if not model or looks_like_path(model) and not Path(model).expanduser().exists():
@@ -85,8 +85,8 @@ def _ours(final: Path, fmt: str) -> StartPoint:
 
 
 def _released(student: str, fmt: str, base_model: str | None, size_class: str | None) -> StartPoint:
-    from pipeline.checkpoints import DECODE_FORMATS, resolve_checkpoint
-    from pipeline.released import find_agent
+    from pipeline.hub.finetuned import DECODE_FORMATS, resolve_checkpoint
+    from pipeline.hub.released import find_agent
 
     agent = find_agent(student)
     decodes = agent.format if agent else fmt

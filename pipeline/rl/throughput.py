@@ -1,29 +1,29 @@
 """Throughput and MFU of a GRPO step: the rollouts' generation and the policy update together.
 
 Per logged step, from the token counts of the rollouts (pipeline.rl.rollout.RolloutCounts) and
-the step time (the same timing callback as SFT: pipeline.flops.ThroughputMeter):
+the step time (the same timing callback as SFT: pipeline.train.flops.ThroughputMeter):
 
     update      each rollout's prompt + completion, trained as SFT trains a sequence
-                (pipeline.flops.flops_per_token: 6N + attention, LoRA 4N, + recompute)
+                (pipeline.train.flops.flops_per_token: 6N + attention, LoRA 4N, + recompute)
     extra pass  one more forward over the same tokens for each of: TRL's old log-probs
                 (num_iterations > 1) and the reference model (beta > 0)
     generation  2N per context token read and per token sampled (prefill counted whole each
                 call: with the KV cache reused, an upper bound) + attention at the mean length
 
-MFU = those FLOPs per second per device / the device's peak (pipeline/flops.py's table on
+MFU = those FLOPs per second per device / the device's peak (pipeline/train/flops.py's table on
 GPUs, `peak_tflops` elsewhere); without a peak only tokens/s and TFLOP/s are logged, as SFT does.
 """
 
 from __future__ import annotations
 
-from pipeline.flops import (
+from pipeline.rl.rollout import RolloutCounts
+from pipeline.train.flops import (
     FlopsPerToken,
     ThroughputMeter,
     attention_length,
     flops_per_token,
     matmul_params,
 )
-from pipeline.rl.rollout import RolloutCounts
 
 
 class RolloutThroughput(ThroughputMeter):
@@ -54,7 +54,7 @@ class RolloutThroughput(ThroughputMeter):
 
     def end_warm_up(self, tokens_seen: int) -> None:
         """The first step's rollouts are warm-up too: its FLOPs and tokens leave the figures
-        with its time (pipeline.flops.ThroughputMeter)."""
+        with its time (pipeline.train.flops.ThroughputMeter)."""
         super().end_warm_up(tokens_seen)
         self._flops = self._hardware = 0.0
         self._trained = self._generated = 0

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 
 
 @dataclass
@@ -41,7 +41,7 @@ class TokenTrace:
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:
-            # As SFT tokenises its prompt (pipeline.sft.tokenize_example): special tokens (BOS) included.
+            # As SFT tokenises its prompt (pipeline.train.sft.tokenize_example): special tokens (BOS) included.
             self.prompt_ids = list(self.tokenizer(self.prompt, add_special_tokens=True)["input_ids"])
 
     @property

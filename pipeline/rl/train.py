@@ -16,38 +16,29 @@ reads, as `train` writes them) and its model card land in <output_dir>/final.
 from __future__ import annotations
 
 import math
-import os
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.config import to_dict
-from pipeline.deepspeed_setup import deepspeed_line, settle_deepspeed_config
-from pipeline.errors import PipelineError
-from pipeline.finetune import (
-    FINAL_DIR,
-    FinetuneConfig,
-    check_launch,
-    check_same_precision,
-    checkpointing_arguments,
-    choose_resume,
-    count_processes,
-    device_arguments,
-    load_student,
-    load_tokenizer,
-    model_params_b,
-    peft_config,
-    precision_choice,
-    script_main,
-    set_aside_incomplete,
-    write_final,
-)
+from pipeline.core.config import to_dict
+from pipeline.core.errors import PipelineError
+from pipeline.core.storage import read_manifest
 from pipeline.rl.config import GrpoConfig, resolve
 from pipeline.rl.start import StartPoint, resolve_start
-from pipeline.sft import split_batch
-from pipeline.storage import read_manifest
-from pipeline.train_checks import Layout, launch_strategy, layout_callback, saved_layout
+from pipeline.train.checkpoints import choose_resume, set_aside_incomplete
+from pipeline.train.checks import Layout, layout_callback, saved_layout
+from pipeline.train.config import FINAL_DIR, FinetuneConfig
+from pipeline.train.data import load_tokenizer
+from pipeline.train.deepspeed_setup import deepspeed_line, settle_deepspeed_config
+from pipeline.train.final import check_same_precision, model_params_b, write_final
+from pipeline.train.launch import Launch
+from pipeline.train.model import load_student, peft_config
+from pipeline.train.plan import TrainPlan, plan_training
+from pipeline.train.run import check_launch
+from pipeline.train.script import script_main
+from pipeline.train.sft import split_batch
+from pipeline.train.trainer import checkpointing_arguments, device_arguments
 
 
 @dataclass
@@ -71,18 +62,22 @@ def batch_plan(cfg: GrpoConfig, num_processes: int) -> BatchPlan:
 
 def student_settings(cfg: GrpoConfig, start: StartPoint) -> FinetuneConfig:
     """The student keys `train` and `grpo` share, as a FinetuneConfig, so the student is
-    loaded, wrapped and checked by the same functions as an SFT student."""
+    loaded, wrapped, checked and planned (pipeline.train.plan) by the same functions as an SFT
+    student. Its batch keys are the rollouts' (padded: no micro-batch cap), so the plan's batch
+    split is batch_plan's."""
     return FinetuneConfig(student=start.model, tokenizer=cfg.tokenizer or start.tokenizer,
                           trust_remote_code=cfg.trust_remote_code, finetuning=cfg.finetuning, lora=cfg.lora,
                           precision=cfg.precision, attn_implementation=cfg.attn_implementation,
                           gradient_checkpointing=cfg.gradient_checkpointing, optim=cfg.optim, seed=cfg.seed,
-                          deepspeed_on_cpu=cfg.deepspeed_on_cpu)
+                          deepspeed_on_cpu=cfg.deepspeed_on_cpu, global_batch_size=cfg.rollouts_per_step,
+                          per_device_batch_size=cfg.per_device_batch_size,
+                          max_per_device_batch_size=cfg.max_per_device_batch_size, batching="padded")
 
 
-def load_policy(ft: FinetuneConfig, start: StartPoint, tokenizer):
+def load_policy(ft: FinetuneConfig, train_plan: TrainPlan, start: StartPoint, tokenizer):
     """(model, peft_config for TRL or None): a LoRA start's adapter is trained on (finetuning:
     lora) or merged into its base (full); a full start gets a new adapter under lora."""
-    model = load_student(ft, tokenizer)
+    model = load_student(ft, tokenizer, train_plan)
     if start.adapter is None:
         return model, peft_config(ft)
     from peft import PeftModel
@@ -94,9 +89,9 @@ def load_policy(ft: FinetuneConfig, start: StartPoint, tokenizer):
 def training_questions(cfg: GrpoConfig) -> tuple[dict, list[dict]]:
     """({prompt: question}, dataset rows). TRL hands the rollout function prompts only, so the
     prompt names the question: a question whose text repeats an earlier one's is left out."""
-    from pipeline.hotpotqa import load_question_set
+    from pipeline.core.trajectory import question_line
     from pipeline.methods import prompt_prefixes
-    from pipeline.trajectory import question_line
+    from pipeline.tasks.hotpotqa.questions import load_question_set
 
     prefix = prompt_prefixes(cfg.format, cfg.prompting)[cfg.format].text
     by_prompt: dict = {}
@@ -109,11 +104,9 @@ def training_questions(cfg: GrpoConfig) -> tuple[dict, list[dict]]:
     return by_prompt, rows
 
 
-def grpo_arguments(cfg: GrpoConfig, plan: BatchPlan, bf16: bool):
-    import torch
+def grpo_arguments(cfg: GrpoConfig, plan: BatchPlan, train_plan: TrainPlan):
     from trl import GRPOConfig
 
-    distributed_cpu = not torch.cuda.is_available() and plan.num_processes > 1
     vllm = {}
     if cfg.rollout.engine == "vllm":
         r = cfg.rollout
@@ -126,7 +119,7 @@ def grpo_arguments(cfg: GrpoConfig, plan: BatchPlan, bf16: bool):
         num_generations=cfg.group_size,  # steps_per_generation defaults to grad_accum: one rollout batch per step
         learning_rate=cfg.learning_rate, lr_scheduler_type=cfg.lr_scheduler,
         warmup_steps=math.ceil(cfg.warmup_ratio * cfg.max_steps), weight_decay=cfg.weight_decay,
-        max_grad_norm=cfg.max_grad_norm, optim=cfg.optim, bf16=bf16, fp16=cfg.precision == "fp16",
+        max_grad_norm=cfg.max_grad_norm, optim=cfg.optim, bf16=train_plan.bf16, fp16=cfg.precision == "fp16",
         beta=cfg.beta, epsilon=cfg.epsilon, loss_type=cfg.loss_type, scale_rewards=cfg.scale_rewards,
         num_iterations=cfg.num_iterations,
         # The loss divides the logits by it: the log-probabilities are those of the sampling distribution.
@@ -137,8 +130,8 @@ def grpo_arguments(cfg: GrpoConfig, plan: BatchPlan, bf16: bool):
         logging_steps=cfg.logging_steps, logging_first_step=True,
         report_to=[] if cfg.report_to == "none" else [cfg.report_to],
         seed=cfg.seed, data_seed=cfg.seed, remove_unused_columns=False, disable_tqdm=False,
-        **device_arguments(bf16, distributed_cpu),
-        **checkpointing_arguments(GRPOConfig, cfg.gradient_checkpointing),
+        **device_arguments(train_plan),
+        **checkpointing_arguments(GRPOConfig, train_plan.fsdp),
         **vllm,
     )
 
@@ -159,7 +152,8 @@ def grpo_trainer_class():
 
 
 def build_trainer(cfg: GrpoConfig, start: StartPoint, plan: BatchPlan, layout: Layout, by_prompt: dict,
-                  rows: list[dict]):
+                  rows: list[dict], train_plan: TrainPlan | None = None):
+    """The GRPO trainer of this run; `train_plan` (default: this process's) is the student's plan."""
     import torch
     from accelerate import PartialState
     from datasets import Dataset
@@ -171,8 +165,9 @@ def build_trainer(cfg: GrpoConfig, start: StartPoint, plan: BatchPlan, layout: L
     from pipeline.wiki.config import open_backend
 
     ft = student_settings(cfg, start)
+    train_plan = plan_training(ft) if train_plan is None else train_plan
     tokenizer = load_tokenizer(ft)
-    model, peft = load_policy(ft, start, tokenizer)
+    model, peft = load_policy(ft, train_plan, start, tokenizer)
     with PartialState().main_process_first():  # the first process builds a missing index, the others read it
         backend = open_backend(cfg.wiki)
     rollouts = Rollouts(by_prompt, build_method(cfg.format, cfg.prompting), backend, seed=cfg.seed,
@@ -180,12 +175,12 @@ def build_trainer(cfg: GrpoConfig, start: StartPoint, plan: BatchPlan, layout: L
                         engine=cfg.rollout.engine,
                         log_dir=cfg.output_dir / "rollouts" if cfg.log_rollouts else None)
     trainer = grpo_trainer_class()(model=model, reward_funcs=reward_functions(),
-                                   args=grpo_arguments(cfg, plan, precision_choice(ft).precision == "bf16"),
+                                   args=grpo_arguments(cfg, plan, train_plan),
                                    train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
                                    peft_config=peft, rollout_func=rollouts, callbacks=[layout_callback(layout)])
-    from pipeline.flops import peak_tflops
+    from pipeline.train.flops import peak_tflops
 
-    peak = cfg.peak_tflops or (peak_tflops(torch.cuda.get_device_name()) if torch.cuda.is_available() else None)
+    peak = cfg.peak_tflops or (peak_tflops(torch.cuda.get_device_name()) if train_plan.cuda else None)
     trainer.throughput = RolloutThroughput(model.config, full_finetuning=cfg.finetuning == "full",
                                            checkpointing=cfg.gradient_checkpointing,
                                            extra_forwards=int(cfg.beta != 0) + int(cfg.num_iterations > 1), peak=peak)
@@ -215,29 +210,30 @@ def run(cfg: GrpoConfig) -> dict:
     ft = student_settings(cfg, start)
     final = cfg.output_dir / FINAL_DIR
     done = read_manifest(final / "manifest.json") if final.is_dir() else None
-    choice = precision_choice(ft)
-    check_same_precision(done, choice.precision, final)
+    launch = Launch.from_env()
+    plan = batch_plan(cfg, launch.world_size)  # before the plan: its refusal names the rollouts
+    train_plan = plan_training(ft, launch, deepspeed=deepspeed)
+    check_same_precision(done, train_plan.precision.precision, final)
     if done and done.get("complete") and done.get("steps") == cfg.max_steps:
         print(f"[grpo] {final} is already complete ({cfg.max_steps} steps); nothing to do")
         return done
-    check_launch(ft)
-    plan = batch_plan(cfg, count_processes())
+    check_launch(ft, train_plan)
     by_prompt, rows = training_questions(cfg)
-    layout = Layout(plan.num_processes, plan.per_device, plan.grad_accum, cfg.rollouts_per_step, launch_strategy(),
+    layout = Layout(plan.num_processes, plan.per_device, plan.grad_accum, cfg.rollouts_per_step, launch.strategy,
                     len(rows))
-    rank0 = int(os.environ.get("RANK", "0")) == 0
+    rank0 = launch.rank0
     if rank0:
-        print(choice.line("training"))
+        print(train_plan.precision.line("training"))
         if deepspeed:
             print(deepspeed_line(*deepspeed).replace("[finetune]", "[grpo]"))
         print(f"[grpo] {cfg.format} from {start.kind} {cfg.student}: {cfg.questions_per_step} questions x "
               f"{cfg.group_size} rollouts = {cfg.rollouts_per_step} per step = {plan.per_device} per device x "
               f"{plan.grad_accum} accumulation x {plan.num_processes} processes; {cfg.max_steps} steps; "
               f"output {cfg.output_dir}")
-    trainer, tokenizer = build_trainer(cfg, start, plan, layout, by_prompt, rows)
+    trainer, tokenizer = build_trainer(cfg, start, plan, layout, by_prompt, rows, train_plan)
     if rank0:
-        for path in set_aside_incomplete(cfg.output_dir):
-            print(f"[grpo] set aside an incomplete checkpoint: {path}")
+        for path, why in set_aside_incomplete(cfg.output_dir):
+            print(f"[grpo] set aside an incomplete checkpoint: {path} ({why})")
     trainer.accelerator.wait_for_everyone()
     resume = choose_resume(cfg)
     line = check_resume(resume, layout)  # every rank reads the same files: every rank refuses alike
@@ -245,12 +241,12 @@ def run(cfg: GrpoConfig) -> dict:
         print(f"[grpo] {line}")
     started = time.time()
     result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
-    return save_policy(trainer, cfg, start, tokenizer, plan, len(rows), result, started)
+    return save_policy(trainer, cfg, start, tokenizer, plan, train_plan, len(rows), result, started)
 
 
-def save_policy(trainer, cfg: GrpoConfig, start: StartPoint, tokenizer, plan: BatchPlan, n_questions: int,
-                result, started: float) -> dict:
-    from pipeline.checkpoints import size_label
+def save_policy(trainer, cfg: GrpoConfig, start: StartPoint, tokenizer, plan: BatchPlan, train_plan: TrainPlan,
+                n_questions: int, result, started: float) -> dict:
+    from pipeline.hub.models import size_label
     from pipeline.rl.card import grpo_card
     from pipeline.rl.curve import reward_curve, write_curve
 
@@ -270,7 +266,7 @@ def save_policy(trainer, cfg: GrpoConfig, start: StartPoint, tokenizer, plan: Ba
         gradient_accumulation_steps=plan.grad_accum, num_processes=plan.num_processes,
         dataset={"questions": cfg.questions, "limit": cfg.limit, "distinct_questions": n_questions},
         train_loss=getattr(result, "training_loss", None), seconds=round(time.time() - started, 1),
-        precision=precision_choice(student_settings(cfg, start)).precision,
+        precision=train_plan.precision.precision,
         start={"checkpoint": cfg.student, "kind": start.kind, "trained_format": start.trained_format,
                "model": start.model, "adapter": start.adapter},
         grpo={"group_size": cfg.group_size, "questions_per_step": cfg.questions_per_step,
@@ -278,7 +274,7 @@ def save_policy(trainer, cfg: GrpoConfig, start: StartPoint, tokenizer, plan: Ba
               "temperature": cfg.prompting.temperature, "max_steps_per_episode": cfg.prompting.max_steps,
               "reward_first_steps": curve.mean_reward(first=True), "reward_last_steps": curve.mean_reward(first=False)},
     )
-    return write_final(trainer, cfg, tokenizer, "grpo", fields, lambda manifest: grpo_card(manifest, []),
+    return write_final(trainer, cfg, train_plan, tokenizer, "grpo", fields, lambda manifest: grpo_card(manifest, []),
                        label="grpo")
 
 

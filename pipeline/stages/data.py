@@ -18,8 +18,8 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from pipeline.errors import PipelineError
-from pipeline.storage import (
+from pipeline.core.errors import PipelineError
+from pipeline.core.storage import (
     atomic_write_json,
     atomic_write_text,
     check_writable_dir,
@@ -84,7 +84,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def fetch(args: argparse.Namespace) -> int:
-    from pipeline.paths import SOURCES, data_dir, resolve_source
+    from pipeline.core.paths import SOURCES, data_dir, resolve_source
 
     name = HOTPOT_SPLITS[args.split] if args.what == "hotpotqa" else FETCH_SOURCES[args.what]
     path = resolve_source(name, force_download=args.force)
@@ -120,8 +120,8 @@ def show(args: argparse.Namespace) -> int:
 
 
 def split(args: argparse.Namespace) -> int:
-    from pipeline import hotpotqa
-    from pipeline.paths import resolve_source
+    from pipeline.core.paths import resolve_source
+    from pipeline.tasks.hotpotqa import questions as hotpotqa
 
     out = args.out or hotpotqa.SPLITS_DIR / hotpotqa.OFFLINE_SPLIT
     check_writable_dir(out, "--out")

@@ -11,8 +11,8 @@ A base model is prompted with the method's instruction and exemplars (mode `prom
 fine-tuned checkpoint of ours runs zero-shot in the format it was trained on (mode `finetune`:
 the question line alone), its base model, adapter, format and size read from its manifest.
 Any other fine-tuned model or PEFT adapter (a folder or hub id without our manifest, e.g. a
-released agent) is resolved by pipeline.checkpoints and decodes in its `format`
-(pipeline.checkpoints.DECODE_FORMATS: ours, or FireAct's).
+released agent) is resolved by pipeline.hub.finetuned and decodes in its `format`
+(pipeline.hub.finetuned.DECODE_FORMATS: ours, or FireAct's).
 Per-question records are appended as episodes finish (a re-run resumes), then `summary.json`
 gets one row per method: the input of `python -m pipeline plot`.
 """
@@ -20,25 +20,26 @@ gets one row per method: the input of `python -m pipeline plot`.
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar
 
-from pipeline.config import add_config_arguments, stage_config, to_dict
-from pipeline.episodes import (
-    MAX_ERROR_SHARE,
-    answerer,
-    check_resumable,
-    run_methods,
-    start_run,
-    writing_run,
+from pipeline.agent.answerers import answerer
+from pipeline.agent.episodes import MAX_ERROR_SHARE, run_methods
+from pipeline.agent.run_folder import check_resumable, start_run, writing_run
+from pipeline.core.config import add_config_arguments, stage_config, to_dict
+from pipeline.core.errors import PipelineError
+from pipeline.core.same_run import run_keys, same_run
+from pipeline.core.shards import parse_shard
+from pipeline.core.storage import (
+    atomic_write_json,
+    check_writable_dir,
+    require_complete,
+    write_manifest,
 )
-from pipeline.errors import PipelineError
 from pipeline.llm.config import LLMConfig
+from pipeline.llm.serving import ServeConfig
 from pipeline.methods import FORMATS_USED, MethodSettings
-from pipeline.serving import ServeConfig
-from pipeline.shards import parse_shard
-from pipeline.storage import atomic_write_json, check_writable_dir, require_complete, write_manifest
 from pipeline.tasks import DEFAULT_TASK, get_task
 from pipeline.wiki.config import WikiConfig
 
@@ -50,36 +51,37 @@ KNOWN_SIZES = {"smollm2": ("135m", 0.135), "HuggingFaceTB/SmolLM2-135M-Instruct"
                "Qwen/Qwen2.5-72B": ("72b", 72.7), "Qwen/Qwen2.5-72B-Instruct": ("72b", 72.7)}
 
 
-# Keys whose change makes old records incomparable with new ones (a larger `limit` is fine).
-IDENTITY_KEYS = ("task", "model", "checkpoint", "format", "base_model", "questions", "prompting", "wiki", "shard")
-
-
 @dataclass
 class EvalConfig:
-    RENAMED_KEYS: ClassVar[dict[str, str]] = {"method": "prompting"}  # old key -> new (pipeline.config)
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {"method": "prompting"}  # old key -> new (pipeline.core.config)
 
-    task: str = "hotpotqa"  # hotpotqa | fever (pipeline.tasks): the questions, metric and exemplars
-    model: LLMConfig = field(default_factory=LLMConfig)  # a base model to prompt
-    checkpoint: Path | None = None  # or a fine-tuned checkpoint: our `final` folder, any model/adapter folder, a hub id
-    format: str | None = None  # how a checkpoint without our manifest decodes: standard|cot|act|react|fireact
-    base_model: str | None = None  # the base of an adapter checkpoint (default: its adapter_config.json)
-    size_class: str | None = None  # e.g. 135m, 8b, 62b; from the checkpoint when not given
-    params_b: float | None = None  # billions of parameters (the figure's x axis)
-    methods: list[str] = field(default_factory=lambda: ["standard", "cot", "act", "react"])
-    questions: str = "offline-eval"  # a set of the task's; react-dev500 needs wiki.backend=live or a full local index
-    limit: int | None = None
-    out_dir: Path = Path("runs/eval/default")
-    prompting: MethodSettings = field(default_factory=MethodSettings)  # mode is set from the model (prompt | zero_shot)
-    wiki: WikiConfig = field(default_factory=WikiConfig)
-    max_in_flight: int = 16
-    shard: str | None = None  # i/n: this job's share of the questions, for N jobs (pipeline.shards)
+    task: str = same_run("identity", default="hotpotqa")  # hotpotqa | fever (pipeline.tasks): the questions, metric and exemplars
+    model: LLMConfig = same_run("identity", default_factory=LLMConfig)  # a base model to prompt
+    checkpoint: Path | None = same_run("identity", default=None)  # or a fine-tuned checkpoint: our `final` folder, any model/adapter folder, a hub id
+    format: str | None = same_run("identity", default=None)  # how a checkpoint without our manifest decodes: standard|cot|act|react|fireact
+    base_model: str | None = same_run("identity", default=None)  # the base of an adapter checkpoint (default: its adapter_config.json)
+    size_class: str | None = same_run("free", default=None)  # e.g. 135m, 8b, 62b; from the checkpoint when not given
+    params_b: float | None = same_run("free", default=None)  # billions of parameters (the figure's x axis)
+    methods: list[str] = same_run("free", default_factory=lambda: ["standard", "cot", "act", "react"])
+    questions: str = same_run("identity", default="offline-eval")  # a set of the task's; react-dev500 needs wiki.backend=live or a full local index
+    limit: int | None = same_run("free", default=None)
+    out_dir: Path = same_run("free", default=Path("runs/eval/default"))
+    prompting: MethodSettings = same_run("identity", default_factory=MethodSettings)  # style is set from the model (prompt | zero_shot)
+    wiki: WikiConfig = same_run("identity", default_factory=WikiConfig)
+    max_in_flight: int = same_run("free", default=16)
+    shard: str | None = same_run("identity", default=None)  # i/n: this job's share of the questions, for N jobs (pipeline.core.shards)
     # Stop, with no summary, once more than this share of a method's episodes end in a model or
     # page-source error (end_reason llm_error / backend_error); a re-run runs those episodes again
-    max_error_share: float = MAX_ERROR_SHARE
+    max_error_share: float = same_run("free", default=MAX_ERROR_SHARE)
     # Start `vllm serve` for the model under test (its `model` section's tensor_parallel_size,
-    # gpu_memory_utilization, max_context, dtype, extra), evaluate over HTTP, stop it (pipeline/serving.py;
+    # gpu_memory_utilization, max_context, dtype, extra), evaluate over HTTP, stop it (pipeline/llm/serving.py;
     # keys: command, host, port, startup_timeout_s, stop_grace_s, extra_args, env)
-    serve: ServeConfig | None = None
+    serve: ServeConfig | None = same_run("free", default=None)
+
+
+# Keys whose change makes old records incomparable with new ones (a larger `limit` is fine):
+# declared on the fields (pipeline.core.same_run).
+IDENTITY_KEYS = run_keys(EvalConfig)
 
 
 @dataclass
@@ -90,7 +92,7 @@ class ModelUnderTest:
     size_class: str
     params_b: float
     trained_format: str | None  # the format a fine-tuned student decodes
-    decode_mode: str = "zero_shot"  # how its prompts are built (pipeline.methods MODES)
+    decode_style: str = "zero_shot"  # how its prompts are built (pipeline.methods STYLES)
     released: dict | None = None  # a checkpoint not trained here: {checkpoint, format}
     train_precision: str | None = None  # a fine-tuned student's training precision (its manifest)
     training: str | None = None  # "grpo" for a `grpo` final/ (its manifest's stage); None: SFT or prompted
@@ -113,7 +115,7 @@ def evaluate(cfg: EvalConfig) -> list[dict]:
     check_finetuned_methods(methods, target)
     if cfg.serve is None:
         return run_evaluation(cfg, target, target.llm, methods)
-    from pipeline.serving import ServerGone, served
+    from pipeline.llm.serving import ServerGone, served
 
     record = precision_record(target)
     check_resumable(cfg.out_dir, "eval", cfg, IDENTITY_KEYS)  # refuse before a server loads for minutes
@@ -129,14 +131,14 @@ def run_evaluation(cfg: EvalConfig, target: ModelUnderTest, llm_cfg: LLMConfig, 
                    server=None) -> list[dict]:
     """Evaluate `target` through `llm_cfg` (its own config, or the endpoint of a server started
     for it: `server`, watched for dying mid-run)."""
-    settings = replace(cfg.prompting, mode=target.decode_mode if target.mode == "finetune" else "prompt")
+    settings = replace(cfg.prompting, style=target.decode_style if target.mode == "finetune" else "prompt")
     task = get_task(cfg.task)
     model = answerer(llm_cfg, task)
     record = precision_record(target)  # what the model computes in, however it is reached
     questions, backend, llm, _ = start_run(cfg, "eval", model, settings, IDENTITY_KEYS, methods=methods,
                                            check=lambda: check_same_precision(cfg.out_dir, record))
     if server is not None:
-        from pipeline.serving import ServedLLM
+        from pipeline.llm.serving import ServedLLM
 
         llm = ServedLLM(llm, server)
     manifest = dict(stage="eval", config=to_dict(cfg), task=task.name, model=target.label, mode=target.mode,
@@ -150,7 +152,7 @@ def run_evaluation(cfg: EvalConfig, target: ModelUnderTest, llm_cfg: LLMConfig, 
                                 max_in_flight=cfg.max_in_flight, source="eval",
                                 max_error_share=cfg.max_error_share)
             rows = [summary_row(target, name, cfg.questions, s, record, task.name) for name, s in stats.items()]
-            if cfg.shard is not None:  # plot merges a shard set's rows into one (pipeline.shards)
+            if cfg.shard is not None:  # plot merges a shard set's rows into one (pipeline.core.shards)
                 rows = [dict(row, shard=str(parse_shard(cfg.shard))) for row in rows]
             atomic_write_json(cfg.out_dir / "summary.json", rows)
             write_manifest(cfg.out_dir / "manifest.json", complete=True, summary=rows, **manifest)
@@ -176,7 +178,7 @@ def model_under_test(cfg: EvalConfig) -> ModelUnderTest:
             raise PipelineError(f"model '{cfg.model.model}': its size is not known; set "
                                 + " and ".join(f"{k}=<{SIZE_HINTS[k]}>" for k in missing))
         return ModelUnderTest(cfg.model, cfg.model.label, "prompt", size_class, params_b, None)
-    from pipeline.llm.hf import looks_like_path
+    from pipeline.hub.models import looks_like_path
 
     final = Path(cfg.checkpoint)
     if not (final / "manifest.json").exists():
@@ -215,13 +217,13 @@ SIZE_HINTS = {"size_class": "e.g. 8b", "params_b": "billions, e.g. 8.0"}
 
 def released_model_under_test(cfg: EvalConfig) -> ModelUnderTest:
     """A checkpoint without our manifest (a released agent, any model or adapter folder)."""
-    from pipeline.checkpoints import resolve_checkpoint
+    from pipeline.hub.finetuned import resolve_checkpoint
 
     ckpt = resolve_checkpoint(str(cfg.checkpoint), format=cfg.format, base_model=cfg.base_model,
                               size_class=cfg.size_class, params_b=cfg.params_b, name=cfg.model.name)
     llm = replace(cfg.model, model=ckpt.model, adapter=ckpt.adapter, gguf_file=None, name=ckpt.label)
     return ModelUnderTest(llm, ckpt.label, "finetune", ckpt.size_class, ckpt.params_b, ckpt.trained_format,
-                          ckpt.decode_mode, {"checkpoint": ckpt.source, "format": ckpt.format})
+                          ckpt.decode_style, {"checkpoint": ckpt.source, "format": ckpt.format})
 
 
 def default_methods(methods: list[str], target: ModelUnderTest) -> list[str]:
@@ -261,10 +263,10 @@ def summary_row(target: ModelUnderTest, method: str, question_set: str, stats: d
 
 def precision_record(target: ModelUnderTest) -> dict:
     """What these records were computed in: the inference precision (the transformers backend
-    resolves `auto` by pipeline/precision.py's rule, the same call the backend makes when it
+    resolves `auto` by pipeline/core/precision.py's rule, the same call the backend makes when it
     loads the model; vLLM its dtype; a remote server or a stand-in: None) and, for a fine-tuned
     student, the precision it was trained in."""
-    from pipeline import precision
+    from pipeline.core import precision
 
     llm = target.llm
     if llm.backend == "transformers":
@@ -278,7 +280,7 @@ def precision_record(target: ModelUnderTest) -> dict:
 
 def check_same_precision(out_dir: Path, record: dict) -> None:
     """Refuse to append records computed in one precision to a folder holding another's."""
-    from pipeline.storage import read_manifest
+    from pipeline.core.storage import read_manifest
 
     old = read_manifest(Path(out_dir) / "manifest.json")
     if old is None or "precision" not in old:  # nothing yet, or a manifest older than the field

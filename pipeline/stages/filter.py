@@ -5,8 +5,8 @@
     python -m pipeline filter --from-fireact ../shared/data/fireact/alpaca_format/hotpotqa_multimethod.json out_dir=runs/sft/fireact
 
 Inputs are generate output folders (`<method>.jsonl` + a complete manifest.json) and/or FireAct's
-released files (pipeline.importers). The shards of a sharded generation (`shard=i/n`,
-pipeline.shards) are merged into one input, which must hold every shard 0..n-1. A generate
+released files (pipeline.hub.importers). The shards of a sharded generation (`shard=i/n`,
+pipeline.core.shards) are merged into one input, which must hold every shard 0..n-1. A generate
 folder's (or shard set's) episodes are read in question-id order, so a dataset does not depend on
 the order in which concurrent episodes happened to finish, nor on how the questions were sharded.
 The inputs' task (their manifests' `task`: HotpotQA when older manifests name none; FireAct's
@@ -39,10 +39,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import add_config_arguments, stage_config, to_dict
-from pipeline.errors import PipelineError
-from pipeline.llm.models import load_tokenizer
-from pipeline.storage import (
+from pipeline.core.config import add_config_arguments, stage_config, to_dict
+from pipeline.core.errors import PipelineError
+from pipeline.core.same_run import run_keys, same_run
+from pipeline.core.storage import (
     TMP_SUFFIX,
     check_writable_dir,
     file_fingerprint,
@@ -54,8 +54,9 @@ from pipeline.storage import (
     temp_prefix,
     write_manifest,
 )
+from pipeline.core.trajectory import FORMATS, Trajectory, render
+from pipeline.hub.models import load_tokenizer
 from pipeline.tasks import Task, get_task, task_of
-from pipeline.trajectory import FORMATS, Trajectory, render
 
 REQUIRED_FIELDS = ("id", "method", "em", "finished", "trajectory")
 # Why an episode was not kept, in the order the checks run ("error": a backend error ended it).
@@ -65,36 +66,37 @@ DROP_REASONS = ("error", "unfinished", "incorrect", "low_f1", "bad_trajectory", 
 # the others were dropped as data problems (bad_trajectory) or as surplus correct ones.
 FAILED_REASONS = ("error", "unfinished", "incorrect", "low_f1")
 FAILED_FILE = "failed.jsonl"
-# Settings that change a dataset's content; out_dir/force/methods do not.
-CONTENT_KEYS = ("min_f1", "require_finished", "max_per_method", "per_question", "seed", "tokenizer",
-                "fireact_other_tasks", "shuffle")
-# The generate config keys that make shards parts of one run (generate's identity keys, which
-# also decide what a resumed folder may hold, without `shard`; plus `limit`, which cuts the set).
+# The generate config keys that make shards parts of one run: GenerateConfig's fields marked
+# shard_set (pipeline.core.same_run); named here because a stage imports no sibling stage, and
+# held equal to them by tests/test_config.py.
 SHARD_SET_KEYS = ("task", "teacher", "questions", "prompting", "wiki", "samples", "limit")
 GLOBAL_BATCH = 64  # the paper's batch size, for the epochs the dataset card reports
 
 
 @dataclass
 class FilterConfig:
-    inputs: list[str] = field(default_factory=list)  # generate output folders
-    fireact: list[str] = field(default_factory=list)  # FireAct alpaca .json / gpt .jsonl files or folders
-    fireact_other_tasks: bool = False  # keep non-HotpotQA questions of FireAct's multitask files
+    inputs: list[str] = same_run("input", default_factory=list)  # generate output folders
+    fireact: list[str] = same_run("input", default_factory=list)  # FireAct alpaca .json / gpt .jsonl files or folders
+    fireact_other_tasks: bool = same_run("identity", default=False)  # keep non-HotpotQA questions of FireAct's multitask files
     # SFT dataset folders (this stage's out_dirs) whose <method>/train.jsonl rows come first in each
     # dataset, the new episodes' rows added unless already there (self-training's union of rounds);
-    # max_per_method caps the new rows only
-    union_with: list[str] = field(default_factory=list)
-    out_dir: str = "runs/sft"
-    methods: list[str] = field(default_factory=list)  # empty: every method the inputs hold
-    min_f1: float | None = None  # also require F1 >= this (EM = 1 is always required)
-    require_finished: bool = True
-    max_per_method: int = 3000
+    # max_per_method caps the new rows only. Checked by fingerprint, as the inputs are.
+    union_with: list[str] = same_run("input", default_factory=list)
+    out_dir: str = same_run("free", default="runs/sft")
+    methods: list[str] = same_run("free", default_factory=list)  # empty: every method the inputs hold
+    min_f1: float | None = same_run("identity", default=None)  # also require F1 >= this (EM = 1 is always required)
+    require_finished: bool = same_run("identity", default=True)
+    max_per_method: int = same_run("identity", default=3000)
     # Correct trajectories kept per question (k samples of one question, pipeline.sampling):
     # null = every distinct one; 1 = the first
-    per_question: int | None = None
-    seed: int = 0
-    shuffle: bool = True  # the written order: seeded shuffle (True) or input order
-    tokenizer: str | None = None  # "smollm2", a local folder or a hub id: token-length stats
-    force: bool = False
+    per_question: int | None = same_run("identity", default=None)
+    seed: int = same_run("identity", default=0)
+    shuffle: bool = same_run("identity", default=True)  # the written order: seeded shuffle (True) or input order
+    tokenizer: str | None = same_run("identity", default=None)  # "smollm2", a local folder or a hub id: token-length stats
+    force: bool = same_run("free", default=False)
+
+
+CONTENT_KEYS = run_keys(FilterConfig)
 
 
 @dataclass
@@ -139,7 +141,7 @@ def collect_episodes(cfg: FilterConfig) -> Episodes:
         for method, episodes in merged.items():
             by_method.setdefault(method, []).extend(sorted(episodes, key=lambda e: str(e["id"])))
     if cfg.fireact:
-        from pipeline.importers import find_fireact_files, read_fireact_trajectories
+        from pipeline.hub.importers import find_fireact_files, read_fireact_trajectories
 
         for path in (f for p in cfg.fireact for f in find_fireact_files(p)):
             episodes, report = read_fireact_trajectories(path, other_tasks=cfg.fireact_other_tasks)
@@ -165,9 +167,9 @@ def inputs_task(cfg: FilterConfig) -> Task:
 
 def generate_inputs(inputs: list[str]) -> list[list[Path]]:
     """The generate folders as inputs in order: an unsharded folder alone, the folders of one
-    shard set together (at the place of its first), checked complete (pipeline.shards)."""
-    from pipeline.episodes import identity
-    from pipeline.shards import check_shard_set, parse_shard
+    shard set together (at the place of its first), checked complete (pipeline.core.shards)."""
+    from pipeline.agent.run_folder import identity
+    from pipeline.core.shards import check_shard_set, parse_shard
 
     groups: dict[str, list[tuple[Path, object]]] = {}
     for folder in map(Path, inputs):
@@ -267,7 +269,7 @@ def _surplus_reason(episode: dict, cfg: FilterConfig, seen_ids: set, seen_texts:
 
 def paper_epochs(method: str, examples: int) -> dict[str, float]:
     """Epochs the paper's step counts make over `examples` rows at batch 64, per size class."""
-    from pipeline.finetune import PAPER_STEPS
+    from pipeline.train.config import PAPER_STEPS
 
     if examples < 1:
         return {}
@@ -341,11 +343,11 @@ def summarize(values: list[float]) -> dict[str, float] | None:
 
 
 def token_lengths(examples: list[dict], tokenizer) -> list[int]:
-    """Tokens per example exactly as training builds it (pipeline.sft: prompt with the tokenizer's
+    """Tokens per example exactly as training builds it (pipeline.train.sft: prompt with the tokenizer's
     special tokens, completion, EOS), so these stats size `max_length` for the trainer."""
     from tqdm import tqdm
 
-    from pipeline.sft import tokenize_example
+    from pipeline.train.sft import tokenize_example
 
     return [len(tokenize_example(tokenizer, e["prompt"], e["completion"])["input_ids"])
             for e in tqdm(examples, desc="token lengths", unit="ex", leave=False, disable=len(examples) < 1000)]
@@ -366,7 +368,7 @@ def dataset_stats(selection: Selection, examples: list[dict], tokenizer=None, to
         "tokens": None,
     }
     if tokenizer is not None:
-        stats["tokens"] = {"tokenizer": tokenizer_name, "counted": "prompt (with special tokens) + completion + EOS, as pipeline.sft tokenizes",
+        stats["tokens"] = {"tokenizer": tokenizer_name, "counted": "prompt (with special tokens) + completion + EOS, as pipeline.train.sft tokenizes",
                            **(summarize(token_lengths(examples, tokenizer)) or {})}
     return stats
 
@@ -391,7 +393,9 @@ def stats_line(stats: dict) -> str:
 # ---------------------------------------------------------------- writing
 
 
-def dataset_card(stats: dict, cfg: FilterConfig, task: Task | None = None) -> str:
+def format_card(stats: dict, cfg: FilterConfig, task: Task | None = None) -> str:
+    """README.md of one format's folder (sft/<format>/): what was kept and how. The card of a
+    published dataset (every format) is pipeline.hub.cards.dataset_card."""
     task = get_task(task)
     method = stats["method"]
     sources = ", ".join(f"{s} ({n})" for s, n in stats["sources"].items())
@@ -405,7 +409,7 @@ def dataset_card(stats: dict, cfg: FilterConfig, task: Task | None = None) -> st
            f"first, then {stats['union']['new_rows']} new rows (a new row whose text is already there is "
            "not added again).", ""] if "union" in stats else []),
         "Rows: `{id, question, method, prompt, completion, observation_spans, answer, source}`.",
-        "`prompt` is the question line, `completion` the trajectory as pipeline.trajectory renders it",
+        "`prompt` is the question line, `completion` the trajectory as pipeline.core.trajectory renders it",
         "(append the tokenizer's EOS token at tokenization); `observation_spans` are [start, end)",
         "character offsets of observation text inside `completion`, for optional loss masking.",
         "",
@@ -505,6 +509,8 @@ def dataset_manifest(cfg: FilterConfig, task: Task, method: str, inputs: list[di
 
 
 def content_key(cfg: FilterConfig) -> dict:
+    """The settings that change a dataset's content (FilterConfig's identity fields; the inputs
+    are checked by fingerprint; out_dir, force, methods change nothing)."""
     settings = to_dict(cfg)
     return {k: settings[k] for k in CONTENT_KEYS}
 
@@ -573,7 +579,7 @@ def run_filter(cfg: FilterConfig, allow_empty: bool = False) -> dict:
             "train.jsonl": "".join(json.dumps(e, ensure_ascii=False) + "\n" for e in examples),
             FAILED_FILE: failed_lines(selection),
             "stats.json": json.dumps(stats, indent=2) + "\n",
-            "README.md": dataset_card(stats, cfg, task),
+            "README.md": format_card(stats, cfg, task),
         }
         write_dataset_dir(folder, files, dataset_manifest(cfg, task, method, inputs, stats, reports))
         print(stats_line(stats))

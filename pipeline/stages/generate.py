@@ -27,70 +27,65 @@ many questions at least one episode solved, and with `earlier_runs` (other gener
 the earlier rounds of self-training) how many of those no earlier run had solved.
 `serve:` starts `vllm serve` for the teacher (as eval's `serve:` does, pipeline/serving.py).
 
-    python -m pipeline generate teacher.model=checkpoints/x/react/final prompting.mode=zero_shot \
+    python -m pipeline generate teacher.model=checkpoints/x/react/final prompting.style=zero_shot \
         methods=[react] samples=4 prompting.temperature=0.7 limit=50 out_dir=runs/gen/round2
 """
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from pipeline.config import add_config_arguments, stage_config, to_dict
-from pipeline.episodes import (
-    MAX_ERROR_SHARE,
-    ORACLE,
-    answerer,
-    method_stats,
-    run_methods,
-    set_aside_errors,
-    start_run,
-    writing_run,
-)
-from pipeline.errors import PipelineError
+from pipeline.agent.answerers import ORACLE, answerer
+from pipeline.agent.episodes import MAX_ERROR_SHARE, method_stats, run_methods, set_aside_errors
+from pipeline.agent.run_folder import start_run, writing_run
+from pipeline.core.config import add_config_arguments, stage_config, to_dict
+from pipeline.core.errors import PipelineError
+from pipeline.core.same_run import run_keys, same_run
+from pipeline.core.storage import check_writable_dir, read_jsonl, require_complete, write_manifest
 from pipeline.llm.config import LLMConfig
+from pipeline.llm.serving import ServeConfig
 from pipeline.methods import MethodSettings
 from pipeline.sampling import expand, question_id, solved_questions
-from pipeline.serving import ServeConfig
-from pipeline.storage import check_writable_dir, read_jsonl, require_complete, write_manifest
 from pipeline.tasks import Task, get_task
 from pipeline.wiki.config import WikiConfig
 
 
 @dataclass
 class GenerateConfig:
-    RENAMED_KEYS: ClassVar[dict[str, str]] = {"method": "prompting"}  # old key -> new (pipeline.config)
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {"method": "prompting"}  # old key -> new (pipeline.core.config)
 
-    task: str = "hotpotqa"  # hotpotqa | fever (pipeline.tasks): the questions, metric and exemplars
-    teacher: LLMConfig = field(default_factory=LLMConfig)  # backend: transformers|vllm|openai|oracle
-    methods: list[str] = field(default_factory=lambda: ["standard", "cot", "act", "react"])
-    questions: str = "offline-bootstrap"  # a question-set name of the task (pipeline.tasks) or a file
-    limit: int | None = None  # the first N questions of the set
-    out_dir: Path = Path("runs/generate/default")
-    prompting: MethodSettings = field(default_factory=MethodSettings)  # how the teacher is prompted
-    wiki: WikiConfig = field(default_factory=WikiConfig)
-    max_in_flight: int = 16  # episodes run at once (in rounds, or continuously against a server: pipeline.agent)
-    target_correct: int | None = None  # target mode: draw questions until each method has N correct
-    order_seed: int = 0  # target mode: the seed of the order in which questions are drawn
-    shard: str | None = None  # i/n: this job's share of the questions, for N jobs (pipeline.shards)
+    task: str = same_run("identity", shard_set=True, default="hotpotqa")  # hotpotqa | fever (pipeline.tasks): the questions, metric and exemplars
+    teacher: LLMConfig = same_run("identity", shard_set=True, default_factory=LLMConfig)  # backend: transformers|vllm|openai|oracle
+    methods: list[str] = same_run("free", default_factory=lambda: ["standard", "cot", "act", "react"])
+    questions: str = same_run("identity", shard_set=True, default="offline-bootstrap")  # a question-set name of the task (pipeline.tasks) or a file
+    limit: int | None = same_run("free", shard_set=True, default=None)  # the first N questions of the set
+    out_dir: Path = same_run("free", default=Path("runs/generate/default"))
+    prompting: MethodSettings = same_run("identity", shard_set=True, default_factory=MethodSettings)  # how the teacher is prompted
+    wiki: WikiConfig = same_run("identity", shard_set=True, default_factory=WikiConfig)
+    max_in_flight: int = same_run("free", default=16)  # episodes run at once (in rounds, or continuously against a server: pipeline.agent.scheduler)
+    target_correct: int | None = same_run("free", default=None)  # target mode: draw questions until each method has N correct
+    order_seed: int = same_run("target", default=0)  # target mode: the seed of the order in which questions are drawn
+    shard: str | None = same_run("identity", default=None)  # i/n: this job's share of the questions, for N jobs (pipeline.core.shards)
     # Stop, the run left incomplete, once more than this share of a method's episodes (of a target
     # mode batch) end in a model or page-source error; a re-run runs those episodes again
-    max_error_share: float = MAX_ERROR_SHARE
+    max_error_share: float = same_run("free", default=MAX_ERROR_SHARE)
     # Episodes per question: k > 1 samples each question k times (records `<id>#<j>`, pipeline.sampling;
     # set prompting.temperature > 0 for a model teacher), for rejection sampling
-    samples: int = 1
+    samples: int = same_run("identity", shard_set=True, default=1)
     # Generate folders of earlier runs (e.g. earlier self-training rounds): the stats count the
-    # questions solved here that none of them solved
-    earlier_runs: list[str] = field(default_factory=list)
+    # questions solved here that none of them solved (the records do not depend on them)
+    earlier_runs: list[str] = same_run("free", default_factory=list)
     # Start `vllm serve` for the teacher (its tensor_parallel_size, gpu_memory_utilization, max_context,
-    # dtype, extra), generate over HTTP, stop it (pipeline/serving.py; keys as eval's `serve`)
-    serve: ServeConfig | None = None
+    # dtype, extra), generate over HTTP, stop it (pipeline/llm/serving.py; keys as eval's `serve`)
+    serve: ServeConfig | None = same_run("free", default=None)
 
 
-# Keys whose change makes old records incomparable with new ones (a larger `limit` is fine).
-IDENTITY_KEYS = ("task", "teacher", "questions", "prompting", "wiki", "shard", "samples")
+# Keys whose change makes old records incomparable with new ones (a larger `limit` is fine):
+# declared on the fields (pipeline.core.same_run).
+IDENTITY_KEYS = run_keys(GenerateConfig)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -108,8 +103,8 @@ def generate(cfg: GenerateConfig) -> dict[str, dict]:
     check_samples(cfg)
     if cfg.serve is None:
         return run_generation(cfg, cfg.teacher)
-    from pipeline.episodes import check_resumable
-    from pipeline.serving import ServerGone, served
+    from pipeline.agent.run_folder import check_resumable
+    from pipeline.llm.serving import ServerGone, served
 
     check_resumable(cfg.out_dir, "generate", cfg, identity_keys(cfg))  # refuse before a server loads for minutes
     with served(cfg.teacher, cfg.serve, cfg.out_dir / "serve.log") as (llm, server):
@@ -120,7 +115,7 @@ def generate(cfg: GenerateConfig) -> dict[str, dict]:
 
 
 def identity_keys(cfg: GenerateConfig) -> tuple[str, ...]:
-    return IDENTITY_KEYS if cfg.target_correct is None else (*IDENTITY_KEYS, "order_seed")
+    return IDENTITY_KEYS if cfg.target_correct is None else (*IDENTITY_KEYS, *run_keys(GenerateConfig, "target"))
 
 
 def check_samples(cfg: GenerateConfig) -> None:
@@ -143,7 +138,7 @@ def run_generation(cfg: GenerateConfig, teacher_cfg: LLMConfig, server=None) -> 
     questions, backend, llm, exemplar_sources = start_run(cfg, "generate", teacher, cfg.prompting, keys)
     earlier = earlier_solved(cfg, task)  # checked before any episode runs
     if server is not None:
-        from pipeline.serving import ServedLLM
+        from pipeline.llm.serving import ServedLLM
 
         llm = ServedLLM(llm, server)
     episodes = expand(questions, cfg.samples)
@@ -240,9 +235,9 @@ def target_progress(order: list, records: dict[str, dict], target: int, task: Ta
 def run_to_target(teacher, llm, cfg: GenerateConfig, questions: list, backend) -> dict[str, dict]:
     """Target mode (module docstring): per method, draw batches in the seeded order until the
     method has `target_correct` correct episodes or no question is left. A shard i/n (its share
-    of the pool, pipeline.shards) aims at ceil(target_correct / n): the merged shards hold at
+    of the pool, pipeline.core.shards) aims at ceil(target_correct / n): the merged shards hold at
     least target_correct, and filter's max_per_method keeps a seeded draw of that many."""
-    from pipeline.shards import parse_shard
+    from pipeline.core.shards import parse_shard
 
     if cfg.target_correct < 1:
         raise PipelineError(f"target_correct must be >= 1, got {cfg.target_correct}")
@@ -273,9 +268,9 @@ def run_to_target(teacher, llm, cfg: GenerateConfig, questions: list, backend) -
 
 
 def add_search_stats(stats: dict[str, dict], out_dir: Path, questions: list, task: Task | None = None) -> None:
-    """For Act / ReAct files: how the episodes searched (pipeline.search_stats), over all of them
+    """For Act / ReAct files: how the episodes searched (pipeline.agent.search_stats), over all of them
     (`search`) and over the correct ones the filter keeps for training (`search_correct`)."""
-    from pipeline.search_stats import search_stats
+    from pipeline.agent.search_stats import search_stats
 
     ids = {str(q.id) for q in questions}
     for name, s in stats.items():

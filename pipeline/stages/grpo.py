@@ -20,9 +20,10 @@ import argparse
 import shlex
 from pathlib import Path
 
-from pipeline.config import add_config_arguments, read_yaml, stage_config
-from pipeline.deepspeed_setup import check_deepspeed_device
-from pipeline.launcher import (
+from pipeline.core.config import add_config_arguments, read_yaml, stage_config
+from pipeline.rl.config import GrpoConfig, resolve
+from pipeline.train.deepspeed_setup import check_deepspeed_device
+from pipeline.train.launcher import (
     Machines,
     add_launch_arguments,
     gpu_count,
@@ -34,7 +35,6 @@ from pipeline.launcher import (
     processes_for,
     write_config_file,
 )
-from pipeline.rl.config import GrpoConfig, resolve
 
 GRPO_MODULE = "pipeline.rl.train"
 RESOLVED_CONFIG = "grpo_config.yaml"  # the resolved config, beside the checkpoints
@@ -80,9 +80,9 @@ def grpo(cfg: GrpoConfig, *, accelerate_config: str | None = None, num_processes
 
 def preflight(cfg: GrpoConfig, config_path: Path) -> None:
     """Refuse now what the launched child would refuse later, and build a missing index once."""
+    from pipeline.core.storage import check_writable_dir
     from pipeline.rl.start import resolve_start
     from pipeline.rl.train import training_questions
-    from pipeline.storage import check_writable_dir
     from pipeline.wiki.config import open_backend
 
     read_yaml(config_path)

@@ -20,7 +20,7 @@ beside the fine-tuned points of their size, a column of their own in the table, 
 results.csv, results.md, orderings.md, orderings.json and manifest.json into out_dir, each by an
 atomic rename.
 
-The rows of a sharded eval (`shard=i/n`, pipeline.shards) are merged into one row per model and
+The rows of a sharded eval (`shard=i/n`, pipeline.core.shards) are merged into one row per model and
 method (counts summed, rates weighted by each shard's question count); an incomplete shard set
 is refused.
 
@@ -37,7 +37,15 @@ import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.config import add_config_arguments, stage_config, to_dict
+from pipeline.core.config import add_config_arguments, stage_config, to_dict
+from pipeline.core.storage import (
+    atomic_write_json,
+    atomic_write_text,
+    check_writable_dir,
+    file_fingerprint,
+    remove_stale_temps,
+    write_manifest,
+)
 from pipeline.report.figure import draw_figure, save_figure
 from pipeline.report.orderings import check_orderings, orderings_text
 from pipeline.report.references import collect_references
@@ -50,14 +58,6 @@ from pipeline.report.summaries import (
     load_summaries,
 )
 from pipeline.report.tables import results_csv, results_markdown
-from pipeline.storage import (
-    atomic_write_json,
-    atomic_write_text,
-    check_writable_dir,
-    file_fingerprint,
-    remove_stale_temps,
-    write_manifest,
-)
 
 
 @dataclass

@@ -7,7 +7,7 @@
 A dataset becomes a `datasets`-loadable folder: `<method>/train.jsonl` per method and a README.md
 dataset card (teacher, format, counts, filter rule, token statistics, licences) whose `configs:`
 block makes `load_dataset(folder, "<method>")` read it. A checkpoint becomes a copy of its
-`final/` folder (weights or adapter, tokenizer, manifest) with the model card (pipeline.cards:
+`final/` folder (weights or adapter, tokenizer, manifest) with the model card (pipeline.hub.cards:
 training config, data provenance, EM / F1 from the eval summaries that evaluated it), loadable
 with `from_pretrained`. The folder is written to a temporary name and renamed.
 
@@ -26,9 +26,9 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.config import add_config_arguments, load_config
-from pipeline.errors import PipelineError
-from pipeline.storage import require_complete
+from pipeline.core.config import add_config_arguments, load_config
+from pipeline.core.errors import PipelineError
+from pipeline.core.storage import require_complete
 
 
 @dataclass
@@ -87,7 +87,7 @@ def method_folders(dataset: Path) -> list[Path]:
 
 
 def dataset_package(dataset: Path, name: str | None) -> tuple[str, str, dict[str, Path], str]:
-    from pipeline.cards import dataset_card, dataset_facts
+    from pipeline.hub.cards import dataset_card, dataset_facts
 
     folders = method_folders(dataset)
     facts = [dataset_facts(f) for f in folders]
@@ -99,7 +99,7 @@ def dataset_package(dataset: Path, name: str | None) -> tuple[str, str, dict[str
 
 
 def model_package(final: Path, name: str | None, summaries: list[Path]) -> tuple[str, str, dict[str, Path], str]:
-    from pipeline.cards import eval_rows_for, model_card
+    from pipeline.hub.cards import eval_rows_for, model_card
 
     manifest = require_complete(final / "manifest.json", f"fine-tuned checkpoint {final}")
     if manifest.get("stage") != "train":

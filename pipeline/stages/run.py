@@ -32,6 +32,7 @@ the rounds table and figure (EM by round):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import os
 import subprocess
@@ -44,8 +45,10 @@ from typing import Any
 
 import yaml
 
-from pipeline import gpu_memory, precision, rounds
-from pipeline.config import (
+from pipeline import rounds
+from pipeline.agent.answerers import is_oracle
+from pipeline.core import gpu_memory, precision
+from pipeline.core.config import (
     add_config_arguments,
     build,
     load_config,
@@ -53,13 +56,14 @@ from pipeline.config import (
     read_section,
     read_yaml,
     to_dict,
+    upgrade_keys,
 )
-from pipeline.errors import PipelineError
-from pipeline.finetune import FinetuneConfig, resolve
-from pipeline.relay import pieces
+from pipeline.core.errors import PipelineError
+from pipeline.core.relay import pieces
+from pipeline.core.storage import check_writable_dir, is_done, read_manifest
+from pipeline.llm.serve_groups import plan_groups, running
 from pipeline.report.rounds import RoundsReport, write_rounds_report
 from pipeline.rounds import SelfTrainingConfig
-from pipeline.serve_groups import plan_groups, running
 from pipeline.stages.eval import EvalConfig, model_under_test, precision_record
 from pipeline.stages.filter import FilterConfig, run_filter
 from pipeline.stages.generate import GenerateConfig, generate
@@ -67,8 +71,9 @@ from pipeline.stages.grpo import GrpoConfig, grpo
 from pipeline.stages.grpo import resolve as resolve_grpo
 from pipeline.stages.plot import PlotConfig, run_plot
 from pipeline.stages.train import gpu_count, pick_accelerate_config, processes_for, train
-from pipeline.storage import check_writable_dir, is_done, read_manifest
 from pipeline.tasks import DEFAULT_TASK
+from pipeline.train.config import FinetuneConfig, resolve
+from pipeline.train.plan import foreseen
 
 
 @dataclass
@@ -86,7 +91,7 @@ class Student:
     format: str | None = None
     # EvalConfig keys for this student's evaluations, over the experiment's `eval` section: e.g. a
     # 70B student's model.tensor_parallel_size, model.gpu_memory_utilization, model.max_context,
-    # model.backend, or a `serve:` section (pipeline/serving.py)
+    # model.backend, or a `serve:` section (pipeline/llm/serving.py)
     eval: dict = field(default_factory=dict)
 
 
@@ -206,11 +211,11 @@ class Unit:
     # same call skip_or / launch_train make); None for units without a precision
     precision: Any = None
     # An eval unit with `serve:`: the model its server loads, (base model, LoRA adapter or None);
-    # units that need the same server share one (pipeline/serve_groups.py sets `group`)
+    # units that need the same server share one (pipeline/llm/serve_groups.py sets `group`)
     serves: tuple[str, str | None] | None = None
     group: Any = None
     # Units share a server only within one scope of a phase: a round's eval and the next round's
-    # generate, not the training between them (pipeline/serve_groups.py)
+    # generate, not the training between them (pipeline/llm/serve_groups.py)
     scope: str = ""
 
 
@@ -361,7 +366,7 @@ def needs_model(llm, serve=None, what: str | None = None) -> str:
     """What a unit needs running, and where, for the plan: one line."""
     what = what or llm.model
     gpus = f"tensor parallel {llm.tensor_parallel_size}, {llm.gpu_memory_utilization:g} of each GPU's memory"
-    if llm.backend == "oracle":
+    if is_oracle(llm):
         return "no model: the oracle stand-in teacher (gold facts)"
     if serve is not None:
         port = serve.port or "a free port"
@@ -396,7 +401,7 @@ def run(cfg: RunConfig, students: list[Student], phases: list[str] | None = None
     check_precisions([u for u in units if u.selected])
     show_plan(units)
     outputs: dict = {}
-    with running(units) as after:  # the servers units share (pipeline/serve_groups.py)
+    with running(units) as after:  # the servers units share (pipeline/llm/serve_groups.py)
         for i, unit in enumerate(units, start=1):
             if unit.selected:
                 stage(f"[{i}/{len(units)}] {unit.title}")
@@ -495,22 +500,24 @@ def skip_or(action, identity=None):
 
 def unit_done(config, identity=None) -> bool:
     """Whether a generate/eval unit's manifest says it is complete with this config (and
-    identity); a manifest written before configs had `task` was a HotpotQA run's."""
+    identity). The manifest's config is read in today's key names (pipeline.core.config
+    upgrade_keys); one written before configs had `task` was a HotpotQA run's."""
     try:
         extra = identity(config) if identity else {}
     except PipelineError:  # e.g. a fine-tuned checkpoint not trained yet: not done
         return False
     manifest, wanted = Path(config.out_dir) / "manifest.json", to_dict(config)
-    if is_done(manifest, config=wanted, **extra):
-        return True
+    if not is_done(manifest, **extra):
+        return False
+    was = upgrade_keys(type(config), (read_manifest(manifest) or {}).get("config") or {})
     older = {k: v for k, v in wanted.items() if k != "task"}
-    return wanted.get("task") == DEFAULT_TASK and is_done(manifest, config=older, **extra)
+    return was == wanted or (wanted.get("task") == DEFAULT_TASK and was == older)
 
 
 def with_model_card(final: Path, action):
     """Evaluate, then rewrite final/README.md with the EM / F1 rows: the card `publish` uploads."""
     def run_unit(config):
-        from pipeline.cards import eval_rows_for, write_model_card
+        from pipeline.hub.cards import eval_rows_for, write_model_card
 
         result = action(config)
         summary = Path(config.out_dir) / "summary.json"
@@ -525,7 +532,7 @@ def evaluate_in_child(config) -> None:
     (an in-process vLLM engine, a transformers model, a managed server) is gone, and its GPU
     memory free, when the process ends, before the next unit loads another. Its output streams
     through; its own error line becomes this unit's error. First, the GPUs its model loads on
-    must have the memory free (pipeline/gpu_memory.py)."""
+    must have the memory free (pipeline/core/gpu_memory.py)."""
     gpu_memory.check(gpu_memory.llm_need(f"eval {config.out_dir}", config.model, config.serve, config.params_b))
     in_child("eval", config)
 
@@ -562,7 +569,7 @@ def in_child(stage: str, config) -> None:
 
 
 def relay_stderr(proc: subprocess.Popen) -> str | None:
-    """Copy the child's stderr as it comes (progress bars redraw with \\r: pipeline/relay.py),
+    """Copy the child's stderr as it comes (progress bars redraw with \\r: pipeline/core/relay.py),
     holding back only its final `error: ...` line, which is returned for the caller to raise as its own."""
     error = None
     out = sys.stderr.buffer
@@ -600,19 +607,28 @@ def train_config(cfg: RunConfig, student: Student, fmt: str, dataset_dir: Path, 
 def launch_train(ft) -> None:
     """`train` for one student x method, unless its final model is done with this config."""
     final = Path(ft.output_dir) / "final"
-    if is_done(final / "manifest.json", config=to_dict(ft), precision=training_precision(ft)):
+    with training_errors(ft):  # the plan's refusals (a batch that does not divide) name the unit
+        trains_in = training_precision(ft)
+    if is_done(final / "manifest.json", config=to_dict(ft), precision=trains_in):
         print(f"[run] skip: {final} is complete")
         return
     gpu_memory.check(train_gpu_need(ft))
-    try:
+    with training_errors(ft):  # the child's own error line, relayed by the train stage
         code = train(ft)
-    except PipelineError as exc:  # the child's own error line, relayed by the train stage
-        failure = PipelineError(f"training {ft.student_name} on {ft.format}: {exc}")
-        failure.exit_code = exc.exit_code
-        raise failure from None
     if code != 0:
         raise PipelineError(f"training {ft.student_name} on {ft.format} failed (exit code {code}); "
                             "fix the cause and re-run: it resumes from the latest checkpoint")
+
+
+@contextlib.contextmanager
+def training_errors(ft):
+    """A PipelineError raised for a training unit, prefixed with which one, its exit code kept."""
+    try:
+        yield
+    except PipelineError as exc:
+        failure = PipelineError(f"training {ft.student_name} on {ft.format}: {exc}")
+        failure.exit_code = exc.exit_code
+        raise failure from None
 
 
 def train_gpu_need(ft) -> gpu_memory.GpuNeed | None:
@@ -635,8 +651,9 @@ def gpu_checked(action):
 
 def training_precision(ft) -> str:
     """The precision this training unit would run in (on this machine, under its accelerate config)."""
-    accelerate = read_yaml(pick_accelerate_config(ft.accelerate_config, gpu_count()))
-    return precision.training(ft.precision, deepspeed=accelerate.get("distributed_type") == "DEEPSPEED").precision
+    gpus = gpu_count()
+    config = pick_accelerate_config(ft.accelerate_config, gpus)
+    return foreseen(ft, read_yaml(config), processes_for(config, ft.num_processes, gpus), gpus).precision.precision
 
 
 def training_precision_record(ft) -> dict:

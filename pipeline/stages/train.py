@@ -32,10 +32,10 @@ import argparse
 import shlex
 from pathlib import Path
 
-from pipeline.config import add_config_arguments, read_yaml, stage_config
-from pipeline.deepspeed_setup import check_deepspeed_device
-from pipeline.finetune import FinetuneConfig, batch_split, resolve
-from pipeline.launcher import (  # noqa: F401  (ACCELERATE_CONFIGS, gpu_count, ...: re-exported for run and tests)
+from pipeline.core.config import add_config_arguments, read_yaml, stage_config
+from pipeline.train.config import FinetuneConfig, resolve
+from pipeline.train.deepspeed_setup import check_deepspeed_device
+from pipeline.train.launcher import (  # noqa: F401  (ACCELERATE_CONFIGS, gpu_count, ...: re-exported for run and tests)
     ACCELERATE_CONFIGS,
     DEFAULT_PORT,
     FINETUNE_MODULE,
@@ -50,6 +50,7 @@ from pipeline.launcher import (  # noqa: F401  (ACCELERATE_CONFIGS, gpu_count, .
     processes_for,
     write_config_file,
 )
+from pipeline.train.plan import foreseen
 
 RESOLVED_CONFIG = "finetune_config.yaml"  # the resolved config, beside the checkpoints
 
@@ -81,9 +82,10 @@ def train(cfg: FinetuneConfig, *, accelerate_config: str | None = None, num_proc
     config_path = pick_accelerate_config(accelerate_config or cfg.accelerate_config, gpus)
     num_processes = processes_for(config_path, num_processes or cfg.num_processes, gpus)
     world = num_processes * machines.count
-    deepspeed = read_yaml(config_path).get("distributed_type") == "DEEPSPEED"
+    accelerate = read_yaml(config_path)
+    deepspeed = accelerate.get("distributed_type") == "DEEPSPEED"
     check_deepspeed_device(deepspeed, gpus > 0, cfg.deepspeed_on_cpu, world)  # before 8 CPU processes start
-    per_device, accum, _ = batch_split(cfg, world)
+    per_device, accum, _ = foreseen(cfg, accelerate, world, gpus).batch
     if not dry_run:
         preflight(cfg, config_path)  # before the resolved config is written into output_dir
     cmd = launch_command(config_path, num_processes, write_resolved_config(cfg, dry_run), gpus, machines)
@@ -100,8 +102,8 @@ def preflight(cfg, config_path: Path) -> None:
     """Refuse now what the launched child would refuse seconds or minutes later: a dataset that
     is missing or incomplete by its manifest, an output folder that cannot be written, an
     accelerate config that is not a readable YAML file."""
-    from pipeline.finetune import check_dataset
-    from pipeline.storage import check_writable_dir
+    from pipeline.core.storage import check_writable_dir
+    from pipeline.train.data import check_dataset
 
     read_yaml(config_path)
     check_dataset(cfg)

@@ -22,7 +22,7 @@ import json
 import sys
 from pathlib import Path
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.methods.base import MethodSettings
 from pipeline.wiki.config import WikiConfig, resolve_corpus
 
@@ -85,7 +85,7 @@ def main(args: argparse.Namespace) -> int:
 def build(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from pipeline.storage import check_writable_dir, remove_stale_temps
+    from pipeline.core.storage import check_writable_dir, remove_stale_temps
     from pipeline.wiki.index import build_index, check_sources
 
     sources = check_sources(resolve_corpus(spec) for spec in (args.corpus or DEFAULTS.corpus))
@@ -142,7 +142,7 @@ def info(args: argparse.Namespace) -> int:
 
 
 def replay(args: argparse.Namespace) -> int:
-    from pipeline.storage import atomic_write_json
+    from pipeline.core.storage import atomic_write_json
     from pipeline.wiki.index import LocalIndex
     from pipeline.wiki.replay import replay as run_replay
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 
 
 class Task:
@@ -30,7 +30,7 @@ class Task:
     # ReAct's step limit inside the two hybrids (the paper: 7 for HotpotQA, 5 for FEVER); None:
     # `prompting.max_steps`, as for plain ReAct and Act.
     hybrid_react_steps: int | None = None
-    # The paper's exemplars: a data source (pipeline.paths) and its key per trajectory format.
+    # The paper's exemplars: a data source (pipeline.core.paths) and its key per trajectory format.
     paper_prompts: str = ""
     paper_keys: dict[str, str] = {}
     exemplar_dir: Path | None = None  # our own exemplars (`exemplars: ours`), if the task has any

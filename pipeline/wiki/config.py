@@ -6,13 +6,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.wiki.backend import WikiBackend
 
 
 @dataclass
 class WikiConfig:
-    # removed key -> why (pipeline.config): it was accepted and never read
+    # removed key -> why (pipeline.core.config): it was accepted and never read
     REMOVED_KEYS: ClassVar[dict[str, str]] = {"max_steps": "never read; the step limit is prompting.max_steps"}
 
     backend: str = "local"  # local | live
@@ -34,7 +34,7 @@ def resolve_corpus(spec: str) -> Path:
     """`mirror:<relpath>` names a file of the local data mirror (../shared/data by default)."""
     if not spec.startswith("mirror:"):
         return Path(spec)
-    from pipeline.paths import mirror_dir
+    from pipeline.core.paths import mirror_dir
 
     mirror = mirror_dir()
     relpath = spec[len("mirror:"):]

@@ -49,7 +49,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.wiki.backend import Page, paragraph_sizes
 from pipeline.wiki.observed import is_trajectory_file, observed_pages
 

@@ -52,8 +52,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
-from pipeline.errors import PipelineError, os_error_message
-from pipeline.storage import atomic_path
+from pipeline.core.errors import PipelineError, os_error_message
+from pipeline.core.storage import atomic_path
 from pipeline.wiki.backend import Page, paragraph_sizes
 from pipeline.wiki.corpus import (
     PAGE_SOURCES_HELP,

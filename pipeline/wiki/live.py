@@ -29,8 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import PipelineError
-from pipeline.transport import JsonHttpClient, PermanentPayload, TransientPayload
+from pipeline.core.errors import PipelineError
+from pipeline.core.transport import JsonHttpClient, PermanentPayload, TransientPayload
 from pipeline.wiki.backend import Page, paragraph_sizes
 
 DEFAULT_CACHE = Path("~/.cache/react-pipeline/live-wikipedia.sqlite")
@@ -110,7 +110,7 @@ class ResponseCache:
 class LiveWikipedia:
     """`WikiBackend` over the MediaWiki Action API (TextExtracts + CirrusSearch), cached.
 
-    Raises `pipeline.transport.RequestFailed` (a PipelineError) when the API cannot be reached
+    Raises `pipeline.core.transport.RequestFailed` (a PipelineError) when the API cannot be reached
     after the retries or answers with a permanent error; nothing is cached then."""
 
     def __init__(

@@ -23,7 +23,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.wiki.replay import SCRAPING_CHROME, parse_numbered
 
 _SEARCH = re.compile(r"^\s*[Ss]earch\[(.+)\]\s*$")

@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.wiki.backend import WikiBackend
 from pipeline.wiki.env import WikiEnv
 

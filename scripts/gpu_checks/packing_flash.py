@@ -7,7 +7,7 @@ Needs only torch and transformers (plus flash_attn / flash_attn_interface / kern
 flash implementations); the model is a tiny Llama built in code, so nothing is downloaded.
 
 For each attention implementation: the per-token losses of a packed batch as training collates
-it (pipeline/batching.py PackingCollator: several fixed-length rows, with the flash varlen
+it (pipeline/train/batching.py PackingCollator: several fixed-length rows, with the flash varlen
 boundaries) against the same trajectories run one by one. Before the fix the collator gave
 several rows with position_ids alone, and transformers' flash path then ran plain causal
 attention over each whole row (it infers boundaries from position_ids for one row only), so a
@@ -32,8 +32,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: pipeline/
 
-from pipeline.batching import PackingCollator, best_fit_decreasing  # noqa: E402
-from pipeline.sft import IGNORE_INDEX  # noqa: E402
+from pipeline.train.batching import PackingCollator, best_fit_decreasing  # noqa: E402
+from pipeline.train.sft import IGNORE_INDEX  # noqa: E402
 
 LENGTHS = (37, 21, 50, 12, 29, 44, 8, 33)  # trajectories of a micro-batch, placed into rows of ROW tokens
 ROW = 96

@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline import metrics
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.tasks.base import Task
+from pipeline.tasks.hotpotqa.metric import normalize_answer
 
 LABELS = ("SUPPORTS", "REFUTES", "NOT ENOUGH INFO")
 REACT_SEED, REACT_RANGE, REACT_SAMPLE = 233, 7405, 500  # FEVER.ipynb: range(7405), Random(233), first 500
@@ -90,7 +90,7 @@ def react_sample() -> list[int]:
 
 def load_question_set(name: str, limit: int | None = None) -> list[Claim]:
     """A named set of the module docstring, or a FEVER JSONL file; the first `limit` claims."""
-    from pipeline.paths import resolve_source
+    from pipeline.core.paths import resolve_source
 
     if name in QUESTION_SETS:
         claims = read_claims(resolve_source("fever-paper-dev"))
@@ -138,7 +138,7 @@ class Fever(Task):
         return load_question_set(name, limit)
 
     def normalize(self, answer: str | None) -> str:
-        return metrics.normalize_answer(answer or "")  # FeverWrapper normalises with HotpotQA's function
+        return normalize_answer(answer or "")  # FeverWrapper normalises with HotpotQA's function
 
     def scores(self, prediction: str | None, gold: str) -> dict[str, float]:
         correct = float(prediction is not None and self.normalize(prediction) == self.normalize(gold))

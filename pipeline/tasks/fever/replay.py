@@ -25,11 +25,11 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
+from pipeline.core.trajectory import FORMATS, Step, Trajectory, one_line
 from pipeline.methods.base import EpisodeContext, MethodSettings, Outcome, Program, step_env
 from pipeline.methods.interactive import env_action
-from pipeline.methods.oracle import DEFAULT_STYLE
-from pipeline.trajectory import FORMATS, Step, Trajectory, one_line
+from pipeline.tasks.hotpotqa.oracle import DEFAULT_STYLE
 
 _LINE = re.compile(r"^(Thought|Action|Observation) (\d+): ?(.*)$")
 _FINISH = re.compile(r"^\s*[Ff]inish\[(.*)\]\s*$")
@@ -92,7 +92,7 @@ class ReplayTeacher:
     """An episode program (pipeline.methods.base) that never asks a model."""
 
     def __init__(self, fmt: str, settings: MethodSettings):
-        from pipeline.paths import resolve_source
+        from pipeline.core.paths import resolve_source
         from pipeline.tasks import get_task
 
         self.name, self.settings, self.task = fmt, settings, get_task("fever")

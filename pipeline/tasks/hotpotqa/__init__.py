@@ -2,13 +2,14 @@
 answers, exact match (and token F1) after the official normalisation.
 
     task = get_task("hotpotqa")
-    task.load_questions("offline-eval")      # pipeline.hotpotqa: every file format, the named sets
-    task.scores("the Eiffel Tower", "Eiffel Tower")   # {"em": 1.0, "f1": 1.0} (pipeline.metrics)
+    task.load_questions("offline-eval")      # pipeline.tasks.hotpotqa.questions: every file format, the named sets
+    task.scores("the Eiffel Tower", "Eiffel Tower")   # {"em": 1.0, "f1": 1.0} (pipeline.tasks.hotpotqa.metric)
 
-Its instructions and the keys of the paper's exemplars are here; its other pieces still live where
-they were written (pipeline/hotpotqa.py, pipeline/metrics.py, our exemplars in
-pipeline/methods/exemplars/, the gold-facts oracle in pipeline/methods/oracle.py): this class is
-what the rest of the pipeline sees of them.
+Its instructions and the keys of the paper's exemplars are here, its other pieces beside them:
+questions.py (every file format, the named sets), metric.py (the official EM / F1;
+evaluate_metric.py wraps it for Hugging Face `evaluate`), oracle.py (the stand-in teacher that
+writes trajectories from the gold facts); our exemplars are in pipeline/methods/exemplars/. This
+class is what the rest of the pipeline sees of them.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipeline import hotpotqa, metrics
 from pipeline.tasks.base import Task
+from pipeline.tasks.hotpotqa import metric, questions
 
 # Our 6 exemplars per format (pipeline/methods/build_exemplars.py writes them), and the keys of
 # the paper's in prompts_naive.json.
@@ -63,7 +64,7 @@ class HotpotQA(Task):
     question_label = "Question"
     metric_label = "EM"
     correct_rule = "exact match 1"
-    question_sets = hotpotqa.QUESTION_SETS
+    question_sets = questions.QUESTION_SETS
     hybrid_react_steps = None  # 7, the paper's and prompting.max_steps's default
     paper_prompts = "react-prompts"
     paper_keys = PAPER_KEYS
@@ -74,16 +75,16 @@ class HotpotQA(Task):
     oracle_source = "oracle (gold supporting facts)"
     states_orderings = True
 
-    def load_questions(self, name: str, limit: int | None = None) -> list[hotpotqa.Question]:
-        return hotpotqa.load_question_set(name, limit=limit)
+    def load_questions(self, name: str, limit: int | None = None) -> list[questions.Question]:
+        return questions.load_question_set(name, limit=limit)
 
     def normalize(self, answer: str | None) -> str:
-        return metrics.normalize_answer(answer or "")
+        return metric.normalize_answer(answer or "")
 
     def scores(self, prediction: str | None, gold: str) -> dict[str, float]:
         if prediction is None:
             return {"em": 0.0, "f1": 0.0}
-        return {"em": metrics.exact_match(prediction, gold), "f1": metrics.f1_score(prediction, gold)}
+        return {"em": metric.exact_match(prediction, gold), "f1": metric.f1_score(prediction, gold)}
 
     def paper_instruction(self, fmt: str) -> str:
         # hotpotqa.ipynb's instruction precedes the paper's ReAct exemplars; the release has none
@@ -99,15 +100,15 @@ class HotpotQA(Task):
         return reference_rows()
 
     def oracle(self, fmt: str, settings: Any, style: str) -> Any:
-        from pipeline.methods.oracle import oracle_method
+        from pipeline.tasks.hotpotqa.oracle import oracle_method
 
         return oracle_method(fmt, settings, style)
 
-    def question_facts(self, question: hotpotqa.Question) -> dict[str, Any]:
+    def question_facts(self, question: questions.Question) -> dict[str, Any]:
         return {"split": question.split, "type": question.type, "level": question.level,
                 "context": "yes" if question.context is not None else "no", "source": question.source}
 
-    def describe(self, question: hotpotqa.Question) -> str:
+    def describe(self, question: questions.Question) -> str:
         gold = f"  gold: {question.gold_titles}" if question.supporting_facts else ""
         return f"- {question.id} [{question.type}] {question.question}\n  answer: {question.answer}{gold}"
 

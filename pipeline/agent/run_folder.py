@@ -1,0 +1,119 @@
+"""The run folder of a `generate` or `eval` run: held by one writer at a time, resumed only by the
+same run (what counts as the same is declared on the config's fields: pipeline.core.identity),
+marked incomplete until its complete manifest is written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from pipeline.agent.answerers import Answerer
+from pipeline.agent.episodes import check_error_share
+from pipeline.core.config import to_dict, upgrade_keys
+from pipeline.core.errors import PipelineError
+from pipeline.core.same_run import run_keys
+from pipeline.core.shards import parse_shard, shard_questions
+from pipeline.core.storage import read_manifest, remove_stale_temps, write_manifest
+from pipeline.llm.base import LLM
+from pipeline.llm.config import LLMConfig
+from pipeline.methods import MethodSettings
+from pipeline.tasks import task_of
+from pipeline.wiki.backend import WikiBackend
+from pipeline.wiki.config import open_backend
+
+LOCK_NAME = ".lock"
+
+
+@contextlib.contextmanager
+def run_lock(out_dir: Path) -> Iterator[None]:
+    """Hold `<out_dir>/.lock` while writing: a second generate/eval on the same folder would
+    append the same episodes twice. The OS drops the lock when the holder dies (even kill -9)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / LOCK_NAME, "a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            raise PipelineError(f"{out_dir} is being written by another process (pid {fh.read().strip() or '?'}); "
+                                "wait for it to finish or use another out_dir") from None
+        fh.truncate(0)
+        fh.write(str(os.getpid()))
+        fh.flush()
+        remove_stale_temps(out_dir)  # a killed run's half-written manifest or summary
+        yield
+
+
+# Operational knobs of an LLM section that do not change what it writes (`base_url`: where the
+# same model is served, e.g. other replicas when a sharded job resumes on another node): the
+# LLMConfig fields declared free (pipeline.core.same_run).
+OPERATIONAL_KEYS = run_keys(LLMConfig, "free")
+
+
+# Identity keys added after runs were written, with the value every older run had.
+LATER_KEYS = {"samples": 1}
+
+
+def identity(config: dict, keys: tuple[str, ...]) -> dict:
+    """The part of a stage config (`keys`) that decides what its records hold (a config older than
+    the `task` key was a HotpotQA run's; one older than `samples` ran one episode per question)."""
+    config = {k: task_of(config) if k == "task" else config.get(k, LATER_KEYS.get(k)) for k in keys}
+    for k in ("teacher", "model"):  # the LLM sections: how it is served does not matter
+        if isinstance(config.get(k), dict):
+            config[k] = {key: v for key, v in config[k].items() if key not in OPERATIONAL_KEYS}
+    return config
+
+
+def check_resumable(out_dir: Path, stage: str, cfg: Any, keys: tuple[str, ...]) -> None:
+    """Refuse to append to a folder written by another stage or with a different model,
+    question set or prompting settings (`keys` of the stage config `cfg`): records would get
+    mixed. An older manifest's config is read in today's key names."""
+    old = read_manifest(out_dir / "manifest.json")
+    if old is None:
+        return
+    was = identity(upgrade_keys(type(cfg), old.get("config", {})), keys)
+    new = identity(to_dict(cfg), keys)
+    changed = [k for k in keys if was.get(k) != new.get(k)]
+    if old.get("stage") != stage or changed:
+        raise PipelineError(
+            f"{out_dir} holds a {old.get('stage')} run with a different {', '.join(changed) or 'stage'}; "
+            "use another out_dir (or delete that folder) to start afresh"
+        )
+
+
+def start_run(cfg: Any, stage: str, who: Answerer, settings: MethodSettings,
+              keys: tuple[str, ...], *, methods: list[str] | None = None,
+              check: Callable[[], None] | None = None) -> tuple[list, WikiBackend, LLM | None, dict[str, dict]]:
+    """Check what a run of `cfg` (methods, questions, limit, out_dir, wiki) needs before anything
+    is written, then open the page source and the model: (questions, backend, llm, exemplar sources).
+    `methods` replaces cfg.methods (eval's default for a checkpoint); `check` is the stage's own
+    extra refusal (e.g. eval's precision), run with the resume check."""
+    check_error_share(cfg.max_error_share)
+    sources = who.check(cfg.methods if methods is None else methods, settings)
+    questions = who.task.load_questions(cfg.questions, limit=cfg.limit)
+    if not questions:
+        raise PipelineError(f"question set '{cfg.questions}' is empty: nothing to "
+                            + ("evaluate" if stage == "eval" else stage))
+    questions = shard_questions(questions, parse_shard(cfg.shard))
+    check_resumable(cfg.out_dir, stage, cfg, keys)
+    if check is not None:
+        check()
+    return questions, open_backend(cfg.wiki), who.open(), sources
+
+
+@contextlib.contextmanager
+def writing_run(cfg: Any, keys: tuple[str, ...], manifest: dict,
+                check: Callable[[], None] | None = None) -> Iterator[Path]:
+    """Hold the run folder, check again that it may be resumed (now that no one else can write
+    it), and mark it incomplete until the caller writes the complete manifest; yields its path."""
+    with run_lock(cfg.out_dir):
+        check_resumable(cfg.out_dir, manifest["stage"], cfg, keys)
+        if check is not None:
+            check()
+        path = cfg.out_dir / "manifest.json"
+        write_manifest(path, complete=False, **manifest)
+        yield path

@@ -1,0 +1,312 @@
+"""Typed stage configs: dataclass defaults < YAML file < `key=value` overrides on the CLI.
+
+Unknown keys fail with a did-you-mean, wrong types fail naming the key; both exit with code 2.
+A YAML file may hold one stage's keys at top level, or a whole experiment with one section
+per stage (`generate:`, `filter:`, ...): a stage reads its own section.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import difflib
+import inspect
+import io
+import textwrap
+import tokenize
+import types
+import typing
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from pipeline.core.errors import PipelineError, os_error_message
+
+T = TypeVar("T")
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, cls: type | None = None) -> None:
+    """--config, key=value overrides and --print-config; `--help` then lists every key of `cls`."""
+    parser.add_argument("--config", type=Path, help="YAML file (a stage's keys, or an experiment with a section per stage)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="override a config key, e.g. limit=8 llm.temperature=0.7")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the effective config (defaults < YAML < overrides) as YAML and exit")
+    if cls is not None:
+        parser.formatter_class = argparse.RawDescriptionHelpFormatter
+        parser.epilog = config_help(cls)
+
+
+def stage_config(cls: type[T], args: argparse.Namespace, section: str | None = None,
+                 finish: Callable[[T], T] | None = None) -> T:
+    """The stage's config from `--config` and overrides (then `finish`, e.g. resolving defaults
+    that depend on other keys); with `--print-config`, print it and exit without running."""
+    cfg = load_config(cls, args.config, args.overrides, section=section)
+    if finish is not None:
+        cfg = finish(cfg)
+    if getattr(args, "print_config", False):
+        print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
+        raise SystemExit(0)
+    return cfg
+
+
+def config_help(cls: type) -> str:
+    """Every key of `cls` (nested sections dotted) with its type, default and the comment that
+    documents it in the dataclass source, for the end of `--help`."""
+    rows = config_keys(cls)
+    width = min(max(len(key) for key, *_ in rows), 32)
+    lines = ["config keys (key=value on the command line, or in the YAML file):"]
+    for key, kind, default, doc in rows:
+        lines.append(f"  {key:<{width}}  {kind} = {default}" + (f"  # {doc}" if doc else ""))
+    return "\n".join(lines)
+
+
+def config_keys(cls: type, prefix: str = "") -> list[tuple[str, str, str, str]]:
+    """(dotted key, type as written, default, comment) for each field, nested sections expanded."""
+    hints, source = typing.get_type_hints(cls), field_source(cls)
+    rows = []
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        nested = nested_dataclass(hints[f.name])
+        kind, doc = source.get(f.name, (str(hints[f.name]), ""))
+        if nested is not None and f.default is None:  # an optional section: not expanded
+            rows.append((f"{prefix}{f.name}", kind, "null", doc))
+        elif nested is not None:
+            rows += config_keys(nested, prefix=f"{prefix}{f.name}.")
+        else:
+            rows.append((f"{prefix}{f.name}", kind, default_text(f), doc))
+    return rows
+
+
+def default_text(f: dataclasses.Field) -> str:
+    if f.default_factory is not dataclasses.MISSING:
+        value = f.default_factory()
+    elif f.default is dataclasses.MISSING:
+        return "(required)"
+    else:
+        value = f.default
+    value = str(value) if isinstance(value, Path) else value
+    return yaml.safe_dump(value, default_flow_style=True, width=10_000).strip().removesuffix("\n...").strip()
+
+
+def field_source(cls: type) -> dict[str, tuple[str, str]]:
+    """{field: (annotation as written, its comment)} read from the class source: the comment at
+    the end of the field's line, else the comment lines right above it. A subclass that changes
+    some defaults keeps its bases' comments for the others."""
+    out: dict[str, tuple[str, str]] = {}
+    for klass in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(klass):
+            out.update(own_field_source(klass))
+    return out
+
+
+def own_field_source(cls: type) -> dict[str, tuple[str, str]]:
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):
+        return {}
+    comments = {tok.start[0]: tok.string.lstrip("#").strip()
+                for tok in tokenize.generate_tokens(io.StringIO(source).readline) if tok.type == tokenize.COMMENT}
+    lines = source.splitlines()
+    out = {}
+    for node in ast.parse(source).body[0].body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            doc = comments.get(node.end_lineno, "")
+            above = node.lineno - 1
+            while not doc and above >= 1 and lines[above - 1].strip().startswith("#"):
+                above -= 1
+            if not doc and above < node.lineno - 1:
+                doc = " ".join(comments[n] for n in range(above + 1, node.lineno))
+            out[node.target.id] = (ast.unparse(node.annotation), doc)
+    return out
+
+
+def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None,
+                section: str | None = None) -> T:
+    data = read_section(path, section) if path is not None else {}
+    for item in overrides or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise PipelineError(f"override '{item}' is not key=value (e.g. limit=8)")
+        set_dotted(data, key.strip(), parse_value(key.strip(), raw))
+    return build(cls, data, where=str(path) if path else "config")
+
+
+def read_section(path: str | Path, section: str | None) -> dict[str, Any]:
+    """A YAML file's keys for one stage: its `section` when it has one, else the whole file."""
+    data = read_yaml(path)
+    if section and isinstance(data.get(section), dict):
+        return data[section]
+    return data
+
+
+def parse_value(key: str, raw: str):
+    """A `key=value` override's value, read as (safe) YAML: `8`, `0.7`, `true`, `[react, act]`."""
+    if not raw.strip():
+        return ""
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        reason = str(exc).splitlines()[0]
+        raise PipelineError(f"override '{key}': value {raw!r} is not valid YAML ({reason})") from None
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.exists():
+        raise PipelineError(f"config file not found: {path}")
+    if not path.is_file():
+        raise PipelineError(f"config file {path} is a folder (or not a regular file); give a YAML file")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise PipelineError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    except UnicodeDecodeError:
+        raise PipelineError(f"config file {path} is not UTF-8 text; give a YAML file") from None
+    except OSError as exc:
+        raise PipelineError(f"config file {os_error_message(exc, path)}") from None
+    if not isinstance(data, dict):
+        raise PipelineError(f"{path}: expected a mapping of config keys at the top level")
+    return data
+
+
+def set_dotted(data: dict, key: str, value: Any) -> None:
+    parts = key.split(".")
+    for part in parts[:-1]:
+        data = data.setdefault(part, {})
+        if not isinstance(data, dict):
+            raise PipelineError(f"override '{key}': '{part}' is not a section")
+    data[parts[-1]] = value
+
+
+def build(cls: type[T], data: dict[str, Any], where: str = "config", prefix: str = "") -> T:
+    """Instantiate dataclass `cls` from a mapping, checking every key and type."""
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    kwargs = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if key not in fields:
+            raise PipelineError(f"{where}: unknown key '{name}'{unknown_key_hint(cls, key, prefix, fields)}")
+        kwargs[key] = coerce(value, hints[key], name, where)
+    try:
+        obj = cls(**kwargs)
+    except (TypeError, ValueError) as exc:
+        raise PipelineError(f"{where}: {exc}") from None
+    return obj
+
+
+def unknown_key_hint(cls: type, key: str, prefix: str, fields) -> str:
+    """Name the new key of a renamed one, the reason of a removed one, else the closest key."""
+    renamed = getattr(cls, "RENAMED_KEYS", {})
+    removed = getattr(cls, "REMOVED_KEYS", {})
+    if key in renamed:
+        return f"; it was renamed: use '{prefix}{renamed[key]}'"
+    if key in removed:
+        return f"; it was removed ({removed[key]}): delete it"
+    close = difflib.get_close_matches(key, list(fields), n=1)
+    return f"; did you mean '{prefix}{close[0]}'?" if close else f"; known keys: {', '.join(sorted(fields))}"
+
+
+def upgrade_keys(cls: type, data: dict[str, Any]) -> dict[str, Any]:
+    """A mapping written with older key names (e.g. a manifest's config) in today's names:
+    renamed keys moved (`RENAMED_KEYS` of each dataclass), removed ones dropped."""
+    if not dataclasses.is_dataclass(cls) or not isinstance(data, dict):
+        return data
+    renamed, removed = getattr(cls, "RENAMED_KEYS", {}), getattr(cls, "REMOVED_KEYS", {})
+    out = {renamed.get(k, k): v for k, v in data.items() if k not in removed}
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name in out:
+            out[f.name] = upgrade_keys(nested_dataclass(hints[f.name]), out[f.name])
+    return out
+
+
+def nested_dataclass(annotation: Any) -> Any:
+    """The dataclass inside `X` or `X | None`, else None."""
+    for candidate in (annotation, *typing.get_args(annotation)):
+        if dataclasses.is_dataclass(candidate):
+            return candidate
+    return None
+
+
+def coerce(value: Any, annotation: Any, name: str, where: str) -> Any:
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return coerce(value, arg, name, where)
+            except PipelineError as exc:
+                errors.append(str(exc))
+        raise PipelineError(errors[0] if errors else f"{where}: '{name}' must not be null")
+    if dataclasses.is_dataclass(annotation):
+        if not isinstance(value, dict):
+            raise PipelineError(f"{where}: '{name}' must be a mapping")
+        return build(annotation, value, where, prefix=f"{name}.")
+    if origin in (list, tuple):
+        if isinstance(value, str | int | float):
+            value = [value]  # `methods=react` on the command line means a one-item list
+        if not isinstance(value, list | tuple):
+            raise PipelineError(f"{where}: '{name}' must be a list, got {type(value).__name__}")
+        item_type = args[0] if args else Any
+        return [coerce(v, item_type, f"{name}[{i}]", where) for i, v in enumerate(value)]
+    if origin is dict or annotation is dict:
+        if not isinstance(value, dict):
+            raise PipelineError(f"{where}: '{name}' must be a mapping, got {type(value).__name__}")
+        return value
+    if annotation is Any:
+        return value
+    if typing.get_origin(annotation) is typing.Literal:
+        if value not in args:
+            raise PipelineError(f"{where}: '{name}' must be one of {list(args)}, got {value!r}")
+        return value
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+        raise PipelineError(f"{where}: '{name}' must be true or false, got {value!r}")
+    if annotation is float and isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if annotation is float and isinstance(value, str):
+        try:
+            return float(value)  # YAML 1.1 reads `1e-4` (no dot) as a string
+        except ValueError:
+            pass
+    if annotation is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if annotation is str and isinstance(value, str | int | float) and not isinstance(value, bool):
+        return str(value)
+    if annotation is Path and isinstance(value, str | Path):
+        return Path(value)
+    raise PipelineError(f"{where}: '{name}' must be {getattr(annotation, '__name__', annotation)}, got {value!r}")
+
+
+def merged(*layers: dict) -> dict[str, Any]:
+    """Deep-merge config mappings, later layers winning."""
+    out: dict[str, Any] = {}
+    for layer in layers:
+        for key, value in (layer or {}).items():
+            if isinstance(value, dict) and isinstance(out.get(key), dict):
+                out[key] = merged(out[key], value)
+            else:
+                out[key] = value
+    return out
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """A JSON-friendly copy for manifests (paths as strings)."""
+    def convert(v):
+        if isinstance(v, Path):
+            return str(v)
+        if isinstance(v, dict):
+            return {k: convert(x) for k, x in v.items()}
+        if isinstance(v, list | tuple):
+            return [convert(x) for x in v]
+        return v
+    return convert(dataclasses.asdict(cfg))

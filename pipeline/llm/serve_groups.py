@@ -1,0 +1,192 @@
+"""One server per base model in a `run`: the eval units that need the same model served (the
+prompted methods of a model, the LoRA students of that base) share ONE managed `vllm serve`,
+started before the first of them that has work to do and stopped after the last, with each
+LoRA student as one of its `--lora-modules` (addressed by its unit's name). Each unit keeps its
+own `python -m pipeline eval` process, folder, records and resume: the child is told of the
+server through pipeline.llm.serving.SHARED_SERVER_ENV and uses it instead of starting its own.
+
+Units share a server when they are in the same phase (and scope: a self-training round's eval
+and the next round's generate, whose teacher is that student, share one, never across the
+training between rounds: pipeline/rounds.py), serve the same base model with the same
+model settings (tensor parallel size, memory fraction, dtype, max context, extra flags) and the
+same `serve:` section. A full fine-tune is a model of its own: its units share only among themselves.
+A shared server that dies mid-unit stops that unit (ServerGone in its child: one line) and with
+it the run; the next run starts it again and the unit resumes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from pipeline.core.config import to_dict
+from pipeline.llm.serving import (
+    SHARED_SERVER_ENV,
+    ManagedServer,
+    SharedServer,
+    free_port,
+    serve_command,
+)
+
+
+@dataclass
+class ServerGroup:
+    """The eval units one server serves, in run order, and that server once started."""
+
+    number: int
+    members: list[Any]  # run.Unit, each with `serves` = (base model, adapter folder or None)
+    done: Callable[[Any], bool]  # whether a unit's eval is already complete (it will skip)
+    server: ManagedServer | None = None
+    shared: SharedServer | None = None
+
+    @property
+    def base(self) -> str:
+        return self.members[0].serves[0]
+
+    def base_name(self) -> str:
+        """The name the base model answers to: the prompted unit's model label, if one is here."""
+        from pipeline.hub.models import model_label
+
+        prompted = [m for m in self.members if m.serves[1] is None]
+        return served_model(prompted[0].config).label if prompted else model_label(self.base)
+
+    def describe(self, index: dict[int, int]) -> str:
+        units = ", ".join(str(index[id(m)]) for m in self.members)
+        lora = sum(m.serves[1] is not None for m in self.members)
+        first = self.members[0].config
+        return (f"shared server #{self.number} for {self.base} (units {units}; {lora} LoRA adapter(s) by name): "
+                f"`{' '.join(first.serve.command)}`, tensor parallel {served_model(first).tensor_parallel_size}, "
+                "started once before the first of them that runs, stopped after the last")
+
+    def wrap(self, unit) -> Callable[[Any], Any]:
+        """The unit's action, run with this group's server up and named to its child."""
+        action = unit.action
+
+        def run_member(config):
+            if self.done(unit):  # the action prints its own skip line
+                return action(config)
+            self.start()
+            if self.shared is None or self.shared.name_for(self.llm_of(unit)) is None:
+                return action(config)  # not in the server (e.g. its adapter is missing): its own error
+            with child_environment({SHARED_SERVER_ENV: json.dumps(asdict(self.shared))}):
+                return action(config)
+        return run_member
+
+    def llm_of(self, unit):
+        from pipeline.llm.config import LLMConfig
+
+        base, adapter = unit.serves
+        return LLMConfig(model=base, adapter=adapter)
+
+    def start(self) -> None:
+        """Start the server for every member still to do whose model is on disk (once)."""
+        if self.server is not None:
+            return
+        from pipeline.hub.models import resolve_model_path
+
+        todo = [m for m in self.members if m.selected and not self.done(m)]
+        adapters: dict[str, str] = {}
+        for m in todo:  # one name per adapter (a round's eval and the next round's generate share it)
+            if m.serves[1] is not None and (Path(m.serves[1]) / "adapter_config.json").is_file() \
+                    and m.serves[1] not in adapters.values():
+                adapters[lora_name(m)] = m.serves[1]
+        first = self.members[0].config
+        base = replace(served_model(first), model=resolve_model_path(self.base), adapter=None, name=self.base_name())
+        serve = first.serve
+        port = serve.port or free_port(serve.host)
+        log = Path(first.out_dir).parent / f"shared-server-{self.number}.log"
+        print(f"[serve] shared server #{self.number}: {self.base} with {len(adapters)} adapter(s) for "
+              f"{len(todo)} unit(s) still to do", flush=True)
+        server = ManagedServer(serve_command(base, serve, port, adapters), serve.host, port,
+                               [base.label, *adapters], log, serve)
+        server.start()
+        self.server = server
+        self.shared = SharedServer(host=serve.host, port=port, model=base.model, name=base.label,
+                                   adapters=adapters, pid=server.server_pid, log=str(log))
+
+    def stop(self) -> None:
+        if self.server is not None:
+            server, self.server, self.shared = self.server, None, None
+            server.stop()
+
+
+def served_model(config):
+    """The LLM section a unit's server loads: an eval's `model`, a generate's `teacher`."""
+    return config.teacher if hasattr(config, "teacher") else config.model
+
+
+def lora_name(unit) -> str:
+    """A LoRA student's name in a shared server: its eval folder's name (unique in a run)."""
+    return Path(unit.config.out_dir).name
+
+
+def server_key(unit) -> tuple | None:
+    """What must be equal for two eval units to share one server; None: it keeps its own."""
+    ev = unit.config
+    if getattr(unit, "serves", None) is None or getattr(ev, "serve", None) is None:
+        return None
+    m = served_model(ev)
+    settings = (m.backend, m.tensor_parallel_size, m.gpu_memory_utilization, m.dtype, m.max_context,
+                m.trust_remote_code, json.dumps(m.extra, sort_keys=True), json.dumps(to_dict(ev.serve), sort_keys=True))
+    return (unit.phase, getattr(unit, "scope", ""), unit.serves[0], *settings)
+
+
+def plan_groups(units: list, done: Callable[[Any], bool]) -> list[ServerGroup]:
+    """Group the units (in run order) that can share a server; groups of one are left alone.
+    Each member's action and plan line are rewritten to use its group's server."""
+    by_key: dict[tuple, list] = {}
+    for unit in units:
+        key = server_key(unit)
+        if key is not None:
+            by_key.setdefault(key, []).append(unit)
+    groups = [ServerGroup(i, members, done) for i, members in
+              enumerate((m for m in by_key.values() if len(m) > 1), start=1)]
+    index = {id(u): i for i, u in enumerate(units, start=1)}
+    for group in groups:
+        for unit in group.members:
+            unit.needs = group.describe(index)
+            unit.action = group.wrap(unit)
+            unit.group = group
+    return groups
+
+
+@contextlib.contextmanager
+def running(units: list) -> Iterator[Callable[[Any], None]]:
+    """Yield `after(unit)`, to call once each unit has run: it stops a group's server after its
+    last selected member. Every server still up is stopped on the way out, whatever happened."""
+    groups = list({id(u.group): u.group for u in units if getattr(u, "group", None)}.values())
+    last = {}
+    for group in groups:
+        selected = [m for m in group.members if m.selected]
+        if selected:
+            last[id(selected[-1])] = group
+
+    def after(unit) -> None:
+        if id(unit) in last:
+            last[id(unit)].stop()
+    try:
+        yield after
+    finally:
+        for group in groups:
+            group.stop()
+
+
+@contextlib.contextmanager
+def child_environment(values: dict[str, str]) -> Iterator[None]:
+    """These environment variables for the child processes started meanwhile (units run one at
+    a time, in this thread)."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

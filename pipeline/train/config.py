@@ -1,0 +1,115 @@
+"""The config of a fine-tuning run (`train:` section, configs/students/*.yaml) and the defaults that
+depend on other keys: the paper's step schedule by format and size class, names and folders.
+
+    python -m pipeline train --config configs/students/tiny.yaml --print-config
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar, Literal
+
+from pipeline.core.errors import PipelineError
+from pipeline.core.trajectory import FORMATS
+from pipeline.hub.models import model_label
+
+# Paper (appendix B.1): batch 64; steps by size class and trajectory format.
+PAPER_STEPS = {
+    "8b": {"react": 4000, "act": 4000, "standard": 2000, "cot": 2000},
+    "62b": {"react": 4000, "act": 4000, "standard": 1000, "cot": 1000},
+}
+# Open-model size classes map onto the paper's two (7B/8B -> 8b; 70B/72B -> 62b); smaller
+# demo students use the 8b schedule.
+SIZE_CLASS_SCHEDULE = {"8b": "8b", "7b": "8b", "135m": "8b", "tiny": "8b", "62b": "62b", "70b": "62b", "72b": "62b"}
+
+FINAL_DIR = "final"
+
+
+@dataclass
+class LoraSettings:
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.05
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
+                                                               "gate_proj", "up_proj", "down_proj"])
+
+
+@dataclass
+class FinetuneConfig:
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {"method": "format"}  # old key -> new (pipeline.core.config)
+
+    experiment: str = "default"
+    student: str = "smollm2"  # hub id, local dir, or "smollm2" (the embedded SmolLM2-135M-Instruct)
+    student_name: str | None = None  # folder label; default: derived from `student`
+    init: Literal["pretrained", "random"] = "pretrained"  # random: tests only, with `random_model` dims
+    random_model: dict = field(default_factory=dict)  # LlamaConfig kwargs, e.g. hidden_size: 64
+    tokenizer: str | None = None  # default: the student's own
+    trust_remote_code: bool = False
+    size_class: str = "8b"  # picks the paper's step schedule: 8b | 62b (7b/135m -> 8b, 70b/72b -> 62b)
+    format: str = "react"  # the trajectory format to learn: standard | cot | act | react
+    dataset_dir: Path = Path("data/sft")  # reads <dataset_dir>/<format>/train.jsonl
+    output_root: Path = Path("checkpoints")
+    output_dir: Path | None = None  # default: <output_root>/<experiment>/<student_name>/<format>
+    accelerate_config: str = "auto"  # for `python -m pipeline train`: auto | cpu | cpu_ddp | multi_gpu | ... | a path
+    num_processes: int | None = None  # for `train`: override the accelerate config's process count
+    deepspeed_on_cpu: bool = False  # true: run a deepspeed_* accelerate config on CPU processes on purpose (tests; fp32 only)
+    global_batch_size: int = 64
+    per_device_batch_size: int | None = None  # default: the largest divisor <= max_per_device_batch_size (1 for padding_free without a varlen flash kernel: pipeline/train/speed.py)
+    max_per_device_batch_size: int = 8
+    max_steps: int | None = None  # default: PAPER_STEPS[size class][format]
+    learning_rate: float = 2e-5
+    lr_scheduler: str = "cosine"
+    warmup_ratio: float = 0.03
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    optim: str = "adamw_torch"
+    finetuning: Literal["full", "lora", "qlora"] = "full"
+    lora: LoraSettings = field(default_factory=LoraSettings)
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"  # auto: bf16 on a bf16 GPU or CPU, else fp32
+    attn_implementation: str | None = "auto"  # auto: varlen flash on CUDA where installed, else sdpa (pipeline/train/speed.py)
+    loss: Literal["auto", "model", "chunked"] = "auto"  # auto: TRL's chunked LM-head loss on GPUs, the model's own on CPU
+    peak_tflops: float | None = None  # per device, for MFU; default: the GPU's from pipeline/train/flops.py's table
+    gradient_checkpointing: bool = False
+    batching: Literal["padding_free", "packing", "padded"] = "padding_free"  # all: global_batch_size trajectories per step
+    mask_observations: bool = False  # False = the paper: observations are in the loss
+    max_length: int | None = None  # None: sized from the data (nothing truncated)
+    long_examples: Literal["drop", "error"] = "drop"  # with max_length: drop (reported) or refuse
+    max_examples: int | None = None  # use the first N records (smoke runs)
+    save_steps: int = 500
+    save_total_limit: int | None = 3
+    keep_checkpoints: bool = True  # false: delete checkpoint-*/ (optimizer state: ~128 GB each at 8B) once final/ is complete
+    logging_steps: int = 10
+    report_to: str = "tensorboard"  # offline event files under <output_dir>/runs; "none" to disable
+    seed: int = 0
+    resume: str = "latest"  # latest (complete checkpoint, if any) | none | a checkpoint path
+    dataloader_num_workers: int = 0
+
+
+def resolve(cfg: FinetuneConfig) -> FinetuneConfig:
+    """Fill the defaults that depend on other keys (steps, names, folders) and check values."""
+    if cfg.format not in FORMATS:
+        raise PipelineError(f"format: '{cfg.format}' is not one of {', '.join(FORMATS)}")
+    if cfg.max_steps is None:
+        cfg.max_steps = paper_max_steps(cfg.format, cfg.size_class)
+    if cfg.max_steps < 1:
+        raise PipelineError(f"max_steps must be >= 1, got {cfg.max_steps}")
+    if cfg.init == "random" and not cfg.tokenizer:
+        raise PipelineError("init: random needs `tokenizer` (a path or 'smollm2') to size the vocabulary")
+    if cfg.init == "random" and cfg.finetuning != "full":
+        raise PipelineError(f"init: random trains from scratch, so finetuning must be full (an adapter on an unsaved random base is useless), got {cfg.finetuning}")
+    if cfg.student_name is None:
+        cfg.student_name = model_label(cfg.student)
+    if cfg.output_dir is None:
+        cfg.output_dir = cfg.output_root / cfg.experiment / cfg.student_name / cfg.format
+    return cfg
+
+
+def paper_max_steps(fmt: str, size_class: str) -> int:
+    schedule = SIZE_CLASS_SCHEDULE.get(size_class.lower())
+    if schedule is None:
+        raise PipelineError(f"size_class: '{size_class}' has no step schedule; use one of "
+                            f"{', '.join(SIZE_CLASS_SCHEDULE)} or set max_steps")
+    if fmt not in PAPER_STEPS[schedule]:  # a format the paper did not train on
+        raise PipelineError(f"format: '{fmt}' has no step count in the paper's schedule; set max_steps")
+    return PAPER_STEPS[schedule][fmt]

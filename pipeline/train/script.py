@@ -1,0 +1,33 @@
+"""The body of a script `accelerate launch` runs (pipeline/finetune.py, pipeline/rl/train.py): its
+config from --config and key=value overrides, then the run; a bad input or a failed write ends in
+one line (relayed by the stage that launched it, pipeline/train/failures.py), a bug keeps its
+traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+from pipeline.core.config import add_config_arguments, stage_config
+from pipeline.core.errors import PipelineError
+from pipeline.train.failures import report_error, storage_error_message
+
+
+def script_main(argv: list[str] | None, config_class: type, *, section: str, resolve: Callable, run: Callable,
+                prog: str, description: str) -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    add_config_arguments(parser, config_class)
+    args = parser.parse_args(argv)
+    cfg = None
+    try:
+        cfg = stage_config(config_class, args, section=section, finish=resolve)
+        run(cfg)
+    except PipelineError as exc:
+        return report_error(str(exc), exc.exit_code)
+    except Exception as exc:  # a full disk while checkpointing, an unwritable output_dir
+        message = storage_error_message(exc, cfg.output_dir if cfg else None)
+        if message is None:
+            raise  # a bug: keep its traceback
+        return report_error(message, 2)
+    return 0
