@@ -1,12 +1,35 @@
 """Shared fixtures: the offline data folder, one local Wikipedia index built from it per session,
 the embedded SmolLM2 (its tokenizer and weights), each skipping with the reason when absent, and
-a tiny random base model with SmolLM2's tokenizer for the tiny grids."""
+a tiny random base model with SmolLM2's tokenizer for the tiny grids; and how the tests are
+shared between pytest-xdist workers (scripts/test.sh runs two)."""
 
 from pathlib import Path
 
 import pytest
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+VLLM_GROUP = "vllm"
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under `--dist loadgroup`, one worker runs each test file (its module-scoped fixtures, such
+    as trained tiny models, are built once, not once per worker), and one worker runs every
+    real-vLLM test: two vLLM servers at once would share the 2 cores with everything else and
+    make each start-up slower. The costliest groups are queued first (the vLLM group, then files
+    by their number of slow tests), so that no long group starts last and runs alone; with
+    `--no-loadscope-reorder` xdist keeps this order. Outside an xdist worker nothing changes."""
+    if not hasattr(config, "workerinput"):  # set by xdist in its worker processes only
+        return
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            group = VLLM_GROUP if item.get_closest_marker("vllm") else item.path.stem
+            item.add_marker(pytest.mark.xdist_group(group))
+    weight: dict[str, int] = {}
+    for item in items:
+        group = item.get_closest_marker("xdist_group").args[0]
+        weight[group] = weight.get(group, 0) + (1000 if group == VLLM_GROUP else 10 if item.get_closest_marker("slow") else 0)
+    items.sort(key=lambda item: -weight[item.get_closest_marker("xdist_group").args[0]])
 
 
 @pytest.fixture(scope="session")
