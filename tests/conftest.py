@@ -80,3 +80,18 @@ def tiny_prompt_model(tmp_path_factory, smollm2_dir) -> Path:
     LlamaForCausalLM(config).save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook, on the controller; absent under -p no:xdist
+def pytest_xdist_node_collection_finished(node, ids: list[str]) -> None:
+    """Stop when pytest-xdist dropped the groups (it did, silently, under pytest 9.2): two workers
+    would then start vLLM servers side by side, and each build every file's module fixtures."""
+    if node.config.getvalue("dist") != "loadgroup":
+        return
+    ungrouped = [nodeid for nodeid in ids if "@" not in nodeid]
+    if ungrouped:
+        pytest.exit(
+            f"pytest-xdist's --dist loadgroup left {len(ungrouped)} of {len(ids)} test ids without "
+            f"their group (e.g. {ungrouped[0]}) under pytest {pytest.__version__}: install the "
+            "pytest the dev extras pin (`bash scripts/setup.sh`), or run serially (`-n 0`)",
+            returncode=pytest.ExitCode.USAGE_ERROR)
