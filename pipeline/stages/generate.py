@@ -25,7 +25,7 @@ sample `<question id>#<j>` with its own seeded draws (pipeline.sampling: the sam
 and on resume, for a given `prompting.seed`); `filter` keeps the correct ones. The stats say how
 many questions at least one episode solved, and with `earlier_runs` (other generate folders, e.g.
 the earlier rounds of self-training) how many of those no earlier run had solved.
-`serve:` starts `vllm serve` for the teacher (as eval's `serve:` does, pipeline/serving.py).
+`serve:` starts `vllm serve` for the teacher (as eval's `serve:` does, pipeline/llm/serving.py).
 
     python -m pipeline generate teacher.model=checkpoints/x/react/final prompting.style=zero_shot \
         methods=[react] samples=4 prompting.temperature=0.7 limit=50 out_dir=runs/gen/round2
