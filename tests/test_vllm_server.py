@@ -93,7 +93,7 @@ def first_step_prompts(n: int, mode: str = "prompt") -> list[GenerationRequest]:
     from pipeline.methods import MethodSettings, prompt_prefixes
     from pipeline.tasks.hotpotqa.questions import load_question_set
 
-    prefix = prompt_prefixes("react", MethodSettings(mode=mode))["react"]
+    prefix = prompt_prefixes("react", MethodSettings(style=mode))["react"]
     return [GenerationRequest(f"{prefix.text}Question: {q.question}\nThought 1:", stop=["\nObservation 1:"],
                               max_new_tokens=32) for q in load_question_set("offline-eval", limit=n)]
 
