@@ -51,7 +51,7 @@ def generate_folder(path: Path, by_method: dict[str, list[dict]], complete: bool
 def test_select_keeps_correct_finished_first_of_each_id():
     episodes = [episode("a", note=" first"), episode("b", em=0.0), episode("c", finished=False),
                 episode("a", note=" second"), episode("d", f1=0.5), episode("e", "cot"),
-                {**episode("f"), "trajectory": {"question": "q", "method": "bogus", "steps": []}}]
+                {**episode("f"), "trajectory": {"question": "q", "format": "bogus", "steps": []}}]
     result = select("react", episodes, FilterConfig(min_f1=0.8))
     assert [e["id"] for e in result.kept] == ["a"]
     assert result.kept[0]["question"].endswith(" first")
@@ -95,6 +95,7 @@ def test_dataset_folder_rows_stats_card_manifest(tmp_path, capsys):
     assert "react trajectories" in (out / "react" / "README.md").read_text()
     manifest = read_manifest(out / "react" / "manifest.json")
     assert manifest["complete"] and manifest["stage"] == "filter" and manifest["counts"] == {"seen": 3, "kept": 1}
+    assert manifest["format"] == "react" and "method" not in manifest
     assert read_manifest(out / "manifest.json")["methods"] == ["cot", "react"]
     assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary folders left
 

@@ -293,7 +293,7 @@ def _drop_reason(episode: dict, method: str, cfg: FilterConfig, task: Task) -> s
         render(traj)
     except (KeyError, TypeError, ValueError):
         return "bad_trajectory"
-    if traj.method != method or not (traj.answer or "").strip():
+    if traj.format != method or not (traj.answer or "").strip():
         return "bad_trajectory"
     return None
 
@@ -303,7 +303,7 @@ def sft_example(episode: dict) -> dict:
     traj = Trajectory.from_dict(episode["trajectory"])
     rendered = render(traj)
     return {
-        "id": episode["id"], "question": traj.question, "method": traj.method,
+        "id": episode["id"], "question": traj.question, "method": traj.format,
         "prompt": rendered.prompt, "completion": rendered.completion,
         "observation_spans": [list(span) for span in rendered.observation_spans],
         "answer": traj.answer, "source": episode.get("source", "generate"),
@@ -318,7 +318,7 @@ def failed_row(episode: dict, why: str) -> dict:
     traj = Trajectory.from_dict(episode["trajectory"])
     rendered = render(traj)
     return {"id": episode["id"], "question_id": question_id(episode), "question": traj.question,
-            "method": traj.method, "why": why, "end_reason": episode.get("end_reason"),
+            "method": traj.format, "why": why, "end_reason": episode.get("end_reason"),
             "prediction": episode.get("prediction"), "gold_answer": episode.get("gold_answer"),
             "em": episode.get("em"), "f1": episode.get("f1"), "prompt": rendered.prompt,
             "completion": rendered.completion,
@@ -503,7 +503,7 @@ def failed_lines(selection: Selection) -> str:
 
 def dataset_manifest(cfg: FilterConfig, task: Task, method: str, inputs: list[dict], stats: dict,
                      reports: list[dict]) -> dict:
-    return {"stage": "filter", "config": to_dict(cfg), "complete": True, "task": task.name, "method": method,
+    return {"stage": "filter", "config": to_dict(cfg), "complete": True, "task": task.name, "format": method,
             "inputs": inputs, "settings": content_key(cfg), "counts": {"seen": stats["seen"], "kept": stats["kept"]},
             "fireact_imports": reports}
 
