@@ -144,7 +144,7 @@ def generate_layer(st: SelfTrainingConfig, grid_generate: dict, student_eval: di
 
 def filter_layer(st: SelfTrainingConfig, grid_filter: dict, previous: Round, r: Round) -> dict:
     return merged(grid_filter, st.filter, {
-        "inputs": [str(r.generate_dir)], "methods": [r.format], "out_dir": str(r.dataset_dir),
+        "inputs": [str(r.generate_dir)], "formats": [r.format], "out_dir": str(r.dataset_dir),
         "union_with": [str(previous.dataset_dir)] if st.data == "union" else []})
 
 

@@ -159,7 +159,7 @@ def test_a_round_teacher_served_by_a_real_vllm_samples_the_same_draws_in_any_bat
 
 def rounds_grid(tmp_path: Path, index: Path, **self_training) -> dict:
     return {
-        "experiment": "rounds", "out_dir": str(tmp_path / "run"), "methods": ["react"],
+        "experiment": "rounds", "out_dir": str(tmp_path / "run"), "formats": ["react"],
         "wiki": {"index": str(index)},
         "generate": {"teacher": {"backend": "oracle"}, "questions": "offline-bootstrap", "limit": 8},
         "filter": {"tokenizer": "smollm2"},
@@ -311,7 +311,7 @@ def served_rounds_grid(tmp_path: Path, index: Path, questions: Path, serve: dict
     student = tmp_path / "student.yaml"
     student.write_text(yaml.safe_dump({"student": "smollm2", "size_class": "135m", "finetuning": "lora",
                                        "lora": {"r": 64, "alpha": 64}, "output_root": str(tmp_path / "ckpt")}))
-    grid = {"experiment": "served", "out_dir": str(tmp_path / "run"), "methods": ["react"], "wiki": {"index": str(index)},
+    grid = {"experiment": "served", "out_dir": str(tmp_path / "run"), "formats": ["react"], "wiki": {"index": str(index)},
             "generate": {"teacher": {"backend": "oracle"}, "questions": str(questions)},
             "filter": {"tokenizer": "smollm2"},
             "eval": {"questions": str(questions), "max_in_flight": 2, "model": {"backend": "vllm"}, "serve": serve,
