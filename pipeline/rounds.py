@@ -3,7 +3,7 @@ bootstraps once). A grid's `self_training:` section (`run`, pipeline/stages/run.
 
     self_training:
       rounds: 3          # round 1 is the grid itself; rounds 2 and 3 follow
-      methods: [react]   # the formats that self-train (default: the grid's methods)
+      formats: [react]   # the formats that self-train (default: the grid's formats)
       limit: 200         # bootstrap questions each round's teacher answers (the same ones every round)
       samples: 4         # episodes per question, sampled at `temperature`: rejection sampling
       temperature: 0.7
@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pipeline.core.config import merged
 from pipeline.core.errors import PipelineError
@@ -43,8 +43,10 @@ from pipeline.core.errors import PipelineError
 
 @dataclass
 class SelfTrainingConfig:
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {"methods": "formats"}  # old key -> new (pipeline.core.config)
+
     rounds: int = 1  # rounds in all; 1 = no self-training (round 1 is the grid's own teacher and students)
-    methods: list[str] = field(default_factory=list)  # the formats that self-train; empty: every method of the grid
+    formats: list[str] = field(default_factory=list)  # the formats that self-train; empty: every format of the grid
     students: list[str] = field(default_factory=list)  # by name; empty: every student trained here
     questions: str | None = None  # the bootstrap set each round's teacher answers; null: the generate section's
     limit: int | None = None  # its first N questions, the same every round (null: all of them)
@@ -87,21 +89,21 @@ def check(st: SelfTrainingConfig) -> None:
         raise PipelineError(f"self_training.limit must be >= 1 (bootstrap questions per round), got {st.limit}")
 
 
-def lines(st: SelfTrainingConfig, trained: list[str], methods: list[str]) -> list[tuple[str, str]]:
+def lines(st: SelfTrainingConfig, trained: list[str], formats: list[str]) -> list[tuple[str, str]]:
     """(student name, format) of every lineage that self-trains; [] without rounds."""
     check(st)
     if st.rounds == 1:
         return []
-    unknown = [m for m in st.methods if m not in methods]
+    unknown = [m for m in st.formats if m not in formats]
     strangers = [s for s in st.students if s not in trained]
     if unknown or strangers:
-        what = (f"methods {unknown} are not among the grid's methods {methods}" if unknown
+        what = (f"formats {unknown} are not among the grid's formats {formats}" if unknown
                 else f"students {strangers} are not students trained here ({', '.join(trained) or 'none'})")
         raise PipelineError(f"self_training: {what}; a round's teacher is a student trained in round 1")
     chosen = [s for s in trained if not st.students or s in st.students]
     if not chosen:
         raise PipelineError("self_training: no student is trained here; a round's teacher is round 1's student")
-    return [(s, m) for s in chosen for m in (st.methods or methods)]
+    return [(s, m) for s in chosen for m in (st.formats or formats)]
 
 
 def next_round(out_dir: Path, previous: Round) -> Round:
@@ -144,7 +146,7 @@ def generate_layer(st: SelfTrainingConfig, grid_generate: dict, student_eval: di
 
 def filter_layer(st: SelfTrainingConfig, grid_filter: dict, previous: Round, r: Round) -> dict:
     return merged(grid_filter, st.filter, {
-        "inputs": [str(r.generate_dir)], "methods": [r.format], "out_dir": str(r.dataset_dir),
+        "inputs": [str(r.generate_dir)], "formats": [r.format], "out_dir": str(r.dataset_dir),
         "union_with": [str(previous.dataset_dir)] if st.data == "union" else []})
 
 

@@ -18,7 +18,7 @@ EXEMPLAR_KEYS = {"react": "webthink_simple6", "act": "webact_simple6", "cot": "c
 
 def record(traj, rid: str, source: str) -> dict:
     rendered = render(traj)
-    return {"id": rid, "question": traj.question, "method": traj.method, "prompt": rendered.prompt,
+    return {"id": rid, "question": traj.question, "method": traj.format, "prompt": rendered.prompt,
             "completion": rendered.completion, "observation_spans": [list(s) for s in rendered.observation_spans],
             "answer": traj.answer, "source": source}
 

@@ -376,12 +376,12 @@ def test_cot_sc_majority_and_cot_sc_to_react_fallback(paper_prompts):
     llm = voting_llm({QUESTIONS[0].question: strong, QUESTIONS[4].question: weak})
     qs = [QUESTIONS[0], QUESTIONS[4]]
     sc = {r["id"]: r for r in run_episodes(llm, DictBackend, qs, build_method("cot_sc", settings))}
-    assert sc["q-nixon"]["prediction"] == "Richard Nixon" and sc["q-nixon"]["trajectory"]["method"] == "cot"
+    assert sc["q-nixon"]["prediction"] == "Richard Nixon" and sc["q-nixon"]["trajectory"]["format"] == "cot"
     assert sc["q-nixon"]["trajectory"]["reasoning"] == "Guess 0."
     assert sc["q-short"]["prediction"] == "Matt Groening"  # a 5-way tie: the answer seen first
     hybrid = {r["id"]: r for r in run_episodes(llm, DictBackend, qs, build_method("cot_sc_to_react", settings))}
-    assert hybrid["q-nixon"]["trajectory"]["method"] == "cot"  # 4 >= 5/2 votes: kept
-    assert hybrid["q-short"]["trajectory"]["method"] == "react"  # 1 < 5/2: fell back to ReAct
+    assert hybrid["q-nixon"]["trajectory"]["format"] == "cot"  # 4 >= 5/2 votes: kept
+    assert hybrid["q-short"]["trajectory"]["format"] == "react"  # 1 < 5/2: fell back to ReAct
     assert hybrid["q-short"]["method"] == "cot_sc_to_react" and hybrid["q-short"]["em"] == 1.0
     # The 5 samples came in ONE request with n=5 at the CoT-SC temperature.
     rec_llm = RecordingLLM(llm)
@@ -395,9 +395,9 @@ def test_react_to_cot_sc_falls_back_when_react_gives_no_answer(paper_prompts):
     lost = QUESTIONS[3]
     llm = voting_llm({lost.question: ["11 m/s", "11 m/s", "20 mph"]})
     [rec] = run_episodes(llm, DictBackend, [lost], build_method("react_to_cot_sc", settings))
-    assert rec["trajectory"]["method"] == "cot" and rec["prediction"] == "11 m/s" and rec["em"] == 1.0
+    assert rec["trajectory"]["format"] == "cot" and rec["prediction"] == "11 m/s" and rec["em"] == 1.0
     [kept] = run_episodes(llm, DictBackend, [QUESTIONS[0]], build_method("react_to_cot_sc", settings))
-    assert kept["trajectory"]["method"] == "react" and kept["end_reason"] == "finish"
+    assert kept["trajectory"]["format"] == "react" and kept["end_reason"] == "finish"
 
 
 # ---- a tiny real model: the batched runner against the one-at-a-time loops --------------------

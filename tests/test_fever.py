@@ -244,7 +244,7 @@ def tiny_fever_grid(tmp_path: Path, shared_data: Path, base: Path) -> Path:
     """configs/fever.yaml at toy scale: the tiny student, a tiny random base model prompted with
     the paper's exemplars, a few claims, two formats."""
     config = yaml.safe_load((REPO / "configs" / "fever.yaml").read_text())
-    config.update(out_dir=str(tmp_path / "run"), methods=["standard", "react"])
+    config.update(out_dir=str(tmp_path / "run"), formats=["standard", "react"])
     config["wiki"] = {"index": str(tmp_path / "fever.sqlite"), "corpus": [str(shared_data / TRAJS)]}
     config["generate"]["limit"] = 24
     config["train"].update(output_root=str(tmp_path / "ckpt"), max_steps=2, global_batch_size=4,

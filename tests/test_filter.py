@@ -51,7 +51,7 @@ def generate_folder(path: Path, by_method: dict[str, list[dict]], complete: bool
 def test_select_keeps_correct_finished_first_of_each_id():
     episodes = [episode("a", note=" first"), episode("b", em=0.0), episode("c", finished=False),
                 episode("a", note=" second"), episode("d", f1=0.5), episode("e", "cot"),
-                {**episode("f"), "trajectory": {"question": "q", "method": "bogus", "steps": []}}]
+                {**episode("f"), "trajectory": {"question": "q", "format": "bogus", "steps": []}}]
     result = select("react", episodes, FilterConfig(min_f1=0.8))
     assert [e["id"] for e in result.kept] == ["a"]
     assert result.kept[0]["question"].endswith(" first")
@@ -95,7 +95,8 @@ def test_dataset_folder_rows_stats_card_manifest(tmp_path, capsys):
     assert "react trajectories" in (out / "react" / "README.md").read_text()
     manifest = read_manifest(out / "react" / "manifest.json")
     assert manifest["complete"] and manifest["stage"] == "filter" and manifest["counts"] == {"seen": 3, "kept": 1}
-    assert read_manifest(out / "manifest.json")["methods"] == ["cot", "react"]
+    assert manifest["format"] == "react" and "method" not in manifest
+    assert read_manifest(out / "manifest.json")["formats"] == ["cot", "react"]
     assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary folders left
 
 
@@ -123,9 +124,9 @@ def test_bad_requests_are_clear_errors(tmp_path):
     with pytest.raises(PipelineError, match="nothing to read"):
         run_filter(FilterConfig(out_dir=str(tmp_path / "sft")))
     with pytest.raises(PipelineError, match=r"no input episodes for \['act'\]"):
-        run_filter(FilterConfig(inputs=[str(inputs)], methods=["act"], out_dir=str(tmp_path / "sft")))
+        run_filter(FilterConfig(inputs=[str(inputs)], formats=["act"], out_dir=str(tmp_path / "sft")))
     with pytest.raises(PipelineError, match="not training formats"):
-        run_filter(FilterConfig(inputs=[str(inputs)], methods=["cot_sc"], out_dir=str(tmp_path / "sft")))
+        run_filter(FilterConfig(inputs=[str(inputs)], formats=["cot_sc"], out_dir=str(tmp_path / "sft")))
     generate_folder(tmp_path / "wrong", {"react": [episode("w", em=0.0)]})
     with pytest.raises(PipelineError, match="no method kept any episode"):
         run_filter(FilterConfig(inputs=[str(tmp_path / "wrong")], out_dir=str(tmp_path / "sft")))
@@ -157,7 +158,7 @@ def test_rerun_skips_until_inputs_or_settings_change(tmp_path, capsys):
     (inputs / "cot.jsonl").write_text(json.dumps(episode("c", "cot")) + "\n")
     run_filter(cfg)
     assert not (tmp_path / "sft" / "react" / "train.jsonl").exists() and (tmp_path / "sft" / "cot" / "train.jsonl").exists()
-    assert read_manifest(tmp_path / "sft" / "manifest.json")["empty_methods"] == ["react"]
+    assert read_manifest(tmp_path / "sft" / "manifest.json")["empty_formats"] == ["react"]
     # what failed is still kept, with why (and no train.jsonl a training could mistake for data)
     assert [(r["id"], r["why"]) for r in read_jsonl(tmp_path / "sft" / "react" / "failed.jsonl")] == [("c", "incorrect")]
     assert sorted(p.name for p in (tmp_path / "sft" / "react").iterdir()) == ["failed.jsonl", "manifest.json", "stats.json"]
@@ -300,3 +301,15 @@ def test_a_union_starts_from_the_earlier_dataset_and_adds_only_new_trajectories(
     assert run_filter(cfg)["react"]["kept"] == 4
     run_filter(FilterConfig(inputs=[str(first)], out_dir=str(tmp_path / "sft1"), max_per_method=1))
     assert run_filter(cfg)["react"]["union"]["rows_from_them"] == 1
+
+
+def test_the_old_key_methods_names_formats(tmp_path):
+    """`methods` of filter meant the training formats to build: renamed `formats`."""
+    from pipeline.core.config import load_config
+
+    (tmp_path / "f.yaml").write_text("filter:\n  methods: [react]\n")
+    with pytest.raises(PipelineError, match=r"unknown key 'methods'; it was renamed: use 'formats'"):
+        load_config(FilterConfig, tmp_path / "f.yaml", section="filter")
+    with pytest.raises(PipelineError, match=r"unknown key 'methods'; it was renamed: use 'formats'"):
+        load_config(FilterConfig, None, ["methods=[react]"])
+    assert load_config(FilterConfig, None, ["formats=[react]"]).formats == ["react"]

@@ -69,7 +69,7 @@ def test_rendering_a_parsed_training_record_gives_its_text_back(alpaca):
         if record["instruction"] != record["instruction"].rstrip():
             continue
         traj = parse(text)
-        assert traj.method == "react" and traj.steps[-1].action.startswith("finish[")
+        assert traj.format == "react" and traj.steps[-1].action.startswith("finish[")
         assert render(traj).text == text
 
 

@@ -346,7 +346,7 @@ def test_a_failing_child_is_relayed_as_its_own_line_and_code(tmp_path, dataset, 
 @needs_corpus
 def test_run_relays_a_failing_train_unit_in_one_line(tmp_path, shared_data):
     config = {
-        "experiment": "fail", "out_dir": str(tmp_path / "run"), "methods": ["react"],
+        "experiment": "fail", "out_dir": str(tmp_path / "run"), "formats": ["react"],
         "wiki": {"index": str(tmp_path / "wiki.sqlite"), "corpus": [str(CORPUS)]},
         "generate": {"teacher": {"backend": "oracle"}, "questions": "offline-bootstrap", "limit": 4},
         "train": {"output_root": str(tmp_path / "ck"), "max_steps": 1, "global_batch_size": 4,

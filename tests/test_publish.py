@@ -61,6 +61,18 @@ def test_a_dataset_is_loadable_with_its_card(sft, tmp_path, monkeypatch):
     assert not any(p.name == "manifest.json" for p in folder.rglob("*"))
 
 
+def test_a_dataset_manifest_written_before_the_rename_still_names_its_format(tmp_path):
+    """A filter manifest names its folder's format `format`; one written before the rename `method`."""
+    from pipeline.core.storage import write_manifest
+    from pipeline.hub.cards import dataset_facts
+
+    for folder, key in ((tmp_path / "old", "method"), (tmp_path / "new", "format")):
+        folder.mkdir()
+        write_manifest(folder / "manifest.json", stage="filter", config={}, complete=True, task="hotpotqa",
+                       **{key: "cot"})
+        assert dataset_facts(folder)["format"] == "cot"  # not the folder's name
+
+
 @pytest.fixture(scope="module")
 def finals(tmp_path_factory, sft) -> dict[str, Path]:
     """Two of our `final/` folders (manifest as pipeline/finetune.py writes it, real tiny weights):

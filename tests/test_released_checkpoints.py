@@ -246,7 +246,7 @@ def checkpoint_grid(tmp_path: Path, index: Path, tiny: dict) -> tuple:
     from pipeline.stages.run import RunConfig, Student
 
     cfg = build(RunConfig, {
-        "experiment": "released", "out_dir": str(tmp_path / "run"), "methods": ["react"],
+        "experiment": "released", "out_dir": str(tmp_path / "run"), "formats": ["react"],
         "wiki": {"index": str(index)},
         "eval": {"questions": "offline-eval", "limit": 2, "model": {"device": "cpu"},
                  "prompting": {"max_new_tokens": 4}},

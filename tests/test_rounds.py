@@ -159,7 +159,7 @@ def test_a_round_teacher_served_by_a_real_vllm_samples_the_same_draws_in_any_bat
 
 def rounds_grid(tmp_path: Path, index: Path, **self_training) -> dict:
     return {
-        "experiment": "rounds", "out_dir": str(tmp_path / "run"), "methods": ["react"],
+        "experiment": "rounds", "out_dir": str(tmp_path / "run"), "formats": ["react"],
         "wiki": {"index": str(index)},
         "generate": {"teacher": {"backend": "oracle"}, "questions": "offline-bootstrap", "limit": 8},
         "filter": {"tokenizer": "smollm2"},
@@ -232,7 +232,8 @@ def test_a_rounds_eval_and_the_next_rounds_generate_share_one_server_and_no_trai
 
 
 @pytest.mark.parametrize("keys, message", [
-    ({"methods": ["cot"]}, "methods ['cot'] are not among the grid's methods"),
+    ({"formats": ["cot"]}, "formats ['cot'] are not among the grid's formats"),
+    ({"methods": ["react"]}, "unknown key 'self_training.methods'; it was renamed: use 'self_training.formats'"),
     ({"students": ["big"]}, "students ['big'] are not students trained here"),
     ({"temperature": 0.0}, "would draw 2 identical episodes"),
     ({"rounds": 0}, "rounds must be >= 1"),
@@ -247,11 +248,11 @@ def test_bad_self_training_sections_fail_at_plan_time(tmp_path, index, keys, mes
 
 
 def test_a_bad_self_training_section_is_one_line_and_exit_code_2_before_anything_runs(tmp_path, index):
-    grid = rounds_grid(tmp_path, index, methods=["cot"])
+    grid = rounds_grid(tmp_path, index, formats=["cot"])
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(grid))
     proc = run_pipeline("run", "--config", str(path))
-    assert proc.returncode == 2 and proc.stderr.startswith("error: self_training: methods ['cot']"), proc.stderr[-2000:]
+    assert proc.returncode == 2 and proc.stderr.startswith("error: self_training: formats ['cot']"), proc.stderr[-2000:]
     assert proc.stderr.count("\n") == 1 and not (tmp_path / "run").exists()
 
 
@@ -311,7 +312,7 @@ def served_rounds_grid(tmp_path: Path, index: Path, questions: Path, serve: dict
     student = tmp_path / "student.yaml"
     student.write_text(yaml.safe_dump({"student": "smollm2", "size_class": "135m", "finetuning": "lora",
                                        "lora": {"r": 64, "alpha": 64}, "output_root": str(tmp_path / "ckpt")}))
-    grid = {"experiment": "served", "out_dir": str(tmp_path / "run"), "methods": ["react"], "wiki": {"index": str(index)},
+    grid = {"experiment": "served", "out_dir": str(tmp_path / "run"), "formats": ["react"], "wiki": {"index": str(index)},
             "generate": {"teacher": {"backend": "oracle"}, "questions": str(questions)},
             "filter": {"tokenizer": "smollm2"},
             "eval": {"questions": str(questions), "max_in_flight": 2, "model": {"backend": "vllm"}, "serve": serve,

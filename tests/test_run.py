@@ -36,6 +36,24 @@ def test_shipped_experiment_configs_plan_every_unit(name):
     assert sum(t.startswith("eval") for t in titles) == 4 * trained + prompted
 
 
+def test_the_old_grid_key_methods_names_formats(tmp_path):
+    """A grid's `methods` (and its filter section's) meant the trajectory formats: renamed `formats`."""
+    from pipeline.core.config import load_config
+    from pipeline.core.errors import PipelineError
+
+    data = read_yaml(REPO / "configs" / "demo.yaml")
+    data["methods"] = data.pop("formats")
+    path = tmp_path / "old.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(PipelineError, match=r"unknown key 'methods'; it was renamed: use 'formats'"):
+        load_config(RunConfig, path)
+    data["formats"] = data.pop("methods")
+    data["filter"]["methods"] = ["react"]
+    cfg = build(RunConfig, data)
+    with pytest.raises(PipelineError, match=r"filter: unknown key 'methods'; it was renamed: use 'formats'"):
+        plan(cfg, [build(Student, s) for s in cfg.students])
+
+
 def run_pipeline(*args: str, cwd: Path = REPO, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=cwd, capture_output=True,
                           text=True, **kwargs)
@@ -61,7 +79,7 @@ def tiny_grid(tmp_path: Path, shared_data: Path, base: Path) -> Path:
     config = {
         "experiment": "e2e",
         "out_dir": str(tmp_path / "run"),
-        "methods": ["standard", "react"],
+        "formats": ["standard", "react"],
         "wiki": {"index": str(tmp_path / "wiki.sqlite"), "corpus": [str(shared_data / "wiki" / "corpus.jsonl")]},
         "generate": {"teacher": {"backend": "oracle"}, "questions": "offline-bootstrap", "limit": 12},
         "filter": {"tokenizer": "smollm2"},
@@ -194,7 +212,7 @@ def test_a_tiny_grid_with_a_grpo_section_trains_evaluates_and_plots_its_grpo_stu
     is evaluated (its own process) and plotted beside the fine-tuned one; run again, every unit is
     skipped, the grpo unit by its final/ manifest."""
     grid = read_yaml(tiny_grid(tmp_path, shared_data, smollm2_dir))
-    grid["methods"] = ["react"]
+    grid["formats"] = ["react"]
     grid["students"][0].pop("prompt_model")
     grid["grpo"] = {"formats": ["react"], "settings": {
         "questions": "offline-bootstrap", "limit": 2, "questions_per_step": 1, "group_size": 2,

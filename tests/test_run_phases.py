@@ -169,7 +169,7 @@ def test_a_grpo_unit_whose_final_is_complete_with_its_config_is_skipped(tmp_path
 def grid(tmp_path, index, smollm2_dir):
     def write(url: str) -> Path:
         config = {
-            "experiment": "phases", "out_dir": str(tmp_path / "run"), "methods": ["react"],
+            "experiment": "phases", "out_dir": str(tmp_path / "run"), "formats": ["react"],
             "wiki": {"index": str(index)},
             "generate": {"teacher": {"backend": "oracle"}, "questions": "offline-bootstrap", "limit": 4},
             "filter": {"tokenizer": "smollm2"},

@@ -92,7 +92,7 @@ def test_train_sbatch_gives_the_step_the_node_cpus_without_a_cpus_per_task_heade
 @pytest.mark.skipif(not CORPUS.is_file(), reason=f"offline corpus not found at {CORPUS}")
 def test_generate_array_runs_its_shard_of_an_experiment_config_and_filter_merges_them(tmp_path, index):
     experiment = tmp_path / "exp.yaml"
-    experiment.write_text(f"experiment: t\nout_dir: {tmp_path / 'run'}\nmethods: [react, act]\n"
+    experiment.write_text(f"experiment: t\nout_dir: {tmp_path / 'run'}\nformats: [react, act]\n"
                           f"wiki: {{index: {index}}}\n"
                           "generate: {teacher: {backend: oracle}, questions: offline-eval, limit: 5}\n")
     out = tmp_path / "gen"

@@ -44,3 +44,20 @@ def test_parse_render_round_trip_on_the_papers_exemplars(shared_data, key, metho
         text = render(parse(block, method)).text
         # equal up to the trailing spaces and wrapped observation lines of the original file
         assert " ".join(text.split()) == " ".join(block.split())
+
+
+def test_to_dict_writes_format_and_from_dict_reads_it_back():
+    traj = Trajectory("Q?", "react", [Step("T.", "Finish[A]", "Episode finished, reward = 1")], answer="A")
+    d = traj.to_dict()
+    assert d["format"] == "react" and "method" not in d
+    assert Trajectory.from_dict(d) == traj
+
+
+def test_a_trajectory_written_before_the_rename_still_loads():
+    """Records written before the rename hold the format under the key "method"."""
+    old = {"question": "Q?", "method": "cot", "steps": [], "answer": "A", "reasoning": "R."}
+    traj = Trajectory.from_dict(old)
+    assert traj.format == "cot" and traj.answer == "A"
+    assert render(traj).completion == "Thought: Let's think step by step. R.\nAnswer: A\n"
+    with pytest.raises(KeyError):
+        Trajectory.from_dict({"question": "Q?", "steps": []})  # neither key: not a trajectory

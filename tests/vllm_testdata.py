@@ -118,7 +118,7 @@ def grid_config(tmp_path: Path, index: Path, questions: Path, model: dict, serve
     student = tmp_path / "student.yaml"
     student.write_text(yaml.safe_dump({"student": "smollm2", "size_class": "135m", "finetuning": "lora",
                                        "lora": {"r": 64, "alpha": 64}, "output_root": str(tmp_path / "ckpt")}))
-    config = {"experiment": "shared", "out_dir": str(tmp_path / "run"), "methods": ["act", "react"],
+    config = {"experiment": "shared", "out_dir": str(tmp_path / "run"), "formats": ["act", "react"],
               "wiki": {"index": str(index)},
               "generate": {"teacher": {"backend": "oracle"}, "questions": "offline-bootstrap", "limit": 4},
               "filter": {"tokenizer": "smollm2"},

@@ -34,7 +34,7 @@ class Step:
 @dataclass
 class Trajectory:
     question: str
-    method: str  # its format, one of FORMATS (the key "method" in records on disk)
+    format: str  # one of FORMATS (the key "format"; "method" in records written before the rename)
     steps: list[Step] = field(default_factory=list)  # act / react
     answer: str | None = None  # standard / cot answer line; act / react Finish argument
     reasoning: str | None = None  # cot only, the text after "Let's think step by step."
@@ -48,8 +48,11 @@ class Trajectory:
 
     @classmethod
     def from_dict(cls, d: dict) -> Trajectory:
+        """A trajectory dict as to_dict writes it, or as written before the rename (its format
+        under the key "method")."""
         steps = [Step(**s) for s in d.get("steps") or []]
-        return cls(d["question"], d["method"], steps, d.get("answer"), d.get("reasoning"),
+        fmt = d["method"] if "format" not in d and "method" in d else d["format"]
+        return cls(d["question"], fmt, steps, d.get("answer"), d.get("reasoning"),
                    d.get("question_label") or QUESTION_LABEL)
 
 
@@ -74,8 +77,8 @@ def one_line(text: str) -> str:
 
 
 def render(traj: Trajectory) -> Rendered:
-    if traj.method not in FORMATS:
-        raise ValueError(f"unknown method {traj.method!r}; expected one of {FORMATS}")
+    if traj.format not in FORMATS:
+        raise ValueError(f"unknown format {traj.format!r}; expected one of {FORMATS}")
     parts: list[str] = []
     spans: list[tuple[int, int]] = []
     offset = 0
@@ -87,14 +90,14 @@ def render(traj: Trajectory) -> Rendered:
         parts.append(text)
         offset += len(text)
 
-    if traj.method == "standard":
+    if traj.format == "standard":
         add(f"Answer: {one_line(traj.answer or '')}\n")
-    elif traj.method == "cot":
+    elif traj.format == "cot":
         add(f"Thought: {COT_PREFIX}{one_line(traj.reasoning or '')}\n")
         add(f"Answer: {one_line(traj.answer or '')}\n")
     else:
         for i, step in enumerate(traj.steps, start=1):
-            if traj.method == "react":
+            if traj.format == "react":
                 add(f"Thought {i}: {one_line(step.thought or '')}\n")
             add(f"Action {i}: {one_line(step.action or '')}\n")
             if step.observation is not None:
@@ -107,13 +110,13 @@ def render(traj: Trajectory) -> Rendered:
 _STEP_LINE = re.compile(r"^(Thought|Action|Observation)(?: (\d+))?: ?(.*)$")
 
 
-def parse(text: str, method: str, question_label: str = QUESTION_LABEL) -> Trajectory:
+def parse(text: str, fmt: str, question_label: str = QUESTION_LABEL) -> Trajectory:
     """Parse rendered text (ours, or the paper's exemplars) back into a Trajectory."""
     lines = [ln for ln in text.strip("\n").split("\n") if ln.strip()]
     head = f"{question_label}:"
     if not lines or not lines[0].startswith(head):
         raise ValueError(f"trajectory text must start with '{head}'")
-    traj = Trajectory(question=lines[0][len(head):].strip(), method=method, question_label=question_label)
+    traj = Trajectory(question=lines[0][len(head):].strip(), format=fmt, question_label=question_label)
     for line in lines[1:]:
         if line.startswith("Answer:"):
             traj.answer = line[len("Answer:"):].strip()
@@ -123,11 +126,11 @@ def parse(text: str, method: str, question_label: str = QUESTION_LABEL) -> Traje
             continue_last_field(traj, line)  # the paper's exemplars wrap some observations
             continue
         kind, _, body = m.groups()
-        if method == "cot" and kind == "Thought":
+        if fmt == "cot" and kind == "Thought":
             traj.reasoning = body[len(COT_PREFIX):] if body.startswith(COT_PREFIX) else body
-        elif kind == "Thought" or (kind == "Action" and method == "act"):
+        elif kind == "Thought" or (kind == "Action" and fmt == "act"):
             traj.steps.append(Step())
-        if kind == "Thought" and method != "cot":
+        if kind == "Thought" and fmt != "cot":
             traj.steps[-1].thought = body
         elif kind == "Action":
             if not traj.steps:
@@ -150,5 +153,5 @@ def continue_last_field(traj: Trajectory, line: str) -> None:
             if value is not None:
                 setattr(step, name, f"{value} {line.strip()}")
                 return
-    elif traj.method == "cot" and traj.reasoning is not None:
+    elif traj.format == "cot" and traj.reasoning is not None:
         traj.reasoning = f"{traj.reasoning} {line.strip()}"

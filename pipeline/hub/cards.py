@@ -78,10 +78,11 @@ def filter_rule(manifest: dict) -> str:
 
 
 def dataset_facts(folder: Path) -> dict:
-    """One method's dataset folder (filter output) -> the facts a card states."""
+    """One format's dataset folder (filter output) -> the facts a card states."""
     manifest = read_manifest(folder / "manifest.json") or {}
     stats = json.loads((folder / "stats.json").read_text(encoding="utf-8")) if (folder / "stats.json").is_file() else {}
-    return {"method": manifest.get("method") or folder.name, "task": task_of(manifest),
+    fmt = manifest.get("format") or manifest.get("method")  # "method": written before the rename
+    return {"format": fmt or folder.name, "task": task_of(manifest),
             "teachers": dataset_teachers(manifest),
             "rule": filter_rule(manifest), "stats": stats,
             "fireact": any("fireact" in s for s in (stats.get("sources") or {}))}
@@ -95,27 +96,27 @@ def dataset_card(folders: list[Path], *, name: str) -> str:
             "task_categories": ["text-generation", "question-answering"],
             "tags": ["react", "agents", task.name, "trajectories", "sft"],
             "size_categories": [_size_category(total)]}
-    lines = [front_matter(meta, configs_yaml([f["method"] for f in facts])), f"# {name}", "",
+    lines = [front_matter(meta, configs_yaml([f["format"] for f in facts])), f"# {name}", "",
              f"Supervised fine-tuning data for ReAct-style {task.title} agents, one configuration per trajectory "
              "format, written by react-finetune-pipeline (`generate` -> `filter` -> `publish`).", "",
              "    from datasets import load_dataset",
-             f"    ds = load_dataset(\"<this repo or folder>\", \"{facts[0]['method']}\")", "",
+             f"    ds = load_dataset(\"<this repo or folder>\", \"{facts[0]['format']}\")", "",
              "| format | examples | seen | teacher | tokens p50 / p95 / max |", "|---|---:|---:|---|---|"]
     for f in facts:
         tokens = f["stats"].get("tokens")
         token_text = (f"{tokens['p50']} / {tokens['p95']} / {tokens['max']} ({tokens['tokenizer']})" if tokens
                       else "not counted (no tokenizer configured in `filter`)")
-        lines.append(f"| {f['method']} | {f['stats'].get('kept', '?')} | {f['stats'].get('seen', '?')} | "
+        lines.append(f"| {f['format']} | {f['stats'].get('kept', '?')} | {f['stats'].get('seen', '?')} | "
                      f"{'; '.join(f['teachers'])} | {token_text} |")
     lines += ["", "## Format", ""]
     for f in facts:
-        lines.append(f"- `{f['method']}`: `prompt` is the question line, `completion` the trajectory "
-                     f"(`{format_text(f['method'], task)}`); `observation_spans` are [start, end) "
+        lines.append(f"- `{f['format']}`: `prompt` is the question line, `completion` the trajectory "
+                     f"(`{format_text(f['format'], task)}`); `observation_spans` are [start, end) "
                      "character offsets of observation text in `completion`, for optional loss masking.")
     lines += ["", "## How the examples were chosen", ""]
     for f in facts:
         dropped = json.dumps(f["stats"].get("dropped") or {})
-        lines.append(f"- `{f['method']}`: {f['rule']}. Dropped: {dropped}. Sources: "
+        lines.append(f"- `{f['format']}`: {f['rule']}. Dropped: {dropped}. Sources: "
                      f"{json.dumps(f['stats'].get('sources') or {})}.")
     lines += ["", "## Licence and sources", "", f"- {task.data_line()}", f"- {WIKIPEDIA}"]
     if any(f["fireact"] for f in facts):

@@ -213,9 +213,9 @@ def fireact_episode(question: str, text: str, *, source: str, multimethod: bool 
     correct = reward.group(1) in ("True", "1", "1.0")
     # our environment's own text for the finish observation (FireAct writes True/False)
     steps[-1].observation = f"Episode finished, reward = {int(correct)}"
-    trajectory = Trajectory(question=question, method=_method(steps, reward.group(1), multimethod),
+    trajectory = Trajectory(question=question, format=_format(steps, reward.group(1), multimethod),
                             steps=steps, answer=answer)
-    if trajectory.method == "cot":
+    if trajectory.format == "cot":
         trajectory.reasoning, trajectory.steps = steps[0].thought, []
     return _episode_record(trajectory, correct, source)
 
@@ -232,7 +232,7 @@ def _capitalised_action(action: str, *, last: bool) -> str:
     return f"{name}[{m.group(2).strip()}]"
 
 
-def _method(steps: list[Step], reward_text: str, multimethod: bool) -> str:
+def _format(steps: list[Step], reward_text: str, multimethod: bool) -> str:
     thoughts = [s.thought is not None for s in steps]
     if not any(thoughts):
         if len(steps) == 1:
@@ -254,7 +254,7 @@ def _episode_record(trajectory: Trajectory, correct: bool, source: str) -> dict:
         "id": question_id(trajectory.question),
         "question": trajectory.question,
         "gold_answer": None,
-        "method": trajectory.method,
+        "method": trajectory.format,  # the record's method: the one of the same name as its format
         "teacher": TEACHER,
         "prediction": trajectory.answer,
         "em": float(correct),

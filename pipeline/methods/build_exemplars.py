@@ -61,7 +61,7 @@ def build(backend: WikiBackend, authored: list[dict]) -> dict[str, list[dict]]:
         cot = Trajectory(item["question"], "cot", answer=item["answer"], reasoning=item["cot"])
         standard = Trajectory(item["question"], "standard", answer=item["answer"])
         for traj in (react, act, cot, standard):
-            out[traj.method].append({"id": item["id"], "gold_answer": item["answer"], "trajectory": traj.to_dict()})
+            out[traj.format].append({"id": item["id"], "gold_answer": item["answer"], "trajectory": traj.to_dict()})
     return out
 
 

@@ -82,8 +82,8 @@ def render(traj: Trajectory) -> Rendered:
     """A ReAct trajectory in FireAct's text: prompt = the Alpaca wrapper, completion = the steps.
     Fields are written as they are (FireAct's loop appends them verbatim); observation spans as in
     pipeline.core.trajectory.render."""
-    if traj.method != "react":
-        raise ValueError(f"FireAct's format holds ReAct trajectories, not {traj.method!r}")
+    if traj.format != "react":
+        raise ValueError(f"FireAct's format holds ReAct trajectories, not {traj.format!r}")
     parts: list[str] = []
     spans: list[tuple[int, int]] = []
     offset = 0
@@ -108,7 +108,7 @@ def parse(text: str) -> Trajectory:
     prefix = f"{HEADER}### Instruction:\n"
     if not marker or not head.startswith(prefix):
         raise ValueError("not FireAct's Alpaca text: expected the instruction header and '### Response:'")
-    traj = Trajectory(question=head[len(prefix):], method="react")
+    traj = Trajectory(question=head[len(prefix):], format="react")
     end = 0
     for m in _STEP.finditer(body):
         if m.start() != end:

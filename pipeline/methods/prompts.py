@@ -64,8 +64,10 @@ def load_our_exemplars(fmt: str, directory: str | Path = EXEMPLAR_DIR) -> list[d
     for i, rec in enumerate(records):
         if not isinstance(rec, dict) or "trajectory" not in rec:
             raise PipelineError(f"{path}: exemplar {i} has no 'trajectory'")
-        if rec["trajectory"].get("method") != fmt:
-            raise PipelineError(f"{path}: exemplar {i} is a {rec['trajectory'].get('method')!r} "
+        traj = rec["trajectory"]
+        found = traj.get("format", traj.get("method"))  # "method": files written before the rename
+        if found != fmt:
+            raise PipelineError(f"{path}: exemplar {i} is a {found!r} "
                                 f"trajectory in the {fmt!r} file")
     return records
 

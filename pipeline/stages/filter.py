@@ -37,7 +37,7 @@ import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from pipeline.core.config import add_config_arguments, stage_config, to_dict
 from pipeline.core.errors import PipelineError
@@ -75,6 +75,8 @@ GLOBAL_BATCH = 64  # the paper's batch size, for the epochs the dataset card rep
 
 @dataclass
 class FilterConfig:
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {"methods": "formats"}  # old key -> new (pipeline.core.config)
+
     inputs: list[str] = same_run("input", default_factory=list)  # generate output folders
     fireact: list[str] = same_run("input", default_factory=list)  # FireAct alpaca .json / gpt .jsonl files or folders
     fireact_other_tasks: bool = same_run("identity", default=False)  # keep non-HotpotQA questions of FireAct's multitask files
@@ -83,7 +85,7 @@ class FilterConfig:
     # max_per_method caps the new rows only. Checked by fingerprint, as the inputs are.
     union_with: list[str] = same_run("input", default_factory=list)
     out_dir: str = same_run("free", default="runs/sft")
-    methods: list[str] = same_run("free", default_factory=list)  # empty: every method the inputs hold
+    formats: list[str] = same_run("free", default_factory=list)  # the training formats to build; empty: every one the inputs hold
     min_f1: float | None = same_run("identity", default=None)  # also require F1 >= this (EM = 1 is always required)
     require_finished: bool = same_run("identity", default=True)
     max_per_method: int = same_run("identity", default=3000)
@@ -293,7 +295,7 @@ def _drop_reason(episode: dict, method: str, cfg: FilterConfig, task: Task) -> s
         render(traj)
     except (KeyError, TypeError, ValueError):
         return "bad_trajectory"
-    if traj.method != method or not (traj.answer or "").strip():
+    if traj.format != method or not (traj.answer or "").strip():
         return "bad_trajectory"
     return None
 
@@ -303,7 +305,7 @@ def sft_example(episode: dict) -> dict:
     traj = Trajectory.from_dict(episode["trajectory"])
     rendered = render(traj)
     return {
-        "id": episode["id"], "question": traj.question, "method": traj.method,
+        "id": episode["id"], "question": traj.question, "method": traj.format,
         "prompt": rendered.prompt, "completion": rendered.completion,
         "observation_spans": [list(span) for span in rendered.observation_spans],
         "answer": traj.answer, "source": episode.get("source", "generate"),
@@ -318,7 +320,7 @@ def failed_row(episode: dict, why: str) -> dict:
     traj = Trajectory.from_dict(episode["trajectory"])
     rendered = render(traj)
     return {"id": episode["id"], "question_id": question_id(episode), "question": traj.question,
-            "method": traj.method, "why": why, "end_reason": episode.get("end_reason"),
+            "method": traj.format, "why": why, "end_reason": episode.get("end_reason"),
             "prediction": episode.get("prediction"), "gold_answer": episode.get("gold_answer"),
             "em": episode.get("em"), "f1": episode.get("f1"), "prompt": rendered.prompt,
             "completion": rendered.completion,
@@ -503,14 +505,14 @@ def failed_lines(selection: Selection) -> str:
 
 def dataset_manifest(cfg: FilterConfig, task: Task, method: str, inputs: list[dict], stats: dict,
                      reports: list[dict]) -> dict:
-    return {"stage": "filter", "config": to_dict(cfg), "complete": True, "task": task.name, "method": method,
+    return {"stage": "filter", "config": to_dict(cfg), "complete": True, "task": task.name, "format": method,
             "inputs": inputs, "settings": content_key(cfg), "counts": {"seen": stats["seen"], "kept": stats["kept"]},
             "fireact_imports": reports}
 
 
 def content_key(cfg: FilterConfig) -> dict:
     """The settings that change a dataset's content (FilterConfig's identity fields; the inputs
-    are checked by fingerprint; out_dir, force, methods change nothing)."""
+    are checked by fingerprint; out_dir, force, formats change nothing)."""
     settings = to_dict(cfg)
     return {k: settings[k] for k in CONTENT_KEYS}
 
@@ -531,14 +533,14 @@ def run_filter(cfg: FilterConfig, allow_empty: bool = False) -> dict:
         raise PipelineError("filter: nothing to read; set inputs=[<generate output folder>] or pass --from-fireact PATH")
     if cfg.max_per_method < 1:
         raise PipelineError(f"filter: max_per_method must be >= 1, got {cfg.max_per_method}")
-    unknown = [m for m in cfg.methods if m not in FORMATS]
+    unknown = [m for m in cfg.formats if m not in FORMATS]
     if unknown:
-        raise PipelineError(f"filter: methods {unknown} are not training formats; choose from {list(FORMATS)}")
+        raise PipelineError(f"filter: formats {unknown} are not training formats; choose from {list(FORMATS)}")
     check_writable_dir(cfg.out_dir)
     remove_stale_temps(cfg.out_dir)  # a killed run's half-written dataset folders and manifest
     episodes = collect_episodes(cfg)
     by_method, inputs, reports, task = episodes.by_method, episodes.fingerprints, episodes.fireact_reports, episodes.task
-    methods = cfg.methods or [m for m in FORMATS if m in by_method]
+    methods = cfg.formats or [m for m in FORMATS if m in by_method]
     missing = [m for m in methods if m not in by_method]
     if missing or not methods:
         raise PipelineError(f"filter: no input episodes for {missing or 'any method'} "
@@ -587,7 +589,7 @@ def run_filter(cfg: FilterConfig, allow_empty: bool = False) -> dict:
     if not results and not allow_empty:
         raise PipelineError(f"filter: no method kept any episode ({', '.join(empty)}); check the inputs' em/finished fields")
     write_manifest(out_dir / "manifest.json", stage="filter", config=to_dict(cfg), complete=True,
-                   task=task.name, inputs=inputs, methods=sorted(results), empty_methods=empty,
+                   task=task.name, inputs=inputs, formats=sorted(results), empty_formats=empty,
                    counts={m: {"seen": s["seen"], "kept": s["kept"]} for m, s in results.items()})
     written = ", ".join(f"{m} {s['kept']}" for m, s in results.items())
     print(f"datasets in {out_dir}/<method>/train.jsonl: {written}")

@@ -91,9 +91,9 @@ def dataset_package(dataset: Path, name: str | None) -> tuple[str, str, dict[str
 
     folders = method_folders(dataset)
     facts = [dataset_facts(f) for f in folders]
-    methods = [f["method"] for f in facts]
-    name = name or f"{facts[0]['task']}-react-sft-{'-'.join(methods)}"
-    files = {f"{m}/{n}": f / n for m, f in zip(methods, folders, strict=True) for n in ("train.jsonl", "stats.json")
+    formats = [f["format"] for f in facts]
+    name = name or f"{facts[0]['task']}-react-sft-{'-'.join(formats)}"
+    files = {f"{m}/{n}": f / n for m, f in zip(formats, folders, strict=True) for n in ("train.jsonl", "stats.json")
              if (f / n).is_file()}
     return "dataset", name, files, dataset_card(folders, name=name)
 

@@ -3,7 +3,8 @@
     python -m pipeline run --config configs/demo.yaml          # the CPU demo (scripts/demo.sh)
     python -m pipeline run --config configs/paper.yaml         # the full-scale grid (GPUs)
 
-The experiment YAML names the task (`task: fever`; default hotpotqa), the teacher, the methods,
+The experiment YAML names the task (`task: fever`; default hotpotqa), the teacher, the formats
+(`formats:` the trajectory formats generated, filtered, trained and prompted with the method of the same name),
 the students by size class, the question sets and each stage's settings (sections `generate`, `filter`, `train`, `eval`, `plot`, with
 `students:` a list; a student given as `checkpoint:` is already fine-tuned, e.g. a released agent,
 and is only evaluated). Every unit (a generate run, a dataset, a student x method training run, an
@@ -41,7 +42,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 
@@ -108,10 +109,14 @@ class GrpoPhase:
 
 @dataclass
 class RunConfig:
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {"methods": "formats"}  # old key -> new (pipeline.core.config)
+
     experiment: str = "default"
     out_dir: Path = Path("runs/default")
     task: str = "hotpotqa"  # hotpotqa | fever (pipeline.tasks), for generate and every eval
-    methods: list[str] = field(default_factory=lambda: ["standard", "cot", "act", "react"])
+    # The grid's trajectory formats: the teacher generates each (prompted with the method of the same
+    # name), filter makes its SFT dataset, each student trains on it, and prompted students are evaluated with it
+    formats: list[str] = field(default_factory=lambda: ["standard", "cot", "act", "react"])
     wiki: dict = field(default_factory=dict)  # WikiConfig keys shared by generate and eval
     generate: dict = field(default_factory=dict)  # GenerateConfig keys
     filter: dict = field(default_factory=dict)  # FilterConfig keys
@@ -247,7 +252,7 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
             continue
         if not student.finetune:
             continue
-        for method in cfg.methods:
+        for method in cfg.formats:
             ft = train_config(cfg, student, method, dataset_dir)
             final = Path(ft.output_dir) / "final"
             units.append(Unit(f"train: {student.name} on {method}", ft, launch_train, "train", needs_train(ft),
@@ -278,7 +283,7 @@ def round_units(cfg: RunConfig, students: list[Student], dataset_dir: Path) -> l
     then the rounds report; none without a `self_training` section."""
     trained = {s.name: s for s in students if s.finetune and not s.checkpoint}
     st, units, report = cfg.self_training, [], []
-    for name, fmt in rounds.lines(st, list(trained), cfg.methods):
+    for name, fmt in rounds.lines(st, list(trained), cfg.formats):
         student = trained[name]
         ft = train_config(cfg, student, fmt, dataset_dir)
         ev = eval_config(cfg, student, Path(ft.output_dir) / "final", fmt)
@@ -583,15 +588,15 @@ def relay_stderr(proc: subprocess.Popen) -> str | None:
 
 
 def generate_config(cfg: RunConfig):
-    layers = merged({"task": cfg.task, "methods": cfg.methods, "wiki": cfg.wiki}, cfg.generate,
+    layers = merged({"task": cfg.task, "methods": cfg.formats, "wiki": cfg.wiki}, cfg.generate,
                     {"out_dir": str(cfg.out_dir / "generate")})
     return build(GenerateConfig, layers, where="generate")
 
 
 def filter_config(cfg: RunConfig, dataset_dir: Path):
-    layers = merged({"methods": cfg.methods}, cfg.filter,
+    layers = merged({"formats": cfg.formats}, cfg.filter,
                     {"inputs": [str(cfg.out_dir / "generate")], "out_dir": str(dataset_dir)})
-    return build(FilterConfig, layers, where="filter")  # filter skips unchanged methods itself
+    return build(FilterConfig, layers, where="filter")  # filter skips unchanged formats itself
 
 
 def train_config(cfg: RunConfig, student: Student, fmt: str, dataset_dir: Path, round_layer: dict | None = None):
@@ -671,7 +676,7 @@ def eval_config(cfg: RunConfig, student: Student, final: Path | None, fmt: str |
     or a later self-training round (pipeline/rounds.py: its own folder and model label)."""
     if final is None:
         name, layer = f"{student.name}-prompt", {
-            "model": student.prompt_model, "methods": cfg.methods,
+            "model": student.prompt_model, "methods": cfg.formats,
             "size_class": student.size_class, "params_b": student.params_b}
     else:
         name, layer = f"{student.name}-ft-{fmt}", {
@@ -732,8 +737,8 @@ def grpo_formats(cfg: RunConfig, student: Student) -> list[str]:
     from pipeline.rl.config import RL_FORMATS
 
     for fmt in phase.formats:
-        if fmt not in RL_FORMATS or fmt not in cfg.methods:
-            raise PipelineError(f"grpo.formats: '{fmt}' must be a format this grid trains ({', '.join(cfg.methods)}) "
+        if fmt not in RL_FORMATS or fmt not in cfg.formats:
+            raise PipelineError(f"grpo.formats: '{fmt}' must be a format this grid trains ({', '.join(cfg.formats)}) "
                                 f"and an interactive loop GRPO runs ({', '.join(RL_FORMATS)})")
     return phase.formats
 
