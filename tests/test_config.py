@@ -112,6 +112,12 @@ def test_renamed_and_removed_keys_name_the_new_key(tmp_path):
         load_config(EvalConfig, None, ["method.max_new_tokens=8"])
     with pytest.raises(PipelineError, match=r"unknown key 'method'; it was renamed: use 'format'"):
         load_config(FinetuneConfig, None, ["method=act"])
+    # eval's model to evaluate was `checkpoint` (a word kept for training's checkpoint-N folders)
+    with pytest.raises(PipelineError, match=r"unknown key 'checkpoint'; it was renamed: use 'finetuned'"):
+        load_config(EvalConfig, None, ["checkpoint=checkpoints/x/react/final"])
+    with pytest.raises(PipelineError, match=r"unknown key 'checkpoint'; it was renamed: use 'finetuned'"):
+        load_config(EvalConfig, write(tmp_path, "eval:\n  checkpoint: forestai/fireact_llama_2_7b_lora\n"),
+                    section="eval")
     with pytest.raises(PipelineError, match=r"unknown key 'wiki.max_steps'; it was removed \(never read; the step limit is prompting.max_steps\)"):
         load_config(GenerateConfig, None, ["wiki.max_steps=7"])
 
@@ -145,7 +151,7 @@ def test_stage_help_lists_every_key_with_type_default_and_comment(capsys):
     with pytest.raises(SystemExit):
         main(["eval", "--help"])
     out = capsys.readouterr().out
-    for line in ("prompting.max_steps", "int = 7  # Act / ReAct step limit", "checkpoint", "model.backend", "wiki.index"):
+    for line in ("prompting.max_steps", "int = 7  # Act / ReAct step limit", "finetuned", "model.backend", "wiki.index"):
         assert line in out, line
 
 
@@ -196,7 +202,7 @@ def test_the_declared_keys_are_the_ones_the_stages_used_to_list_by_hand():
 
     assert generate.IDENTITY_KEYS == ("task", "teacher", "questions", "prompting", "wiki", "shard", "samples")
     assert run_keys(generate.GenerateConfig, "target") == ("order_seed",)
-    assert eval_stage.IDENTITY_KEYS == ("task", "model", "checkpoint", "format", "base_model", "questions",
+    assert eval_stage.IDENTITY_KEYS == ("task", "model", "finetuned", "format", "base_model", "questions",
                                         "prompting", "wiki", "shard")
     assert set(filter_stage.CONTENT_KEYS) == {"min_f1", "require_finished", "max_per_method", "per_question", "seed",
                                               "tokenizer", "fireact_other_tasks", "shuffle"}

@@ -126,7 +126,7 @@ def test_a_finetuned_checkpoint_runs_zero_shot_in_its_trained_format(tmp_path, i
     with FakeOpenAI(model=str(final)) as server:
         server.replies = ScriptedTeacher(questions)
         proc = run_pipeline("eval", "model.backend=openai", f"model.base_url={server.url}/v1",
-                            f"checkpoint={final}", f"questions={question_file}", f"wiki.index={index}",
+                            f"finetuned={final}", f"questions={question_file}", f"wiki.index={index}",
                             f"out_dir={out}", "methods=[react]")
         prompts = server.replies.prompts
     assert proc.returncode == 0, proc.stderr
@@ -164,7 +164,7 @@ def tiny_final(tmp_path_factory, smollm2_dir):
 
 def test_a_real_tiny_checkpoint_is_evaluated_through_transformers(tiny_final, tmp_path, index, question_file):
     out = tmp_path / "tiny"
-    proc = run_pipeline("eval", f"checkpoint={tiny_final}", "model.device=cpu", "prompting.max_new_tokens=6",
+    proc = run_pipeline("eval", f"finetuned={tiny_final}", "model.device=cpu", "prompting.max_new_tokens=6",
                         f"questions={question_file}", f"wiki.index={index}", f"out_dir={out}",
                         "methods=[cot,cot_sc]", "prompting.cot_sc_samples=3", timeout=300)
     assert proc.returncode == 0, proc.stderr
@@ -180,7 +180,7 @@ def test_a_real_tiny_checkpoint_is_evaluated_through_transformers(tiny_final, tm
 def test_a_checkpoint_cannot_run_a_format_it_was_not_trained_on(tmp_path, index, question_file):
     final = write_checkpoint(tmp_path / "final", method="react")
     for methods in ("[cot]", "[react_to_cot_sc]"):
-        proc = run_pipeline("eval", f"checkpoint={final}", f"questions={question_file}", f"wiki.index={index}",
+        proc = run_pipeline("eval", f"finetuned={final}", f"questions={question_file}", f"wiki.index={index}",
                             f"out_dir={tmp_path / 'out'}", f"methods={methods}")
         assert "trained on 'react' trajectories; it cannot run" in one_error_line(proc)
     assert not (tmp_path / "out").exists()
@@ -203,7 +203,7 @@ def test_bad_checkpoints_are_clear_errors(tmp_path, index, question_file, case, 
         final.mkdir()
     else:
         write_checkpoint(final, method=None)
-    proc = run_pipeline("eval", f"checkpoint={final}", f"questions={question_file}", f"wiki.index={index}",
+    proc = run_pipeline("eval", f"finetuned={final}", f"questions={question_file}", f"wiki.index={index}",
                         f"out_dir={tmp_path / 'out'}")
     assert message in one_error_line(proc)
     assert not (tmp_path / "out").exists()
@@ -225,7 +225,8 @@ def test_the_embedded_default_model_needs_no_size_keys():
     (["size_class=135m", "methods=[]"], "methods is empty"),
     (["size_class=135m", "methods=[react,sc]"], "unknown method 'sc'"),
     (["size_class=135m", "questions=react-dev501"], "unknown question set 'react-dev501'"),
-    (["size_class=135m", "checkpiont=x"], "unknown key 'checkpiont'; did you mean 'checkpoint'?"),
+    (["size_class=135m", "finetunde=x"], "unknown key 'finetunde'; did you mean 'finetuned'?"),
+    (["size_class=135m", "checkpoint=x"], "unknown key 'checkpoint'; it was renamed: use 'finetuned'"),
     (["size_class=135m", "max_error_share=1.5"], "max_error_share must be between 0 and 1"),
 ])
 def test_bad_eval_inputs_exit_2_with_one_line_and_write_nothing(tmp_path, index, overrides, message):

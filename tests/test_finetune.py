@@ -51,7 +51,7 @@ def load_as_eval(final: Path):
     from pipeline.llm.hf import TransformersLLM
     from pipeline.stages.eval import EvalConfig, model_under_test
 
-    llm = TransformersLLM(replace(model_under_test(EvalConfig(checkpoint=final)).llm, dtype="float32"))
+    llm = TransformersLLM(replace(model_under_test(EvalConfig(finetuned=final)).llm, dtype="float32"))
     return llm.model, llm.tokenizer
 
 

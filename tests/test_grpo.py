@@ -232,7 +232,7 @@ def test_eval_reads_a_grpo_final_as_a_student_whose_rows_say_grpo(random_student
         shutil.copytree(random_student, final)
         write_manifest(final / "manifest.json", stage=stage, config={}, complete=True, student=f"tiny-{stage}",
                        format="react", adapter=False, size_class="tiny", params_b=0.0001, precision="fp32")
-        target = model_under_test(EvalConfig(checkpoint=final))
+        target = model_under_test(EvalConfig(finetuned=final))
         assert (target.mode, target.decode_style, target.trained_format, target.llm.model) == \
             ("finetune", "zero_shot", "react", str(final))
         rows[stage] = summary_row(target, "react", "offline-eval", {"em": 0.5, "n": 2}, {"precision": "fp32"})
@@ -371,7 +371,7 @@ def test_grpo_learns_to_copy_the_observed_answer(world, warm_student, tmp_path):
 
     def greedy_em(checkpoint: Path, out: Path) -> float:
         eval_cfg = load_config(EvalConfig, None, [
-            f"checkpoint={checkpoint}", f"questions={world.questions}", f"wiki.index={world.index}",
+            f"finetuned={checkpoint}", f"questions={world.questions}", f"wiki.index={world.index}",
             f"wiki.corpus=[{world.corpus}]", f"out_dir={out}", "prompting.max_new_tokens=24",
             "prompting.max_steps=4", "model.dtype=float32", "size_class=tiny", "params_b=0.0001"])
         [row] = evaluate(eval_cfg)
@@ -511,6 +511,6 @@ def test_smollm2_lora_smoke_on_real_offline_questions(smollm2_dir, index, tmp_pa
     rollouts = [json.loads(line) for f in sorted((cfg.output_dir / "rollouts").glob("*.jsonl")) for line in f.open()]
     assert len(rollouts) == 4 and all(r["text"].startswith("Question: ") for r in rollouts)
     assert all(r["policy_tokens"] > 0 and r["env_tokens"] > 0 for r in rollouts)
-    target = model_under_test(load_config(EvalConfig, None, [f"checkpoint={cfg.output_dir / 'final'}"]))
+    target = model_under_test(load_config(EvalConfig, None, [f"finetuned={cfg.output_dir / 'final'}"]))
     assert (target.llm.model, target.llm.adapter, target.trained_format) == \
            (str(smollm2_dir), str(cfg.output_dir / "final"), "react")

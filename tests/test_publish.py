@@ -109,13 +109,28 @@ def finals(tmp_path_factory, sft) -> dict[str, Path]:
     evals = root / "eval"
     for name, em in (("full", 0.25), ("other", 0.75)):
         write_manifest(evals / name / "manifest.json", stage="eval", complete=True,
-                       config={"checkpoint": str(out["full"] if name == "full" else out["lora"])})
+                       config={"finetuned": str(out["full"] if name == "full" else out["lora"])})
         atomic_write_json(evals / name / "summary.json", [{
             "model": "tiny-llama (fine-tuned)", "size_class": "tiny", "params_b": 0.0001, "mode": "finetune",
             "method": "react", "question_set": "offline-eval", "n": 4, "em": em, "f1": em + 0.1,
             "finish_rate": 0.5}])
     out["summaries"] = evals
     return out
+
+
+def test_eval_manifests_written_before_the_rename_still_give_a_card_its_rows(tmp_path):
+    """An eval manifest's config named the model it evaluated `checkpoint` before `finetuned`: both
+    are read; a summary of another model is not this one's."""
+    from pipeline.core.storage import atomic_write_json, write_manifest
+    from pipeline.hub.cards import eval_rows_for
+
+    final, other = tmp_path / "final", tmp_path / "other"
+    summaries = []
+    for name, key, model in (("old", "checkpoint", final), ("new", "finetuned", final), ("else", "finetuned", other)):
+        write_manifest(tmp_path / name / "manifest.json", stage="eval", complete=True, config={key: str(model)})
+        atomic_write_json(tmp_path / name / "summary.json", [{"method": "react", "run": name}])
+        summaries.append(tmp_path / name / "summary.json")
+    assert [r["run"] for r in eval_rows_for(final, summaries)] == ["old", "new"]
 
 
 def test_a_full_checkpoint_is_loadable_and_its_card_has_config_provenance_and_results(finals, tmp_path):
@@ -131,7 +146,7 @@ def test_a_full_checkpoint_is_loadable_and_its_card_has_config_provenance_and_re
                  "| react | offline-eval | 4 | 25.0 | 35.0 | 50.0 |",  # its own eval only (not the 75.0 one)
                  "| learning rate | 2e-05 (cosine, warmup ratio 0.03) |", "| steps | 4 of 4 |",
                  "8 = 8 per device x 1 accumulation x 1 processes", "Teacher: oracle; gpt-4 (FireAct release)",
-                 "exact match 1", "CC BY-SA 4.0", "python -m pipeline eval checkpoint=<this folder> methods=[react]",
+                 "exact match 1", "CC BY-SA 4.0", "python -m pipeline eval finetuned=<this folder> methods=[react]",
                  "Full training config"):
         assert text in card, text
     assert "75.0" not in card

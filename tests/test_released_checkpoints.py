@@ -77,28 +77,28 @@ def one_error_line(proc) -> str:
 
 
 def test_an_adapter_names_its_base_and_a_full_model_counts_its_size(tiny):
-    from pipeline.hub.finetuned import resolve_checkpoint
+    from pipeline.hub.finetuned import resolve_finetuned
 
-    adapter = resolve_checkpoint(str(tiny["adapter"]), format="fireact")
+    adapter = resolve_finetuned(str(tiny["adapter"]), format="fireact")
     assert (adapter.model, adapter.adapter) == (str(tiny["base"]), str(tiny["adapter"]))
     assert (adapter.trained_format, adapter.decode_style) == ("react", "fireact")
     assert adapter.label == "my-agent-lora (released)"
     assert adapter.params_b == pytest.approx(tiny["params_b"])  # the base's parameters, from its config
-    full = resolve_checkpoint(str(tiny["full"]), format="react", size_class="tiny")
+    full = resolve_finetuned(str(tiny["full"]), format="react", size_class="tiny")
     assert (full.model, full.adapter, full.decode_style, full.size_class) == (str(tiny["full"]), None, "zero_shot", "tiny")
-    override = resolve_checkpoint(str(tiny["adapter"]), format="react", base_model=str(tiny["full"]), params_b=7.0)
+    override = resolve_finetuned(str(tiny["adapter"]), format="react", base_model=str(tiny["full"]), params_b=7.0)
     assert override.model == str(tiny["full"]) and override.params_b == 7.0
 
 
 def test_a_local_copy_of_a_registered_agent_needs_nothing_else(tiny, tmp_path):
     import shutil
 
-    from pipeline.hub.finetuned import resolve_checkpoint
+    from pipeline.hub.finetuned import resolve_finetuned
     from pipeline.hub.released import AGENTS
 
     copy = tmp_path / "fireact_llama_2_7b_lora"
     shutil.copytree(tiny["adapter"], copy)
-    ckpt = resolve_checkpoint(str(copy))
+    ckpt = resolve_finetuned(str(copy))
     agent = AGENTS["forestai/fireact_llama_2_7b_lora"]
     assert (ckpt.format, ckpt.label, ckpt.params_b, ckpt.size_class) == ("fireact", agent.label, 6.74, "7b")
     assert ckpt.model == str(tiny["base"])  # its adapter_config.json names an existing folder: that wins
@@ -106,7 +106,7 @@ def test_a_local_copy_of_a_registered_agent_needs_nothing_else(tiny, tmp_path):
     config["base_model_name_or_path"] = "/home/someone/llama-2-7b-chat-hf"  # a trainer's own path
     (copy / "adapter_config.json").write_text(json.dumps(config))
     with pytest.raises(PipelineError, match="meta-llama/Llama-2-7b-chat-hf"):  # the registry's base, not cached
-        resolve_checkpoint(str(copy))
+        resolve_finetuned(str(copy))
 
 
 def test_the_registry_lists_fireact_and_agentlm_with_base_format_and_size():
@@ -123,17 +123,17 @@ def test_the_registry_lists_fireact_and_agentlm_with_base_format_and_size():
 
 
 @pytest.mark.parametrize("args,message", [
-    (["checkpoint=forestai/fireact_llama_2_7b_lora"],
+    (["finetuned=forestai/fireact_llama_2_7b_lora"],
      "adapter forestai/fireact_llama_2_7b_lora (LocalEntryNotFoundError"),
-    (["checkpoint=forestai/fireact_llama_2_7b_lora"], "base model meta-llama/Llama-2-7b-chat-hf"),
-    (["checkpoint=forestai/fireact_llama_2_7b_lora"],
-     "`hf download forestai/fireact_llama_2_7b_lora --local-dir <checkpoint-dir>` and pass checkpoint="),
-    (["checkpoint=THUDM/agentlm-7b"], "format 'agentlm' is not supported"),
-    (["checkpoint={adapter}"], "set format=<standard|cot|act|react|fireact>"),
-    (["checkpoint={adapter}", "format=fireact", "methods=[cot]"], "it cannot run cot"),
-    (["checkpoint={adapter}", "format=chat"], "format 'chat' is unknown"),
-    (["checkpoint=/nonexistent/agent", "format=react"], "no such folder"),
-    (["format=fireact"], "set checkpoint= too"),
+    (["finetuned=forestai/fireact_llama_2_7b_lora"], "base model meta-llama/Llama-2-7b-chat-hf"),
+    (["finetuned=forestai/fireact_llama_2_7b_lora"],
+     "`hf download forestai/fireact_llama_2_7b_lora --local-dir <finetuned-dir>` and pass finetuned="),
+    (["finetuned=THUDM/agentlm-7b"], "format 'agentlm' is not supported"),
+    (["finetuned={adapter}"], "set format=<standard|cot|act|react|fireact>"),
+    (["finetuned={adapter}", "format=fireact", "methods=[cot]"], "it cannot run cot"),
+    (["finetuned={adapter}", "format=chat"], "format 'chat' is unknown"),
+    (["finetuned=/nonexistent/agent", "format=react"], "no such folder"),
+    (["format=fireact"], "set finetuned= too"),
 ])
 def test_bad_or_unreachable_checkpoints_are_one_line_errors(tiny, tmp_path, index, question_file, args, message):
     out = tmp_path / "out"
@@ -155,14 +155,14 @@ def test_bad_or_unreachable_checkpoints_are_one_line_errors(tiny, tmp_path, inde
 def test_a_checkpoint_without_our_manifest_is_evaluated_in_its_format(tiny, tmp_path, index, question_file,
                                                                        kind, fmt):
     out = tmp_path / "eval"
-    proc = run_pipeline("eval", f"checkpoint={tiny[kind]}", f"format={fmt}", "model.device=cpu",
+    proc = run_pipeline("eval", f"finetuned={tiny[kind]}", f"format={fmt}", "model.device=cpu",
                         "prompting.max_new_tokens=4", f"questions={question_file}", f"wiki.index={index}",
                         f"out_dir={out}", timeout=300)
     assert proc.returncode == 0, proc.stderr
     [row] = json.loads((out / "summary.json").read_text())
     label = f"{Path(tiny[kind]).name} (released)"
     assert (row["model"], row["mode"], row["method"], row["n"]) == (label, "finetune", "react", 2)
-    assert row["released"] == {"checkpoint": str(tiny[kind]), "format": fmt}
+    assert row["released"] == {"finetuned": str(tiny[kind]), "format": fmt}
     assert row["params_b"] == pytest.approx(tiny["params_b"])
     records = read_records(out / "react.jsonl")
     assert len(records) == 2 and all(r["teacher"] == label and r["completion_tokens"] > 0 for r in records)
@@ -192,7 +192,7 @@ def test_the_prompts_a_released_checkpoint_receives(tiny, tmp_path, index, quest
 
         monkeypatch.setattr(answerers.PromptedModel, "open", scripted)
         out = tmp_path / fmt
-        cfg = build(EvalConfig, {"checkpoint": str(tiny["adapter"]), "format": fmt, "questions": str(question_file),
+        cfg = build(EvalConfig, {"finetuned": str(tiny["adapter"]), "format": fmt, "questions": str(question_file),
                                  "wiki": {"index": str(index)}, "out_dir": str(out)})
         [row] = evaluate(cfg)
         [(llm_cfg, llm)] = opened
@@ -206,7 +206,8 @@ def test_the_prompts_a_released_checkpoint_receives(tiny, tmp_path, index, quest
 # -- plotting -----------------------------------------------------------------------------------------
 
 
-def test_a_released_checkpoint_is_plotted_as_its_own_labelled_point(tmp_path):
+@pytest.mark.parametrize("key", ["finetuned", "checkpoint"])  # checkpoint: a row written before the rename
+def test_a_released_checkpoint_is_plotted_as_its_own_labelled_point(tmp_path, key):
     from pipeline.report.figure import draw_figure
     from pipeline.report.summaries import load_summaries
     from pipeline.stages.plot import PlotConfig, run_plot
@@ -218,7 +219,7 @@ def test_a_released_checkpoint_is_plotted_as_its_own_labelled_point(tmp_path):
     ours = [row("ours-7b", mode, m, em) for mode in ("prompt", "finetune")
             for m, em in zip(("standard", "cot", "act", "react"), (0.2, 0.25, 0.1, 0.3), strict=True)]
     released = row("FireAct Llama-2-7B LoRA (released)", "finetune", "react", 0.9,
-                   released={"checkpoint": "forestai/fireact_llama_2_7b_lora", "format": "fireact"})
+                   released={key: "forestai/fireact_llama_2_7b_lora", "format": "fireact"})
     paths = []
     for name, rows in (("ours", ours), ("released", [released])):
         paths.append(tmp_path / name / "summary.json")
@@ -238,7 +239,7 @@ def test_a_released_checkpoint_is_plotted_as_its_own_labelled_point(tmp_path):
     assert "released fine-tuned agent, evaluated here" in [t.get_text() for t in fig.legends[0].get_texts()]
 
 
-# -- a `checkpoint:` student in a run grid ---------------------------------------------------------
+# -- a `finetuned:` student in a run grid ---------------------------------------------------------
 
 
 def checkpoint_grid(tmp_path: Path, index: Path, tiny: dict) -> tuple:
@@ -253,8 +254,8 @@ def checkpoint_grid(tmp_path: Path, index: Path, tiny: dict) -> tuple:
         "plot": {"reference_points": False},
     })
     students = [build(Student, s) for s in (
-        {"name": "agent-lora", "checkpoint": str(tiny["adapter"]), "format": "fireact"},
-        {"name": "agent-full", "checkpoint": str(tiny["full"]), "format": "react", "size_class": "tiny"},
+        {"name": "agent-lora", "finetuned": str(tiny["adapter"]), "format": "fireact"},
+        {"name": "agent-full", "finetuned": str(tiny["full"]), "format": "react", "size_class": "tiny"},
     )]
     return cfg, students
 
@@ -266,13 +267,13 @@ def test_a_checkpoint_student_plans_an_eval_and_no_training(tmp_path, index, tin
     units = plan(cfg, students)
     assert [u.title.split(":")[0] for u in units] == ["eval", "eval", "plot"]  # no generate/filter/train
     lora = units[0].config
-    assert (str(lora.checkpoint), lora.format, lora.out_dir.name) == (str(tiny["adapter"]), "fireact",
+    assert (str(lora.finetuned), lora.format, lora.out_dir.name) == (str(tiny["adapter"]), "fireact",
                                                                      "agent-lora-checkpoint")
 
 
 @pytest.mark.parametrize("student,message", [
-    ({"name": "x", "checkpoint": "a/b", "config": "configs/students/tiny.yaml"}, "drop `config`/`train`"),
-    ({"name": "x", "format": "fireact", "config": "c.yaml", "size_class": "7b", "params_b": 7}, "describes a `checkpoint`"),
+    ({"name": "x", "finetuned": "a/b", "config": "configs/students/tiny.yaml"}, "drop `config`/`train`"),
+    ({"name": "x", "format": "fireact", "config": "c.yaml", "size_class": "7b", "params_b": 7}, "describes a `finetuned` model"),
     ({"name": "x", "config": "c.yaml"}, "set size_class, params_b"),
     ({"name": "x", "size_class": "7b", "params_b": 7}, "set config"),
 ])

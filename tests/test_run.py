@@ -54,6 +54,27 @@ def test_the_old_grid_key_methods_names_formats(tmp_path):
         plan(cfg, [build(Student, s) for s in cfg.students])
 
 
+def test_the_old_student_key_checkpoint_names_finetuned_and_old_eval_manifests_still_count(tmp_path):
+    """A student's (and eval's) model to evaluate was `checkpoint`: renamed `finetuned`. An eval unit
+    whose manifest was written with the old key is still done (pipeline.core.config upgrade_keys)."""
+    from pipeline.core.config import to_dict
+    from pipeline.core.errors import PipelineError
+    from pipeline.core.storage import write_manifest
+    from pipeline.stages.run import finetuned_eval_config, unit_done
+
+    with pytest.raises(PipelineError, match=r"unknown key 'checkpoint'; it was renamed: use 'finetuned'"):
+        build(Student, {"name": "agent", "checkpoint": "forestai/fireact_llama_2_7b_lora"})
+    cfg = build(RunConfig, {"out_dir": str(tmp_path / "run"), "formats": ["react"]})
+    ev = finetuned_eval_config(cfg, build(Student, {"name": "agent", "finetuned": "forestai/fireact_llama_2_7b_lora"}))
+    assert str(ev.finetuned) == "forestai/fireact_llama_2_7b_lora" and ev.out_dir.name == "agent-checkpoint"
+    new = to_dict(ev)
+    old = {("checkpoint" if k == "finetuned" else k): v for k, v in new.items()}
+    assert "checkpoint" in old and "finetuned" not in old
+    for config, done in ((new, True), (old, True), (dict(old, checkpoint="another/agent"), False)):
+        write_manifest(ev.out_dir / "manifest.json", stage="eval", config=config, complete=True)
+        assert unit_done(ev) is done, config
+
+
 def run_pipeline(*args: str, cwd: Path = REPO, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=cwd, capture_output=True,
                           text=True, **kwargs)

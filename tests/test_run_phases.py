@@ -124,7 +124,7 @@ def test_a_grpo_section_adds_a_grpo_unit_per_format_after_training_and_an_eval_o
     assert str(gr.wiki.index) == cfg.wiki["index"]
     assert unit.needs.startswith("launches accelerate with 1 process (cpu;")
     [ev] = [u for u in units if u.title == "eval: smollm2-135m after GRPO on react"]
-    assert ev.phase == "eval" and str(ev.config.checkpoint) == f"{gr.output_dir}/final"
+    assert ev.phase == "eval" and str(ev.config.finetuned) == f"{gr.output_dir}/final"
     assert str(ev.config.out_dir) == "runs/demo/eval/smollm2-135m-grpo-react" and ev.config.methods == ["react"]
     assert ev.config.out_dir / "summary.json" in [Path(s) for s in units[-1].config.summaries]
     assert len(units) == len(grid_units("demo.yaml")) + 2  # nothing else changes

@@ -53,7 +53,7 @@ def lora_checkpoint(folder: Path, rank: int = 4, rank_pattern: dict | None = Non
 
 
 def eval_config(tmp_path: Path, question_file: Path, index: Path, *extra_args: str, **serve) -> Path:
-    config = {"checkpoint": str(lora_checkpoint(tmp_path / "ckpt" / "final")),
+    config = {"finetuned": str(lora_checkpoint(tmp_path / "ckpt" / "final")),
               "model": {"backend": "vllm", "max_retries": 1, "timeout_s": 5.0, "tensor_parallel_size": 2,
                         "gpu_memory_utilization": 0.5, "max_context": 4096},
               "methods": ["react"], "questions": str(question_file), "wiki": {"index": str(index)},

@@ -230,7 +230,7 @@ def eval_config(tmp_path: Path, adapter: Path, index: Path, tag: str, **serve) -
     from pipeline.tasks.hotpotqa.questions import load_question_set
 
     qfile = write_questions(tmp_path / "q.jsonl", load_question_set("offline-eval", limit=4))
-    config = {"checkpoint": str(adapter), "model": {"backend": "vllm", **MODEL_SETTINGS},
+    config = {"finetuned": str(adapter), "model": {"backend": "vllm", **MODEL_SETTINGS},
               "methods": ["react"], "questions": str(qfile), "wiki": {"index": str(index)},
               "max_in_flight": 1, "prompting": {"max_new_tokens": 24, "max_steps": 2},
               "out_dir": str(tmp_path / "eval"),
@@ -337,7 +337,7 @@ def test_the_in_process_vllm_backend_evaluates_in_venv_vllm(tmp_path, student, a
     completions are compared with transformers above, through the server)."""
     from vllm_testdata import VLLM_PYTHON
 
-    keys = {"checkpoint": str(adapter)} if "LoRA" in student else {"model": {"model": "smollm2"}}
+    keys = {"finetuned": str(adapter)} if "LoRA" in student else {"model": {"model": "smollm2"}}
     model = {**keys.get("model", {}), "dtype": "float32", "max_context": 4096}
     vllm_keys = {**keys, "model": {**model, "backend": "vllm", "extra": {"enforce_eager": True}}}
     started = time.monotonic()

@@ -81,7 +81,7 @@ def build_lora_adapter(smollm2_dir: Path, folder: Path, rank: int = 64) -> Path:
     """A PEFT LoRA adapter of SmolLM2-135M, r=64 on q/k/v/o/gate/up/down (the 70B student's
     settings), with non-zero weights (PEFT starts B at zero: an adapter that changes nothing would
     prove nothing), in a `final` folder with the manifest pipeline/finetune.py writes, so that
-    `eval checkpoint=` takes it."""
+    `eval finetuned=` takes it."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM

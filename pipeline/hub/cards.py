@@ -1,4 +1,4 @@
-"""Cards: the text that makes a checkpoint or an SFT dataset reusable by someone else.
+"""Cards: the text that makes a fine-tuned model or an SFT dataset reusable by someone else.
 
     model_card(manifest, eval_rows)      # README.md of a fine-tuned `final/` (train, run, publish)
     dataset_card(folders)                # README.md of a published SFT dataset (publish)
@@ -6,7 +6,7 @@
 A model card holds the Hugging Face metadata block (base model, library, licence note, tags), how
 the model decodes (our zero-shot format), its training config, where its data came from (teacher,
 method, counts, filter rule), and its EM / F1 table from our eval summaries. `train` writes it
-into every `final/` (no eval yet), `run` rewrites it once that checkpoint is evaluated, and
+into every `final/` (no eval yet), `run` rewrites it once that model is evaluated, and
 `publish` writes the same text into the folder it uploads.
 """
 
@@ -169,7 +169,7 @@ def model_card(manifest: dict, eval_rows: list[dict]) -> str:
              f"`{task.question_label}: <{task.question_label.lower()}>\\n` and "
              f"the whole text reads `{format_text(method, task)}`; the model writes one step per call and "
              "the environment appends each observation. With this pipeline:", "",
-             f"    python -m pipeline eval checkpoint=<this folder> methods=[{method}]", "",
+             f"    python -m pipeline eval finetuned=<this folder> methods=[{method}]", "",
              "## Results (our eval)", ""]
     lines += results_table(eval_rows)
     lines += ["", "## Training", "", "| setting | value |", "|---|---|"]
@@ -192,7 +192,7 @@ def model_card(manifest: dict, eval_rows: list[dict]) -> str:
         lines.append(f"- Teacher: {'; '.join(data['teachers'])}.")
         lines.append(f"- Selection: {data['rule']}.")
     else:
-        lines.append("- The dataset folder is not beside this checkpoint any more: teacher and selection unknown.")
+        lines.append("- The dataset folder is not beside this model any more: teacher and selection unknown.")
     lines += ["", "## Licence", "",
               f"The base model's licence applies to these weights. Training data: {task.data_line()}; {WIKIPEDIA}"
               + (f"; {FIREACT_DATA}" if data and data["fireact"] else "") + ".", "",
@@ -203,7 +203,7 @@ def model_card(manifest: dict, eval_rows: list[dict]) -> str:
 
 def results_table(rows: list[dict]) -> list[str]:
     if not rows:
-        return ["Not evaluated yet: `python -m pipeline eval checkpoint=<this folder>` writes the summary "
+        return ["Not evaluated yet: `python -m pipeline eval finetuned=<this folder>` writes the summary "
                 "this table is built from."]
     lines = ["| method | question set | n | EM % | F1 % | finished % |", "|---|---|---:|---:|---:|---:|"]
     for r in rows:
@@ -213,12 +213,14 @@ def results_table(rows: list[dict]) -> list[str]:
 
 
 def eval_rows_for(final: Path, summaries: list[Path]) -> list[dict]:
-    """The rows of those eval summaries whose run evaluated this checkpoint (by its eval manifest)."""
+    """The rows of those eval summaries whose run evaluated this model (by its eval manifest's
+    `finetuned`; `checkpoint` in a manifest written before that key was renamed)."""
     rows = []
     for path in summaries:
         manifest = read_manifest(Path(path).parent / "manifest.json") or {}
-        checkpoint = (manifest.get("config") or {}).get("checkpoint")
-        if manifest.get("complete") and checkpoint and Path(checkpoint).resolve() == Path(final).resolve():
+        config = manifest.get("config") or {}
+        finetuned = config.get("finetuned") or config.get("checkpoint")
+        if manifest.get("complete") and finetuned and Path(finetuned).resolve() == Path(final).resolve():
             rows += json.loads(Path(path).read_text(encoding="utf-8"))
     return rows
 

@@ -1,11 +1,12 @@
-"""Any fine-tuned checkpoint, not only ours: a local folder or hub id of a full model or a PEFT
-adapter, with the format it decodes in.
+"""Any fine-tuned model to evaluate (eval's `finetuned=`), not only ours: a local folder or hub id
+of a full model or a PEFT adapter, with the format it decodes in.
 
-    resolve_checkpoint("forestai/fireact_llama_2_7b_lora")            # a known released agent
-    resolve_checkpoint("downloads/my-agent", format="react", params_b=7.6)   # any folder
+    resolve_finetuned("forestai/fireact_llama_2_7b_lora")            # a known released agent
+    resolve_finetuned("downloads/my-agent", format="react", params_b=7.6)   # any folder
 
 Our own `train` outputs carry a manifest and are read by the eval stage as before; this module
-handles everything else (the eval stage calls it when a checkpoint has no manifest.json):
+handles everything else (the eval stage calls it when a `finetuned=` folder has no manifest.json;
+GRPO when its `student=` is a released model):
 
 - a folder with adapter_config.json is a PEFT adapter: its base is `base_model=` when given, else
   the base its adapter_config.json names (when that is a hub id or an existing folder), else the
@@ -27,7 +28,7 @@ from pathlib import Path
 from pipeline.core.errors import PipelineError
 from pipeline.hub.models import size_label
 
-# How a fine-tuned checkpoint decodes: the trajectory format it runs (methods must use only it)
+# How a fine-tuned model decodes: the trajectory format it runs (methods must use only it)
 # and the prompting style that builds its prompts (pipeline.methods).
 DECODE_FORMATS = {
     "standard": ("standard", "zero_shot"), "cot": ("cot", "zero_shot"),
@@ -44,14 +45,14 @@ MODEL_FILES = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.tiktoken"]
 
 
 @dataclass
-class ResolvedCheckpoint:
+class ResolvedFinetuned:
     model: str  # what LLMConfig.model gets: a local folder (or a hub id left to transformers)
     adapter: str | None  # a local PEFT adapter folder applied on `model`
     format: str  # a key of DECODE_FORMATS
     label: str
     size_class: str
     params_b: float
-    source: str  # the checkpoint as given (a hub id or a path)
+    source: str  # the fine-tuned model as given (a hub id or a path)
 
     @property
     def trained_format(self) -> str:
@@ -62,63 +63,65 @@ class ResolvedCheckpoint:
         return DECODE_FORMATS[self.format][1]
 
 
-def resolve_checkpoint(checkpoint: str, *, format: str | None = None, base_model: str | None = None,
-                       size_class: str | None = None, params_b: float | None = None,
-                       name: str | None = None) -> ResolvedCheckpoint:
+def resolve_finetuned(finetuned: str, *, format: str | None = None, base_model: str | None = None,
+                      size_class: str | None = None, params_b: float | None = None,
+                      name: str | None = None, key: str = "finetuned") -> ResolvedFinetuned:
+    """`finetuned` resolved to what loads it; `key` is the config key that gave it (named in the
+    offline message: eval's `finetuned`, GRPO's `student`)."""
     from pipeline.hub.released import find_agent
 
-    checkpoint = str(checkpoint)
-    agent = find_agent(checkpoint)
-    folder = Path(checkpoint).expanduser()
+    given = str(finetuned)
+    agent = find_agent(given)
+    folder = Path(given).expanduser()
     if not folder.is_dir():
-        if looks_like_local(checkpoint):
-            raise PipelineError(f"checkpoint {checkpoint}: no such folder; give a fine-tuned model or adapter "
+        if looks_like_local(given):
+            raise PipelineError(f"fine-tuned model {given}: no such folder; give a fine-tuned model or adapter "
                                 "folder, or a hub id")
         folder = None
     elif not (folder / "adapter_config.json").is_file() and not (folder / "config.json").is_file():
-        raise PipelineError(f"checkpoint {folder}: not a checkpoint: no manifest at {folder}/manifest.json "
+        raise PipelineError(f"fine-tuned model {folder}: not a model: no manifest at {folder}/manifest.json "
                             "(ours), no adapter_config.json (a PEFT adapter), no config.json (a full model)")
-    fmt = check_format(format or (agent.format if agent else None), checkpoint)
-    adapter_config = _adapter_config(folder, checkpoint, agent)
+    fmt = check_format(format or (agent.format if agent else None), given)
+    adapter_config = _adapter_config(folder, given, agent)
     missing: list[tuple[str, str, str]] = []  # (what, hub id, key)
     if adapter_config is not None:
         base = choose_base(base_model, adapter_config.get("base_model_name_or_path"),
-                           agent.base_model if agent else None, checkpoint)
-        adapter_dir = str(folder) if folder else fetch(checkpoint, ADAPTER_FILES, "adapter", "checkpoint", missing)
+                           agent.base_model if agent else None, given)
+        adapter_dir = str(folder) if folder else fetch(given, ADAPTER_FILES, "adapter", key, missing)
         model_dir = base if Path(base).expanduser().is_dir() else fetch(base, MODEL_FILES, "base model", "base_model",
                                                                          missing)
     else:
         adapter_dir = None
-        model_dir = str(folder) if folder else fetch(checkpoint, MODEL_FILES, "model", "checkpoint", missing)
+        model_dir = str(folder) if folder else fetch(given, MODEL_FILES, "model", key, missing)
     if missing:
         raise PipelineError(offline_message(missing))
     if params_b is None:
-        params_b = agent.params_b if agent else count_params_b(model_dir, checkpoint)
+        params_b = agent.params_b if agent else count_params_b(model_dir, given)
     size_class = size_class or (agent.size_class if agent else size_label(params_b))
-    label = name or (agent.label if agent else f"{Path(checkpoint.rstrip('/')).name} (released)")
-    return ResolvedCheckpoint(model_dir, adapter_dir, fmt, label, size_class, float(params_b), checkpoint)
+    label = name or (agent.label if agent else f"{Path(given.rstrip('/')).name} (released)")
+    return ResolvedFinetuned(model_dir, adapter_dir, fmt, label, size_class, float(params_b), given)
 
 
-def check_format(fmt: str | None, checkpoint: str) -> str:
+def check_format(fmt: str | None, given: str) -> str:
     if fmt is None:
-        raise PipelineError(f"checkpoint {checkpoint} has no manifest of ours and is not a known released agent "
+        raise PipelineError(f"fine-tuned model {given} has no manifest of ours and is not a known released agent "
                             f"(pipeline/hub/released.py): set format=<{'|'.join(DECODE_FORMATS)}> to say how it decodes")
     if fmt in NOT_IMPLEMENTED:
-        raise PipelineError(f"checkpoint {checkpoint}: format '{fmt}' is not supported: {NOT_IMPLEMENTED[fmt]}; "
+        raise PipelineError(f"fine-tuned model {given}: format '{fmt}' is not supported: {NOT_IMPLEMENTED[fmt]}; "
                             f"formats that run: {', '.join(DECODE_FORMATS)}")
     if fmt not in DECODE_FORMATS:
         raise PipelineError(f"format '{fmt}' is unknown; use one of {', '.join(DECODE_FORMATS)}")
     return fmt
 
 
-def looks_like_local(checkpoint: str) -> bool:
+def looks_like_local(given: str) -> bool:
     from pipeline.hub.models import looks_like_path
 
-    return looks_like_path(checkpoint)
+    return looks_like_path(given)
 
 
-def _adapter_config(folder: Path | None, checkpoint: str, agent) -> dict | None:
-    """The adapter's config when the checkpoint is an adapter (None for a full model)."""
+def _adapter_config(folder: Path | None, given: str, agent) -> dict | None:
+    """The adapter's config when the fine-tuned model is an adapter (None for a full model)."""
     if folder is not None:
         path = folder / "adapter_config.json"
         if not path.is_file():
@@ -130,9 +133,9 @@ def _adapter_config(folder: Path | None, checkpoint: str, agent) -> dict | None:
     if agent is not None:
         if not agent.adapter:
             return None
-        cached = _cached_file(checkpoint, "adapter_config.json")
+        cached = _cached_file(given, "adapter_config.json")
         return json.loads(Path(cached).read_text(encoding="utf-8")) if cached else {}
-    cached = _cached_file(checkpoint, "adapter_config.json", download=True)
+    cached = _cached_file(given, "adapter_config.json", download=True)
     return json.loads(Path(cached).read_text(encoding="utf-8")) if cached else None
 
 
@@ -149,7 +152,7 @@ def _cached_file(repo: str, filename: str, download: bool = False) -> str | None
         return None
 
 
-def choose_base(override: str | None, named: str | None, registry: str | None, checkpoint: str) -> str:
+def choose_base(override: str | None, named: str | None, registry: str | None, given: str) -> str:
     """`base_model=` wins; then the adapter's own adapter_config.json when it names something
     reachable (a hub id or an existing folder; trainers often record a path on their machine);
     then the registry's base."""
@@ -161,7 +164,7 @@ def choose_base(override: str | None, named: str | None, registry: str | None, c
         return named
     if registry:
         return registry
-    raise PipelineError(f"checkpoint {checkpoint} is a PEFT adapter whose base model "
+    raise PipelineError(f"fine-tuned model {given} is a PEFT adapter whose base model "
                         f"{named!r} is not here; set base_model=<its folder or hub id>")
 
 
@@ -189,7 +192,7 @@ def offline_message(missing: list) -> str:
             "set for gated models")
 
 
-def count_params_b(model_dir: str, checkpoint: str) -> float:
+def count_params_b(model_dir: str, given: str) -> float:
     """Billions of parameters from the model's config alone (a meta-device model: no weights)."""
     try:
         import torch
@@ -200,6 +203,6 @@ def count_params_b(model_dir: str, checkpoint: str) -> float:
             model = AutoModelForCausalLM.from_config(config)
         return sum(p.numel() for p in model.parameters()) / 1e9
     except Exception as exc:
-        raise PipelineError(f"checkpoint {checkpoint}: cannot count its parameters ({type(exc).__name__}); "
+        raise PipelineError(f"fine-tuned model {given}: cannot count its parameters ({type(exc).__name__}); "
                             "set params_b=<billions> and size_class=<e.g. 7b>") from None
 

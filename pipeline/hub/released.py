@@ -1,8 +1,8 @@
 """Released fine-tuned agents this pipeline knows by hub id: base model, format, size, source.
 
-    python -m pipeline eval checkpoint=forestai/fireact_llama_2_7b_lora questions=react-dev500 wiki.backend=live
+    python -m pipeline eval finetuned=forestai/fireact_llama_2_7b_lora questions=react-dev500 wiki.backend=live
 
-`eval checkpoint=<hub id>` looks the id up here, so nothing else is needed: the adapter names its
+`eval finetuned=<hub id>` looks the id up here, so nothing else is needed: the adapter names its
 base model in its adapter_config.json (which wins when it names a hub id or an existing folder),
 the format says how the agent decodes (pipeline.hub.finetuned.DECODE_FORMATS), and the size places
 it on the figure. A local copy whose folder name is the id's last part (`hf download
@@ -64,10 +64,10 @@ AGENTS: dict[str, ReleasedAgent] = {a.hub_id: a for a in (
 )}
 
 
-def find_agent(checkpoint: str) -> ReleasedAgent | None:
+def find_agent(finetuned: str) -> ReleasedAgent | None:
     """The registry entry for a hub id, or for a local copy named after the id's last part."""
-    if checkpoint in AGENTS:
-        return AGENTS[checkpoint]
-    name = Path(str(checkpoint).rstrip("/")).name
+    if finetuned in AGENTS:
+        return AGENTS[finetuned]
+    name = Path(str(finetuned).rstrip("/")).name
     matches = [a for a in AGENTS.values() if a.hub_id.split("/")[-1] == name]
     return matches[0] if len(matches) == 1 else None

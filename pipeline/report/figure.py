@@ -2,7 +2,7 @@
 scale); y = the task's metric (%). Each method is drawn as its registry row says
 (pipeline.methods.registry: a line across sizes with each point's 95% Wilson interval as an error
 bar, or points), in its colour and marker; every method in the rows is drawn (one without a row
-is an error, never left out). Reference points are hollow and labelled; released checkpoints
+is an error, never left out). Reference points are hollow and labelled; released agents
 evaluated here are filled plus markers labelled with their own name, apart from our lines; our
 GRPO students (rows with `training: grpo`) are triangles with their intervals, beside the
 fine-tuned points of their size.
@@ -147,7 +147,7 @@ RELEASED_MARKER = "P"  # filled plus: a checkpoint trained elsewhere, run throug
 
 
 def _draw_released(ax, rows: list[dict]) -> None:
-    """Each released checkpoint's point, in its method's colour, labelled with its own name;
+    """Each released agent's point, in its method's colour, labelled with its own name;
     never joined into our students' lines."""
     for row in rows:
         ax.scatter([row["params_b"]], [100 * row["em"]], marker=RELEASED_MARKER, s=90, zorder=5,

@@ -26,7 +26,7 @@ def grpo_card(manifest: dict, eval_rows: list[dict]) -> str:
              f"Started from {start.get('kind')} `{start.get('checkpoint')}`.", "",
              "## How it decodes", "",
              f"Zero-shot, in the `{fmt}` format (the prompt is `Question: <question>\\n`), as a fine-tuned student:", "",
-             f"    python -m pipeline eval checkpoint=<this folder> methods=[{fmt}]", "",
+             f"    python -m pipeline eval finetuned=<this folder> methods=[{fmt}]", "",
              "## Results (our eval)", ""]
     lines += results_table(eval_rows)
     settings = [("start", start.get("checkpoint")), ("fine-tuning", manifest.get("finetuning")),

@@ -61,7 +61,7 @@ class RolloutPrompting(MethodSettings):
 class GrpoConfig:
     experiment: str = "default"
     # where the policy starts: a base model (hub id, folder, "smollm2"), a `final/` of ours, or a
-    # released checkpoint (a full model or a PEFT adapter, folder or hub id; pipeline/hub/released.py)
+    # released fine-tuned model (a full model or a PEFT adapter, folder or hub id; pipeline/hub/released.py)
     student: str = "smollm2"
     student_name: str | None = None  # folder label; default: <the start's label>-grpo
     base_model: str | None = None  # the base of an adapter `student` (default: its manifest / adapter_config.json)

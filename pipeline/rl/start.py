@@ -1,4 +1,4 @@
-"""Where a GRPO run starts: a base model, a `final/` of ours, or a released checkpoint.
+"""Where a GRPO run starts: a base model, a `final/` of ours, or a released fine-tuned model.
 
     start = resolve_start("checkpoints/small/smollm2-135m/react/final", fmt="react")
 
@@ -85,7 +85,7 @@ def _ours(final: Path, fmt: str) -> StartPoint:
 
 
 def _released(student: str, fmt: str, base_model: str | None, size_class: str | None) -> StartPoint:
-    from pipeline.hub.finetuned import DECODE_FORMATS, resolve_checkpoint
+    from pipeline.hub.finetuned import DECODE_FORMATS, resolve_finetuned
     from pipeline.hub.released import find_agent
 
     agent = find_agent(student)
@@ -93,7 +93,7 @@ def _released(student: str, fmt: str, base_model: str | None, size_class: str | 
     if DECODE_FORMATS.get(decodes) != (fmt, "zero_shot"):  # checked before anything is fetched
         raise PipelineError(f"{student} decodes in the '{decodes}' format, not this project's '{fmt}' loop; "
                             "GRPO runs the project's own ReAct / Act text (start from a student trained on it)")
-    ckpt = resolve_checkpoint(student, format=fmt, base_model=base_model, size_class=size_class)
+    ckpt = resolve_finetuned(student, format=fmt, base_model=base_model, size_class=size_class, key="student")
     own_tokenizer = ckpt.adapter and (Path(ckpt.adapter) / "tokenizer_config.json").is_file()
     return StartPoint(ckpt.model, ckpt.adapter, ckpt.adapter if own_tokenizer else ckpt.model,
                       model_label(student), ckpt.size_class, "released", ckpt.trained_format)

@@ -1,14 +1,14 @@
 """`eval`: run a prompted base model or a fine-tuned student through the environment -> EM / F1.
 
     python -m pipeline eval methods=[react,cot] limit=20      # the embedded SmolLM2-135M, prompted
-    python -m pipeline eval checkpoint=checkpoints/demo/smollm2-135m/react/final limit=20
-    python -m pipeline eval checkpoint=forestai/fireact_llama_2_7b_lora    # a released agent
-    python -m pipeline eval checkpoint=downloads/agent format=react params_b=7.6   # any folder
+    python -m pipeline eval finetuned=checkpoints/demo/smollm2-135m/react/final limit=20
+    python -m pipeline eval finetuned=forestai/fireact_llama_2_7b_lora    # a released agent
+    python -m pipeline eval finetuned=downloads/agent format=react params_b=7.6   # any folder
     python -m pipeline eval --config configs/demo.yaml          # the demo's `eval` section
     python -m pipeline eval task=fever model.model=smollm2 size_class=135m prompting.exemplars=paper limit=20
 
 A base model is prompted with the method's instruction and exemplars (mode `prompt`); a
-fine-tuned checkpoint of ours runs zero-shot in the format it was trained on (mode `finetune`:
+fine-tuned model (`finetuned=`) of ours (a `train` or `grpo` final/) runs zero-shot in the format it was trained on (mode `finetune`:
 the question line alone), its base model, adapter, format and size read from its manifest.
 Any other fine-tuned model or PEFT adapter (a folder or hub id without our manifest, e.g. a
 released agent) is resolved by pipeline.hub.finetuned and decodes in its `format`
@@ -53,14 +53,14 @@ KNOWN_SIZES = {"smollm2": ("135m", 0.135), "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 @dataclass
 class EvalConfig:
-    RENAMED_KEYS: ClassVar[dict[str, str]] = {"method": "prompting"}  # old key -> new (pipeline.core.config)
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {"method": "prompting", "checkpoint": "finetuned"}  # old key -> new (pipeline.core.config)
 
     task: str = same_run("identity", default="hotpotqa")  # hotpotqa | fever (pipeline.tasks): the questions, metric and exemplars
     model: LLMConfig = same_run("identity", default_factory=LLMConfig)  # a base model to prompt
-    checkpoint: Path | None = same_run("identity", default=None)  # or a fine-tuned checkpoint: our `final` folder, any model/adapter folder, a hub id
-    format: str | None = same_run("identity", default=None)  # how a checkpoint without our manifest decodes: standard|cot|act|react|fireact
-    base_model: str | None = same_run("identity", default=None)  # the base of an adapter checkpoint (default: its adapter_config.json)
-    size_class: str | None = same_run("free", default=None)  # e.g. 135m, 8b, 62b; from the checkpoint when not given
+    finetuned: Path | None = same_run("identity", default=None)  # or a fine-tuned model: our `final` folder, any model/adapter folder, a hub id
+    format: str | None = same_run("identity", default=None)  # how a fine-tuned model without our manifest decodes: standard|cot|act|react|fireact
+    base_model: str | None = same_run("identity", default=None)  # the base of a fine-tuned adapter (default: its adapter_config.json)
+    size_class: str | None = same_run("free", default=None)  # e.g. 135m, 8b, 62b; from the fine-tuned model when not given
     params_b: float | None = same_run("free", default=None)  # billions of parameters (the figure's x axis)
     methods: list[str] = same_run("free", default_factory=lambda: ["standard", "cot", "act", "react"])
     questions: str = same_run("identity", default="offline-eval")  # a set of the task's; react-dev500 needs wiki.backend=live or a full local index
@@ -93,7 +93,7 @@ class ModelUnderTest:
     params_b: float
     trained_format: str | None  # the format a fine-tuned student decodes
     decode_style: str = "zero_shot"  # how its prompts are built (pipeline.methods STYLES)
-    released: dict | None = None  # a checkpoint not trained here: {checkpoint, format}
+    released: dict | None = None  # a fine-tuned model not trained here: {finetuned, format}
     train_precision: str | None = None  # a fine-tuned student's training precision (its manifest)
     training: str | None = None  # "grpo" for a `grpo` final/ (its manifest's stage); None: SFT or prompted
 
@@ -109,7 +109,7 @@ def main(args: argparse.Namespace) -> int:
 
 def evaluate(cfg: EvalConfig) -> list[dict]:
     """Run every method, write records and `summary.json`; return the summary rows."""
-    check_writable_dir(cfg.out_dir)  # before the checkpoint is read or any model loaded
+    check_writable_dir(cfg.out_dir)  # before the fine-tuned model is read or any model loaded
     target = model_under_test(cfg)
     methods = default_methods(cfg.methods, target)
     check_finetuned_methods(methods, target)
@@ -168,9 +168,9 @@ def run_evaluation(cfg: EvalConfig, target: ModelUnderTest, llm_cfg: LLMConfig, 
 
 
 def model_under_test(cfg: EvalConfig) -> ModelUnderTest:
-    if cfg.checkpoint is None:
+    if cfg.finetuned is None:
         if cfg.format or cfg.base_model:
-            raise PipelineError("format= and base_model= describe a fine-tuned checkpoint; set checkpoint= too")
+            raise PipelineError("format= and base_model= describe a fine-tuned model; set finetuned= too")
         known_class, known_b = KNOWN_SIZES.get(cfg.model.model, (None, None))
         size_class, params_b = cfg.size_class or known_class, cfg.params_b or known_b
         missing = [k for k, v in (("size_class", size_class), ("params_b", params_b)) if not v]
@@ -180,10 +180,10 @@ def model_under_test(cfg: EvalConfig) -> ModelUnderTest:
         return ModelUnderTest(cfg.model, cfg.model.label, "prompt", size_class, params_b, None)
     from pipeline.hub.models import looks_like_path
 
-    final = Path(cfg.checkpoint)
+    final = Path(cfg.finetuned)
     if not (final / "manifest.json").exists():
         return released_model_under_test(cfg)
-    manifest = require_complete(final / "manifest.json", f"fine-tuned checkpoint {final}")
+    manifest = require_complete(final / "manifest.json", f"fine-tuned model {final}")
     fmt = manifest.get("format") or manifest.get("method")  # "method": written before the rename
     missing = [k for k, v in (("format", fmt), ("student", manifest.get("student"))) if not v]
     if missing:
@@ -216,18 +216,18 @@ SIZE_HINTS = {"size_class": "e.g. 8b", "params_b": "billions, e.g. 8.0"}
 
 
 def released_model_under_test(cfg: EvalConfig) -> ModelUnderTest:
-    """A checkpoint without our manifest (a released agent, any model or adapter folder)."""
-    from pipeline.hub.finetuned import resolve_checkpoint
+    """A fine-tuned model without our manifest (a released agent, any model or adapter folder)."""
+    from pipeline.hub.finetuned import resolve_finetuned
 
-    ckpt = resolve_checkpoint(str(cfg.checkpoint), format=cfg.format, base_model=cfg.base_model,
-                              size_class=cfg.size_class, params_b=cfg.params_b, name=cfg.model.name)
+    ckpt = resolve_finetuned(str(cfg.finetuned), format=cfg.format, base_model=cfg.base_model,
+                             size_class=cfg.size_class, params_b=cfg.params_b, name=cfg.model.name)
     llm = replace(cfg.model, model=ckpt.model, adapter=ckpt.adapter, gguf_file=None, name=ckpt.label)
     return ModelUnderTest(llm, ckpt.label, "finetune", ckpt.size_class, ckpt.params_b, ckpt.trained_format,
-                          ckpt.decode_style, {"checkpoint": ckpt.source, "format": ckpt.format})
+                          ckpt.decode_style, {"finetuned": ckpt.source, "format": ckpt.format})
 
 
 def default_methods(methods: list[str], target: ModelUnderTest) -> list[str]:
-    """A fine-tuned checkpoint left at the default methods runs its own format only."""
+    """A fine-tuned model left at the default methods runs its own format only."""
     if target.mode == "finetune" and methods == EvalConfig().methods:
         return [target.trained_format]
     return methods
@@ -240,7 +240,7 @@ def check_finetuned_methods(methods: list[str], target: ModelUnderTest) -> None:
     bad = [m for m in methods if set(FORMATS_USED.get(m, (m,))) != {target.trained_format}]
     if bad:
         raise PipelineError(
-            f"checkpoint was trained on '{target.trained_format}' trajectories; it cannot run "
+            f"the fine-tuned model was trained on '{target.trained_format}' trajectories; it cannot run "
             f"{', '.join(bad)} (set methods=[{target.trained_format}])"
         )
 

@@ -12,8 +12,8 @@ markers; each of our points carries its 95% Wilson interval over its n questions
 and `EM [low, high]` in the table), and the orderings check calls a gap within noise when
 Newcombe's 95% interval for it (built from the same two intervals) contains 0. Reference points (the task's: ReAct paper Table 1 at 540B, and for HotpotQA FireAct's Llama-2
 numbers and FireAct's released runs when `fireact_runs` is set) are drawn hollow and labelled; they are not "our" data
-and never enter the orderings check except where it says so. Rows of released checkpoints
-evaluated here (`released` in the row: eval of a checkpoint trained elsewhere) are drawn as
+and never enter the orderings check except where it says so. Rows of released agents
+evaluated here (`released` in the row: eval of a model fine-tuned elsewhere) are drawn as
 filled plus markers labelled with their own name, apart from our students' lines, and are not judged
 by the orderings check; GRPO students' rows (`training: grpo`) are triangles with their intervals
 beside the fine-tuned points of their size, a column of their own in the table, not judged either. Writes <name>.png, <name>.svg,

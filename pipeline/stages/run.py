@@ -6,7 +6,7 @@
 The experiment YAML names the task (`task: fever`; default hotpotqa), the teacher, the formats
 (`formats:` the trajectory formats generated, filtered, trained and prompted with the method of the same name),
 the students by size class, the question sets and each stage's settings (sections `generate`, `filter`, `train`, `eval`, `plot`, with
-`students:` a list; a student given as `checkpoint:` is already fine-tuned, e.g. a released agent,
+`students:` a list; a student given as `finetuned:` is already fine-tuned, e.g. a released agent,
 and is only evaluated). Every unit (a generate run, a dataset, a student x method training run, an
 evaluation) is skipped when its manifest says it is complete with the same config; an interrupted
 unit resumes (episodes by id, training from its latest complete checkpoint). The run ends with
@@ -79,16 +79,18 @@ from pipeline.train.plan import foreseen
 
 @dataclass
 class Student:
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {"checkpoint": "finetuned"}  # old key -> new (pipeline.core.config)
+
     name: str  # folder label, e.g. smollm2-135m
-    config: Path | None = None  # its FinetuneConfig YAML (configs/students/...); not with `checkpoint`
-    size_class: str | None = None  # 135m | 8b | 62b ...; a known released checkpoint has its own
+    config: Path | None = None  # its FinetuneConfig YAML (configs/students/...); not with `finetuned`
+    size_class: str | None = None  # 135m | 8b | 62b ...; a known released agent has its own
     params_b: float | None = None  # billions of parameters: the figure's x axis
     prompt_model: dict = field(default_factory=dict)  # LLMConfig keys to prompt the base model; {} = skip
     finetune: bool = True  # train it on each method and evaluate zero-shot
     train: dict = field(default_factory=dict)  # FinetuneConfig overrides for this student
     # Already fine-tuned (a folder or hub id, e.g. forestai/fireact_llama_2_7b_lora): evaluated
     # and plotted beside ours, never trained; `format` says how it decodes when it is not known.
-    checkpoint: str | None = None
+    finetuned: str | None = None  # eval's `finetuned=` for it
     format: str | None = None
     # EvalConfig keys for this student's evaluations, over the experiment's `eval` section: e.g. a
     # 70B student's model.tensor_parallel_size, model.gpu_memory_utilization, model.max_context,
@@ -99,7 +101,7 @@ class Student:
 @dataclass
 class GrpoPhase:
     """The grid's optional `grpo` section: GRPO (pipeline/stages/grpo.py) of each trained student's
-    fine-tuned checkpoint of these formats, then an eval of each result (docs/grpo.md)."""
+    fine-tuned `final/` of these formats, then an eval of each result (docs/grpo.md)."""
 
     formats: list[str] = field(default_factory=list)  # react and/or act; [] (the default): no grpo phase
     config: Path | None = None  # a GrpoConfig YAML to start from (its `grpo` section or the whole file)
@@ -123,7 +125,7 @@ class RunConfig:
     train: dict = field(default_factory=dict)  # FinetuneConfig keys shared by every student
     eval: dict = field(default_factory=dict)  # EvalConfig keys shared by every evaluation
     plot: dict = field(default_factory=dict)  # PlotConfig keys
-    # Student entries: name, config, size_class, params_b, prompt_model, finetune, train, checkpoint,
+    # Student entries: name, config, size_class, params_b, prompt_model, finetune, train, finetuned,
     # format, and eval (this student's EvalConfig keys, e.g. model.tensor_parallel_size or serve)
     students: list[dict] = field(default_factory=list)
     grpo: GrpoPhase = field(default_factory=GrpoPhase)  # GRPO of the trained students; off unless `formats` names one
@@ -138,7 +140,7 @@ PHASES = {
     "filter": "correct trajectories -> SFT datasets (CPU)",
     "train": "every student x format training (accelerate launch)",
     "grpo": "GRPO of the grid's fine-tuned students, when the `grpo` section names formats (accelerate launch)",
-    "eval": "every other eval: prompted students, fine-tuned students, released checkpoints",
+    "eval": "every other eval: prompted students, fine-tuned students, released agents",
     "rounds": "self-training rounds 2..N (self_training:), each: the last student generates, filter, train, eval",
     "plot": "figure 3, the table and the orderings check",
 }
@@ -230,7 +232,7 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
     dataset_dir = cfg.out_dir / "sft"
     units = []
     teacher = None
-    if not students or not all(s.checkpoint for s in students):  # a grid of released students needs no data
+    if not students or not all(s.finetuned for s in students):  # a grid of released students needs no data
         gen = generate_config(cfg)
         teacher = gen.teacher
         units = [Unit("generate: the teacher writes trajectories", gen, skip_or(gpu_checked(generate)), "teacher",
@@ -244,9 +246,9 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
             phase = "teacher" if teacher is not None and same_model(ev.model, teacher) else "eval"
             units.append(Unit(f"eval: {student.name} prompted", ev, skip_or(evaluate_in_child, eval_precision),
                               phase, needs_eval(ev), precision=eval_precision, serves=(ev.model.model, None)))
-        if student.checkpoint:
-            ev = checkpoint_eval_config(cfg, student)
-            units.append(Unit(f"eval: {student.name} (already fine-tuned: {student.checkpoint})",
+        if student.finetuned:
+            ev = finetuned_eval_config(cfg, student)
+            units.append(Unit(f"eval: {student.name} (already fine-tuned: {student.finetuned})",
                               ev, skip_or(evaluate_in_child, eval_precision), "eval", needs_eval(ev),
                               precision=eval_precision))
             continue
@@ -281,7 +283,7 @@ def served_as(ft, final: Path) -> tuple[str, str | None]:
 def round_units(cfg: RunConfig, students: list[Student], dataset_dir: Path) -> list[Unit]:
     """Self-training rounds 2..N of each student and format that self-trains (pipeline/rounds.py),
     then the rounds report; none without a `self_training` section."""
-    trained = {s.name: s for s in students if s.finetune and not s.checkpoint}
+    trained = {s.name: s for s in students if s.finetune and not s.finetuned}
     st, units, report = cfg.self_training, [], []
     for name, fmt in rounds.lines(st, list(trained), cfg.formats):
         student = trained[name]
@@ -385,9 +387,9 @@ def needs_model(llm, serve=None, what: str | None = None) -> str:
 
 
 def needs_eval(ev) -> str:
-    what = f"checkpoint {ev.checkpoint}" if ev.checkpoint else None
-    if ev.checkpoint and ev.model.backend == "openai" and ev.serve is None:
-        return (f"needs {ev.checkpoint} served at {ev.model.base_url} under its folder name "
+    what = f"fine-tuned model {ev.finetuned}" if ev.finetuned else None
+    if ev.finetuned and ev.model.backend == "openai" and ev.serve is None:
+        return (f"needs {ev.finetuned} served at {ev.model.base_url} under its folder name "
                 "(a LoRA adapter is refused: add a `serve:` section)")
     return needs_model(ev.model, ev.serve, what)
 
@@ -471,8 +473,8 @@ def precision_change(unit: Unit) -> tuple[Path, dict, dict] | None:
     else:
         output, config = Path(unit.config.out_dir), unit.config
         recorded = read_manifest(output / "manifest.json") if (output / "manifest.json").is_file() else None
-        if config.checkpoint and not Path(config.checkpoint, "manifest.json").is_file():
-            return None  # not trained yet (or a released checkpoint): its own unit checks it when it runs
+        if config.finetuned and not Path(config.finetuned, "manifest.json").is_file():
+            return None  # not trained yet (or a released agent): its own unit checks it when it runs
     if not recorded or "precision" not in recorded:  # nothing yet, or older than the field
         return None
     now = unit.precision(config)
@@ -509,7 +511,7 @@ def unit_done(config, identity=None) -> bool:
     upgrade_keys); one written before configs had `task` was a HotpotQA run's."""
     try:
         extra = identity(config) if identity else {}
-    except PipelineError:  # e.g. a fine-tuned checkpoint not trained yet: not done
+    except PipelineError:  # e.g. a fine-tuned student not trained yet: not done
         return False
     manifest, wanted = Path(config.out_dir) / "manifest.json", to_dict(config)
     if not is_done(manifest, **extra):
@@ -671,7 +673,7 @@ def eval_precision(config) -> dict:
 
 def eval_config(cfg: RunConfig, student: Student, final: Path | None, fmt: str | None = None,
                 round_number: int = 1):
-    """The eval unit of a prompted base model (final=None) or of the checkpoint `final`
+    """The eval unit of a prompted base model (final=None) or of the fine-tuned `final`
     trained on trajectory format `fmt` (evaluated with the method of the same name), in round 1
     or a later self-training round (pipeline/rounds.py: its own folder and model label)."""
     if final is None:
@@ -680,7 +682,7 @@ def eval_config(cfg: RunConfig, student: Student, final: Path | None, fmt: str |
             "size_class": student.size_class, "params_b": student.params_b}
     else:
         name, layer = f"{student.name}-ft-{fmt}", {
-            "checkpoint": str(final), "methods": [fmt],
+            "finetuned": str(final), "methods": [fmt],
             "size_class": student.size_class, "params_b": student.params_b}
     if round_number > 1:
         name, layer = f"{name}-round{round_number}", merged(layer, {"model": {
@@ -693,26 +695,28 @@ def eval_config(cfg: RunConfig, student: Student, final: Path | None, fmt: str |
 
 
 def check_student(student: Student) -> None:
-    """A student we train needs its training config and size; one given as a checkpoint is not trained."""
-    if student.checkpoint:
+    """A student we train needs its training config and size; one given as `finetuned` is not trained."""
+    if student.finetuned:
         if student.train or student.config:
-            raise PipelineError(f"student {student.name}: `checkpoint` is already fine-tuned; drop `config`/`train` "
-                                "(or drop `checkpoint` to train it here)")
+            raise PipelineError(f"student {student.name}: `finetuned` is already fine-tuned; drop `config`/`train` "
+                                "(or drop `finetuned` to train it here)")
         return
     if student.format:
-        raise PipelineError(f"student {student.name}: `format` describes a `checkpoint`; a student trained here "
+        raise PipelineError(f"student {student.name}: `format` describes a `finetuned` model; a student trained here "
                             "decodes in each method's own format")
     needed = ["config"] if student.finetune else []
     needed += ["size_class", "params_b"] if student.finetune or student.prompt_model else []
     missing = [k for k in needed if getattr(student, k) in (None, "")]
     if missing:
-        raise PipelineError(f"student {student.name}: set {', '.join(missing)} (or give a fine-tuned `checkpoint`)")
+        raise PipelineError(f"student {student.name}: set {', '.join(missing)} (or give a `finetuned` model)")
 
 
-def checkpoint_eval_config(cfg: RunConfig, student: Student):
-    """Eval of an already fine-tuned student: its own format (EvalConfig's default methods mean that)."""
+def finetuned_eval_config(cfg: RunConfig, student: Student):
+    """Eval of an already fine-tuned student: its own format (EvalConfig's default methods mean that).
+    Its folder keeps the name `<student>-checkpoint` (before `finetuned` had its own name), so the
+    results of earlier runs are found and skipped."""
     name = f"{student.name}-checkpoint"
-    layer = {"checkpoint": student.checkpoint, "format": student.format, "methods": EvalConfig().methods,
+    layer = {"finetuned": student.finetuned, "format": student.format, "methods": EvalConfig().methods,
              "size_class": student.size_class, "params_b": student.params_b}
     layers = merged({"task": cfg.task, "wiki": cfg.wiki}, cfg.eval, student.eval, layer,
                     {"out_dir": str(cfg.out_dir / "eval" / name)})
