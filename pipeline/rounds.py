@@ -126,8 +126,9 @@ def teacher(eval_model: dict, finetuning: str, base_model: str, previous: Round)
 
 # The eval keys a round's teacher decodes with, as that student's own eval does.
 DECODING_KEYS = ("prompting", "max_in_flight", "max_error_share")
-# The generate keys the rounds set themselves (the grid's generate section is round 1's teacher's).
-ROUND_OWN_KEYS = ("teacher", "methods", "questions", "limit", "target_correct", "order_seed", "shard", "samples",
+# The generate keys the rounds set themselves (the grid's generate section is round 1's teacher's:
+# the stand-in teacher's `oracle` too, while a later round's teacher is a student).
+ROUND_OWN_KEYS = ("teacher", "oracle", "methods", "questions", "limit", "target_correct", "order_seed", "shard", "samples",
                   "earlier_runs", "serve", "out_dir")
 
 
@@ -138,7 +139,7 @@ def generate_layer(st: SelfTrainingConfig, grid_generate: dict, student_eval: di
     decoding = {k: student_eval[k] for k in DECODING_KEYS if k in student_eval}
     questions = st.questions or grid_generate.get("questions")
     return merged(shared, decoding, st.generate, {
-        "teacher": teacher_model, "methods": [r.format], "limit": st.limit, "samples": st.samples,
+        "teacher": teacher_model, "oracle": None, "methods": [r.format], "limit": st.limit, "samples": st.samples,
         "prompting": {"style": "zero_shot", "temperature": st.temperature},  # a fine-tuned student decodes zero-shot
         "earlier_runs": [str(e.generate_dir) for e in earlier], "serve": serve, "out_dir": str(r.generate_dir),
         **({"questions": questions} if questions else {})})

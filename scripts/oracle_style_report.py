@@ -59,7 +59,8 @@ def oracle_style(manifest_path: Path) -> str | None:
     if not manifest_path.exists():
         return None
     config = json.loads(manifest_path.read_text(encoding="utf-8")).get("config", {})
-    return (config.get("teacher") or {}).get("oracle_style")
+    # generate's `oracle` key; a manifest written before it has `teacher.oracle_style`
+    return config.get("oracle") or (config.get("teacher") or {}).get("oracle_style")
 
 
 def teacher_stats(manifest_path: Path) -> dict | None:

@@ -200,14 +200,14 @@ def test_the_declared_keys_are_the_ones_the_stages_used_to_list_by_hand():
     from pipeline.stages import filter as filter_stage
     from pipeline.stages import generate
 
-    assert generate.IDENTITY_KEYS == ("task", "teacher", "questions", "prompting", "wiki", "shard", "samples")
+    assert generate.IDENTITY_KEYS == ("task", "teacher", "oracle", "questions", "prompting", "wiki", "shard", "samples")
     assert run_keys(generate.GenerateConfig, "target") == ("order_seed",)
-    assert eval_stage.IDENTITY_KEYS == ("task", "model", "finetuned", "format", "base_model", "questions",
+    assert eval_stage.IDENTITY_KEYS == ("task", "model", "oracle", "finetuned", "format", "base_model", "questions",
                                         "prompting", "wiki", "shard")
     assert set(filter_stage.CONTENT_KEYS) == {"min_f1", "require_finished", "max_per_method", "per_question", "seed",
                                               "tokenizer", "fireact_other_tasks", "shuffle"}
     assert set(filter_stage.SHARD_SET_KEYS) == set(shard_set_keys(generate.GenerateConfig)) == {
-        "task", "teacher", "questions", "prompting", "wiki", "samples", "limit"}
+        "task", "teacher", "oracle", "questions", "prompting", "wiki", "samples", "limit"}
     assert set(OPERATIONAL_KEYS) == {"max_batch_size", "max_concurrency", "timeout_s", "max_retries", "device",
                                      "base_url"}
 

@@ -37,7 +37,7 @@ pytestmark = pytest.mark.skipif(not CORPUS.is_file(), reason=f"offline corpus no
 
 
 def oracle_args(index: Path, out: Path, *extra: str) -> list[str]:
-    return ["generate", "teacher.backend=oracle", f"wiki.index={index}", f"out_dir={out}", *extra]
+    return ["generate", "oracle=exact", f"wiki.index={index}", f"out_dir={out}", *extra]
 
 
 def line_count(out: Path) -> int:

@@ -158,7 +158,7 @@ def test_the_observed_corpus_answers_the_released_searches_as_they_were_answered
 
 def generate(tmp_path: Path, index: Path, shared_data: Path, *args: str) -> Path:
     out = tmp_path / "gen"
-    proc = run_pipeline("generate", "task=fever", "teacher.backend=oracle", "methods=[standard,cot,act,react]",
+    proc = run_pipeline("generate", "task=fever", "oracle=exact", "methods=[standard,cot,act,react]",
                         "questions=offline-bootstrap", f"wiki.index={index}", f"wiki.corpus=[{shared_data / TRAJS}]",
                         f"out_dir={out}", *args, timeout=300)
     assert proc.returncode == 0, proc.stderr

@@ -46,7 +46,7 @@ def question_file(tmp_path_factory, questions):
 
 
 def oracle_args(index, question_file, out_dir, *extra):
-    return ("generate", "teacher.backend=oracle", f"questions={question_file}",
+    return ("generate", "oracle=exact", f"questions={question_file}",
             f"wiki.index={index}", f"out_dir={out_dir}", *extra)
 
 
@@ -95,7 +95,7 @@ def test_the_manifest_records_config_teacher_and_versions(oracle_run):
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["complete"] is True and manifest["stage"] == "generate"
     assert manifest["teacher"] == "oracle" and manifest["n_questions"] == 6
-    assert manifest["config"]["teacher"]["backend"] == "oracle"
+    assert manifest["config"]["oracle"] == "exact"
     assert manifest["exemplar_sources"]["react"] == {"source": "oracle (gold supporting facts)"}
     assert {"python", "torch", "transformers"} <= set(manifest["packages"])
     assert manifest["stats"]["react"]["n"] == 6 and manifest["stats"]["react"]["em"] == pytest.approx(5 / 6)
@@ -120,7 +120,7 @@ def test_a_rerun_appends_nothing_and_another_question_file_is_refused(oracle_run
 
 def test_a_larger_limit_appends_only_the_new_questions(index, tmp_path):
     out = tmp_path / "lim"
-    base = ("generate", "teacher.backend=oracle", "questions=offline-eval", f"wiki.index={index}",
+    base = ("generate", "oracle=exact", "questions=offline-eval", f"wiki.index={index}",
             f"out_dir={out}", "methods=[react,cot]")
     assert run_pipeline(*base, "limit=3").returncode == 0
     first = (out / "react.jsonl").read_bytes()
@@ -135,7 +135,7 @@ def test_a_larger_limit_appends_only_the_new_questions(index, tmp_path):
 def test_a_different_teacher_into_the_same_folder_is_refused(oracle_run, index, question_file):
     out, _ = oracle_run
     before = snapshot(out)
-    for override in ("teacher.backend=openai", "prompting.max_steps=5", "wiki.backend=live"):
+    for override in ("oracle=null", "prompting.max_steps=5", "wiki.backend=live"):
         proc = run_pipeline(*oracle_args(index, question_file, out), override)
         assert proc.returncode == 2, (override, proc.stderr)
         lines = proc.stderr.strip().splitlines()
@@ -153,7 +153,7 @@ def closed_port() -> int:
     (["limt=3"], "unknown key 'limt'; did you mean 'limit'?"),
     (["teacher.backnd=x"], "unknown key 'teacher.backnd'; did you mean 'teacher.backend'?"),
     (["methods=[react,reactt]"], "unknown method 'reactt'"),
-    (["teacher.backend=oracle", "methods=[cot_sc]"], "the oracle teacher writes"),
+    (["oracle=exact", "methods=[cot_sc]"], "the oracle teacher writes"),
     (["teacher.backend=tpu"], "unknown backend 'tpu'"),
     (["teacher.model=/nonexistent/model-dir"], "/nonexistent/model-dir not found"),
     (["teacher.backend=openai", "teacher.base_url=http://127.0.0.1:{port}/v1"], "endpoint unavailable"),

@@ -29,7 +29,7 @@ def pool():
 
 
 def args(index, question_file, out, *extra):
-    return ("generate", "teacher.backend=oracle", f"questions={question_file}", f"wiki.index={index}",
+    return ("generate", "oracle=exact", f"questions={question_file}", f"wiki.index={index}",
             f"out_dir={out}", "methods=[react,standard]", "max_in_flight=2", "order_seed=7", *extra)
 
 

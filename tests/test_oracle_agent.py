@@ -191,7 +191,7 @@ def test_similar_shown_reads_only_a_list_of_titles():
 
 def test_generate_reports_misses_recoveries_and_lookups(index, tmp_path):
     out = tmp_path / "gen"
-    proc = run_pipeline("generate", "teacher.backend=oracle", "teacher.oracle_style=agent", "methods=[react,cot]",
+    proc = run_pipeline("generate", "oracle=agent", "methods=[react,cot]",
                         "limit=30", f"wiki.index={index}", f"out_dir={out}")
     assert proc.returncode == 0, proc.stderr
     stats = json.loads((out / "manifest.json").read_text())["stats"]
@@ -204,8 +204,11 @@ def test_generate_reports_misses_recoveries_and_lookups(index, tmp_path):
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["teacher.backend=oracle", "teacher.oracle_style=clever"], "teacher.oracle_style must be one of exact, agent"),
-    (["teacher.oracle_style=agent"], "applies only to backend=oracle"),
+    (["oracle=clever"], "oracle must be one of exact, agent"),
+    (["teacher.oracle_style=agent"], "unknown key 'teacher.oracle_style'; it was removed"),
+    (["teacher.oracle_style=agent"], "use oracle=agent"),
+    (["teacher.backend=oracle"], "the oracle is a stand-in teacher, not a language-model backend: set `oracle: exact`"),
+    (["oracle=agent", "teacher.model=Qwen/Qwen2.5-7B"], "teacher.model would not be read"),
 ])
 def test_a_bad_oracle_style_exits_2_and_writes_nothing(index, tmp_path, overrides, message):
     out = tmp_path / "gen"
@@ -220,3 +223,56 @@ def test_recovery_thoughts_are_drawn_from_the_seeded_generator():
     miss = "Could not find Lit. Similar: ['Lit (band)', 'Lit (album)']."
     thoughts = {recovery_thought("Lit", "Lit (band)", miss, False, random.Random(seed)) for seed in range(20)}
     assert len(thoughts) == 2 and all("Lit (band)" in t and "similar titles" in t for t in thoughts)
+
+
+def as_written_before_the_oracle_key(manifest_path: Path, section: str, model: str | None = None) -> None:
+    """Rewrite a real run's manifest as the code before the `oracle` key wrote it: the stand-in
+    teacher was `<section>.backend: oracle` with `<section>.oracle_style`."""
+    manifest = json.loads(manifest_path.read_text())
+    config = manifest["config"]
+    style = config.pop("oracle")
+    config[section] |= {"backend": "oracle", "oracle_style": style} | ({"model": model} if model else {})
+    manifest_path.write_text(json.dumps(manifest))
+
+
+def test_a_run_folder_written_when_the_oracle_was_a_backend_resumes_and_skips(index, tmp_path):
+    """A generate folder whose manifest says `teacher.backend: oracle`, `teacher.oracle_style: agent`
+    (the old way) resumes under `oracle=agent` (a larger limit appends only the new questions), is
+    skipped as done by `run`, and is refused under the other style, as a changed style always was."""
+    from pipeline.core.config import load_config
+    from pipeline.stages.generate import GenerateConfig
+    from pipeline.stages.run import unit_done
+
+    out = tmp_path / "gen"
+    args = ("generate", "methods=[react]", "questions=offline-bootstrap", f"wiki.index={index}", f"out_dir={out}")
+    assert run_pipeline(*args, "oracle=agent", "limit=2").returncode == 0
+    first = (out / "react.jsonl").read_bytes()
+    as_written_before_the_oracle_key(out / "manifest.json", "teacher")
+    assert json.loads((out / "manifest.json").read_text())["config"]["teacher"]["backend"] == "oracle"
+    cfg = load_config(GenerateConfig, None, [*args[1:], "oracle=agent", "limit=2"])
+    assert unit_done(cfg)
+    assert not unit_done(load_config(GenerateConfig, None, [*args[1:], "oracle=exact", "limit=2"]))
+
+    proc = run_pipeline(*args, "oracle=exact", "limit=3")
+    assert proc.returncode == 2 and "holds a generate run with a different oracle" in proc.stderr, proc.stderr
+    proc = run_pipeline(*args, "oracle=agent", "limit=3")
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads(line) for line in (out / "react.jsonl").read_text().splitlines()]
+    assert (out / "react.jsonl").read_bytes().startswith(first) and len({r["id"] for r in records}) == 3
+    assert json.loads((out / "manifest.json").read_text())["config"]["oracle"] == "agent"
+
+
+def test_an_eval_folder_written_when_the_oracle_was_a_backend_resumes(index, tmp_path):
+    """An eval of the stand-in teacher written as `model.backend: oracle` (with `model.model: oracle`,
+    for its label) resumes under `oracle=exact`; its rows are still labelled `oracle`."""
+    out = tmp_path / "ev"
+    args = ("eval", "methods=[cot]", "questions=offline-eval", "size_class=540b", "params_b=540",
+            f"wiki.index={index}", f"out_dir={out}")
+    assert run_pipeline(*args, "oracle=exact", "limit=2").returncode == 0
+    as_written_before_the_oracle_key(out / "manifest.json", "model", model="oracle")
+    proc = run_pipeline(*args, "oracle=agent", "limit=3")
+    assert proc.returncode == 2 and "holds a eval run with a different oracle" in proc.stderr, proc.stderr
+    proc = run_pipeline(*args, "oracle=exact", "limit=3")
+    assert proc.returncode == 0, proc.stderr
+    [row] = json.loads((out / "summary.json").read_text())
+    assert (row["model"], row["n"]) == ("oracle", 3)

@@ -45,7 +45,7 @@ def assert_one_line(proc: subprocess.CompletedProcess, *fragments: str) -> str:
 
 
 def oracle(index: Path, out: Path, *extra: str) -> list[str]:
-    return ["generate", "teacher.backend=oracle", f"wiki.index={index}", "questions=offline-eval",
+    return ["generate", "oracle=exact", f"wiki.index={index}", "questions=offline-eval",
             f"out_dir={out}", *extra]
 
 
@@ -62,7 +62,7 @@ def stage_commands(tmp_path: Path, bad: Path) -> dict[str, list[str]]:
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text(json.dumps({"title": "A", "text": "A is a page."}) + "\n")
     return {
-        "generate": ["generate", "teacher.backend=oracle", "limit=2", f"out_dir={bad / 'gen'}"],
+        "generate": ["generate", "oracle=exact", "limit=2", f"out_dir={bad / 'gen'}"],
         "filter": ["filter", f"inputs=[{tmp_path}]", f"out_dir={bad / 'sft'}"],
         "eval": ["eval", f"out_dir={bad / 'eval'}"],
         "plot": ["plot", f"summaries=[{tmp_path / 'summary.json'}]", f"out_dir={bad / 'plot'}"],
@@ -86,7 +86,7 @@ def test_an_output_folder_under_a_file_is_one_line_before_any_work(stage, tmp_pa
 def test_an_output_folder_that_is_a_file_or_a_system_folder(tmp_path):
     existing = tmp_path / "out"
     existing.write_text("x")
-    assert_one_line(run_pipeline("generate", "teacher.backend=oracle", f"out_dir={existing}"),
+    assert_one_line(run_pipeline("generate", "oracle=exact", f"out_dir={existing}"),
                     f"{existing} is a file, not a folder")
     assert_one_line(run_pipeline("plot", "summaries=[x.json]", "out_dir=/proc/pipeline-out"),
                     "/proc", "cannot create files there")
@@ -106,7 +106,7 @@ def read_only_mount(tmp_path):
 
 
 def test_a_read_only_file_system_is_one_line(read_only_mount):
-    proc = run_pipeline("generate", "teacher.backend=oracle", f"out_dir={read_only_mount / 'gen'}")
+    proc = run_pipeline("generate", "oracle=exact", f"out_dir={read_only_mount / 'gen'}")
     assert_one_line(proc, str(read_only_mount), "Read-only file system")
 
 
@@ -128,7 +128,7 @@ def pipeline_as_unprivileged(*args: str) -> subprocess.CompletedProcess:
 def test_permission_denied_on_the_output_folder_is_one_line(tmp_path):
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o555)
-    proc = pipeline_as_unprivileged("generate", "teacher.backend=oracle", f"out_dir={locked / 'gen'}")
+    proc = pipeline_as_unprivileged("generate", "oracle=exact", f"out_dir={locked / 'gen'}")
     assert_one_line(proc, str(locked), "Permission denied", "choose a folder you can write")
     assert list(locked.iterdir()) == []
 
@@ -348,7 +348,7 @@ def test_run_relays_a_failing_train_unit_in_one_line(tmp_path, shared_data):
     config = {
         "experiment": "fail", "out_dir": str(tmp_path / "run"), "formats": ["react"],
         "wiki": {"index": str(tmp_path / "wiki.sqlite"), "corpus": [str(CORPUS)]},
-        "generate": {"teacher": {"backend": "oracle"}, "questions": "offline-bootstrap", "limit": 4},
+        "generate": {"oracle": "exact", "questions": "offline-bootstrap", "limit": 4},
         "train": {"output_root": str(tmp_path / "ck"), "max_steps": 1, "global_batch_size": 4,
                   "accelerate_config": "cpu", "max_length": 4},
         "plot": {"reference_points": False},

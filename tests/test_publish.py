@@ -29,7 +29,7 @@ def sft(tmp_path_factory, index, shared_data) -> Path:
     from pipeline.stages.generate import GenerateConfig, generate
 
     root = tmp_path_factory.mktemp("pub")
-    generate(build(GenerateConfig, {"teacher": {"backend": "oracle"}, "methods": ["react", "cot"], "limit": 6,
+    generate(build(GenerateConfig, {"oracle": "exact", "methods": ["react", "cot"], "limit": 6,
                                     "out_dir": str(root / "gen"), "wiki": {"index": str(index)}}))
     run_filter(build(FilterConfig, {"inputs": [str(root / "gen")], "out_dir": str(root / "sft"),
                                     "fireact": [str(shared_data / "fireact" / "alpaca_format" / "hotpotqa.json")],

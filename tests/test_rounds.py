@@ -84,7 +84,7 @@ def test_questions_solved_for_the_first_time_count_against_the_earlier_runs(tmp_
 
     def oracle(out: str, limit: int, earlier: list[str]):
         return generate(build(GenerateConfig, {
-            "teacher": {"backend": "oracle", "oracle_style": "agent"}, "methods": ["react"], "limit": limit,
+            "oracle": "agent", "methods": ["react"], "limit": limit,
             "samples": 2, "wiki": {"index": str(index)}, "out_dir": str(tmp_path / out), "earlier_runs": earlier}))
 
     first = oracle("r1", 3, [])["react"]
@@ -161,7 +161,7 @@ def rounds_grid(tmp_path: Path, index: Path, **self_training) -> dict:
     return {
         "experiment": "rounds", "out_dir": str(tmp_path / "run"), "formats": ["react"],
         "wiki": {"index": str(index)},
-        "generate": {"teacher": {"backend": "oracle"}, "questions": "offline-bootstrap", "limit": 8},
+        "generate": {"oracle": "exact", "questions": "offline-bootstrap", "limit": 8},
         "filter": {"tokenizer": "smollm2"},
         "train": {"output_root": str(tmp_path / "ckpt"), "max_steps": 4, "global_batch_size": 4,
                   "accelerate_config": "cpu", "save_steps": 2},
@@ -313,7 +313,7 @@ def served_rounds_grid(tmp_path: Path, index: Path, questions: Path, serve: dict
     student.write_text(yaml.safe_dump({"student": "smollm2", "size_class": "135m", "finetuning": "lora",
                                        "lora": {"r": 64, "alpha": 64}, "output_root": str(tmp_path / "ckpt")}))
     grid = {"experiment": "served", "out_dir": str(tmp_path / "run"), "formats": ["react"], "wiki": {"index": str(index)},
-            "generate": {"teacher": {"backend": "oracle"}, "questions": str(questions)},
+            "generate": {"oracle": "exact", "questions": str(questions)},
             "filter": {"tokenizer": "smollm2"},
             "eval": {"questions": str(questions), "max_in_flight": 2, "model": {"backend": "vllm"}, "serve": serve,
                      "prompting": {"max_new_tokens": 24, "max_steps": 2}},

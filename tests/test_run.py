@@ -102,7 +102,7 @@ def tiny_grid(tmp_path: Path, shared_data: Path, base: Path) -> Path:
         "out_dir": str(tmp_path / "run"),
         "formats": ["standard", "react"],
         "wiki": {"index": str(tmp_path / "wiki.sqlite"), "corpus": [str(shared_data / "wiki" / "corpus.jsonl")]},
-        "generate": {"teacher": {"backend": "oracle"}, "questions": "offline-bootstrap", "limit": 12},
+        "generate": {"oracle": "exact", "questions": "offline-bootstrap", "limit": 12},
         "filter": {"tokenizer": "smollm2"},
         "train": {"output_root": str(tmp_path / "ckpt"), "max_steps": TRAIN_STEPS, "global_batch_size": 4,
                   "accelerate_config": "cpu", "save_steps": SAVE_EVERY},

@@ -171,7 +171,7 @@ def grid(tmp_path, index, smollm2_dir):
         config = {
             "experiment": "phases", "out_dir": str(tmp_path / "run"), "formats": ["react"],
             "wiki": {"index": str(index)},
-            "generate": {"teacher": {"backend": "oracle"}, "questions": "offline-bootstrap", "limit": 4},
+            "generate": {"oracle": "exact", "questions": "offline-bootstrap", "limit": 4},
             "filter": {"tokenizer": "smollm2"},
             "eval": {"questions": "offline-eval", "limit": 2, "max_in_flight": 2},
             "plot": {"reference_points": False},

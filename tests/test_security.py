@@ -304,7 +304,7 @@ def test_hostile_question_ids_and_names_stay_inside_the_run_folder(tmp_path, ind
     cwd.mkdir()
     out = tmp_path / "runs" / "gen"
     before = all_files(tmp_path)
-    proc = run_pipeline("generate", "teacher.backend=oracle", f"questions={qfile}", f"wiki.index={index}",
+    proc = run_pipeline("generate", "oracle=exact", f"questions={qfile}", f"wiki.index={index}",
                         f"out_dir={out}", cwd=cwd)
     assert proc.returncode == 0, proc.stderr
     new = all_files(tmp_path) - before
@@ -313,7 +313,7 @@ def test_hostile_question_ids_and_names_stay_inside_the_run_folder(tmp_path, ind
     assert [r["id"] for r in read_records(out / "react.jsonl")] == ids  # kept as data, verbatim
     assert not Path("/tmp/absolute-id").exists()
     for name in ("../escaped", "/tmp/evil", "react/../../x"):  # stopped by the methods' allow-list
-        proc = run_pipeline("generate", "teacher.backend=oracle", f"questions={qfile}", f"wiki.index={index}",
+        proc = run_pipeline("generate", "oracle=exact", f"questions={qfile}", f"wiki.index={index}",
                             f"out_dir={tmp_path / 'runs' / 'm'}", f"methods=[{name}]", cwd=cwd)
         assert proc.returncode == 2 and "writes standard, cot, act, react trajectories" in proc.stderr
     assert all_files(tmp_path) - before == new and list(cwd.iterdir()) == []

@@ -1,5 +1,5 @@
 """Sharded generation and eval (`shard=i/n`, pipeline.core.shards) and their merge by `filter` and
-`plot`: real `python -m pipeline` processes, the oracle stand-in teacher (backend=oracle, no model)
+`plot`: real `python -m pipeline` processes, the oracle stand-in teacher (oracle=exact, no model)
 over the real local index.
 
     .venv/bin/python -m pytest tests/test_shards.py -q
@@ -55,7 +55,7 @@ needs_corpus = pytest.mark.skipif(not CORPUS.is_file(), reason=f"offline corpus 
 
 
 def generate(index, out, *extra):
-    proc = run_pipeline("generate", "teacher.backend=oracle", "questions=offline-eval", f"limit={N_QUESTIONS}",
+    proc = run_pipeline("generate", "oracle=exact", "questions=offline-eval", f"limit={N_QUESTIONS}",
                         f"wiki.index={index}", f"out_dir={out}", METHODS, *extra)
     assert proc.returncode == 0, proc.stderr
     return proc
@@ -113,7 +113,7 @@ def test_a_shard_resumes_like_one_job_and_refuses_another_shard(generated, index
     proc = generate(index, folder, "shard=0/3")
     assert (folder / "react.jsonl").read_bytes() == before  # nothing new to run
     assert "react: 3 episodes" in proc.stdout
-    proc = run_pipeline("generate", "teacher.backend=oracle", "questions=offline-eval", f"limit={N_QUESTIONS}",
+    proc = run_pipeline("generate", "oracle=exact", "questions=offline-eval", f"limit={N_QUESTIONS}",
                         f"wiki.index={index}", f"out_dir={folder}", METHODS, "shard=1/3")
     assert proc.returncode == 2 and "with a different shard" in proc.stderr, proc.stderr
 
@@ -124,7 +124,7 @@ def test_a_shard_resumes_like_one_job_and_refuses_another_shard(generated, index
     (["shard=first"], "shard 'first' is not i/n"),
 ])
 def test_a_bad_shard_exits_2_and_writes_nothing(index, tmp_path, extra, message):
-    proc = run_pipeline("generate", "teacher.backend=oracle", "questions=offline-eval", "limit=3",
+    proc = run_pipeline("generate", "oracle=exact", "questions=offline-eval", "limit=3",
                         f"wiki.index={index}", f"out_dir={tmp_path / 'never'}", *extra)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith("error: ") and message in proc.stderr and proc.stderr.count("\n") == 1
@@ -145,7 +145,7 @@ def test_in_target_mode_each_shard_aims_at_its_share(index, tmp_path):
 
 @needs_corpus
 def test_plot_merges_sharded_eval_summaries_into_the_unsharded_rows(index, tmp_path):
-    base = ("eval", "model.backend=oracle", "model.model=oracle", "size_class=540b", "params_b=540",
+    base = ("eval", "oracle=exact", "size_class=540b", "params_b=540",
             "methods=[react,cot]", "questions=offline-eval", f"limit={N_QUESTIONS}", f"wiki.index={index}")
     runs = {"whole": []} | {f"shard-{i}": [f"shard={i}/2"] for i in range(2)}
     for name, extra in runs.items():

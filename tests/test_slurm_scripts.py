@@ -94,7 +94,7 @@ def test_generate_array_runs_its_shard_of_an_experiment_config_and_filter_merges
     experiment = tmp_path / "exp.yaml"
     experiment.write_text(f"experiment: t\nout_dir: {tmp_path / 'run'}\nformats: [react, act]\n"
                           f"wiki: {{index: {index}}}\n"
-                          "generate: {teacher: {backend: oracle}, questions: offline-eval, limit: 5}\n")
+                          "generate: {oracle: exact, questions: offline-eval, limit: 5}\n")
     out = tmp_path / "gen"
     for task in (1, 2):  # --array=1-2: shards 0/2 and 1/2
         env = {"SLURM_ARRAY_TASK_ID": str(task), "SLURM_ARRAY_TASK_MIN": "1", "SLURM_ARRAY_TASK_COUNT": "2",

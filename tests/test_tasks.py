@@ -62,7 +62,7 @@ def test_the_environment_scores_a_finish_only_with_the_metric_it_is_given(index)
 
 
 def test_an_unknown_task_fails_in_one_line_before_anything_is_written(tmp_path):
-    proc = run_pipeline("generate", "task=fevr", "teacher.backend=oracle", f"out_dir={tmp_path / 'out'}")
+    proc = run_pipeline("generate", "task=fevr", "oracle=exact", f"out_dir={tmp_path / 'out'}")
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].endswith(
         "unknown task 'fevr'; expected one of hotpotqa, fever")
     assert not (tmp_path / "out").exists()
@@ -73,7 +73,7 @@ def test_a_run_folder_written_before_the_task_key_resumes_and_skips_as_hotpotqas
     from pipeline.stages.run import unit_done
 
     out = tmp_path / "gen"
-    args = ("generate", "teacher.backend=oracle", "methods=[standard]", "questions=offline-bootstrap",
+    args = ("generate", "oracle=exact", "methods=[standard]", "questions=offline-bootstrap",
             f"wiki.index={index}", f"out_dir={out}")
     assert run_pipeline(*args, "limit=2").returncode == 0
     before = read_records(out / "standard.jsonl")

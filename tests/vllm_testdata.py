@@ -120,7 +120,7 @@ def grid_config(tmp_path: Path, index: Path, questions: Path, model: dict, serve
                                        "lora": {"r": 64, "alpha": 64}, "output_root": str(tmp_path / "ckpt")}))
     config = {"experiment": "shared", "out_dir": str(tmp_path / "run"), "formats": ["act", "react"],
               "wiki": {"index": str(index)},
-              "generate": {"teacher": {"backend": "oracle"}, "questions": "offline-bootstrap", "limit": 4},
+              "generate": {"oracle": "exact", "questions": "offline-bootstrap", "limit": 4},
               "filter": {"tokenizer": "smollm2"},
               "eval": {"questions": str(questions), "max_in_flight": max_in_flight, "model": model, "serve": serve,
                        "prompting": {"max_new_tokens": 24, "max_steps": 2}},

@@ -1,11 +1,14 @@
 """Who answers the episodes of a `generate` or `eval` run: a prompted language model, or a task's
-stand-in teacher (the oracle, which asks no model). `answerer(cfg, task)` is the one place where
-`backend: oracle` is told apart from a language model.
+stand-in teacher (the oracle, which asks no model). The stage config's own `oracle` key chooses it
+(null: the configured model answers; `exact` or `agent`: the stand-in teacher with that search
+style); `answerer(cfg, task, oracle)` is the one place where the two are told apart, and
+`upgrade_oracle` reads the configs of older manifests, where the oracle was `backend: oracle`.
 """
 
 from __future__ import annotations
 
 from pipeline.core.errors import PipelineError
+from pipeline.core.same_run import run_keys
 from pipeline.core.trajectory import FORMATS
 from pipeline.llm.base import LLM
 from pipeline.llm.config import LLMConfig
@@ -14,7 +17,10 @@ from pipeline.methods import Method, MethodSettings, build_method, prompt_prefix
 from pipeline.tasks import Task, get_task
 from pipeline.tasks.hotpotqa.oracle import DEFAULT_STYLE, check_style
 
-ORACLE = "oracle"  # the `backend` that names the stand-in teacher (pipeline.tasks.hotpotqa.oracle)
+ORACLE = "oracle"  # the stand-in teacher's label in records and manifests (pipeline.tasks.hotpotqa.oracle)
+# The LLM section of each stage config that has one answering (its teacher, or its model under test)
+MODEL_SECTIONS = ("teacher", "model")
+DEFAULT_LLM = LLMConfig()
 
 
 class PromptedModel:
@@ -66,21 +72,57 @@ class OracleTeacher:
 Answerer = PromptedModel | OracleTeacher
 
 
-def is_oracle(cfg: LLMConfig) -> bool:
-    """Whether a config's `backend` names the stand-in teacher rather than a language model."""
-    return cfg.backend == ORACLE
-
-
-def answerer(cfg: LLMConfig, task: Task | str | None = None) -> Answerer:
-    """The one place where `backend: oracle` is told apart from a language model; either answers
-    `task`'s questions (default HotpotQA)."""
+def answerer(cfg: LLMConfig, task: Task | str | None = None, oracle: str | None = None) -> Answerer:
+    """The one place where the stand-in teacher is told apart from a language model: `oracle` (the
+    stage config's key: exact | agent) answers with the task's stand-in teacher in that search
+    style and loads no model; None, the model `cfg` names. Either answers `task`'s questions
+    (default HotpotQA)."""
     task = get_task(task)
-    if is_oracle(cfg):
-        return OracleTeacher(cfg.oracle_style, task)
-    if cfg.oracle_style != DEFAULT_STYLE:  # it means something only to the oracle: fail, not ignore
-        raise PipelineError(f"oracle_style={cfg.oracle_style} applies only to backend=oracle "
-                            f"(this model's backend is {cfg.backend})")
+    if oracle is not None:
+        return OracleTeacher(oracle, task)
     return PromptedModel(cfg, task)
+
+
+def check_oracle(oracle: str | None, serve, llm: LLMConfig, section: str) -> None:
+    """Where the stand-in teacher answers (`oracle` set) it asks no model: a `serve:` section, or
+    an LLM section (`section`: teacher | model) naming a model, means nothing to it and is refused
+    (fail, not ignore); how a model would be run (its free keys: device, timeouts) is let be."""
+    if oracle is None:
+        return
+    check_style(oracle)
+    unread = [f"{section}.{k}" for k in run_keys(LLMConfig) if getattr(llm, k) != getattr(DEFAULT_LLM, k)]
+    if serve is not None or unread:
+        what = "`serve:`" if serve is not None else ", ".join(unread)
+        raise PipelineError(f"oracle={oracle} answers with the stand-in teacher, which asks no model: {what} "
+                            f"would not be read; drop it (or set oracle: null for the configured model to answer)")
+
+
+def upgrade_oracle(config: dict) -> dict:
+    """A stage config written before the `oracle` key (a manifest's), in today's form: the LLM
+    section's `backend: oracle` and `oracle_style` become `oracle: <style>` (the backend back to
+    the default); a model's `oracle_style` (which meant nothing to it) is dropped."""
+    if not isinstance(config, dict):
+        return config
+    config = dict(config)
+    for key in MODEL_SECTIONS:
+        section = config.get(key)
+        if not isinstance(section, dict) or not {"backend", "oracle_style"} & set(section):
+            continue
+        section = dict(section)
+        style = section.pop("oracle_style", DEFAULT_STYLE)
+        if section.get("backend") == ORACLE:
+            section["backend"] = DEFAULT_LLM.backend
+            config.setdefault("oracle", style)
+        config[key] = section
+    return config
+
+
+def unread_model_dropped(config: dict) -> dict:
+    """A stage config's identity without its LLM section where the oracle answers (it loads no
+    model, so what that section names does not change what the run writes)."""
+    if not isinstance(config, dict) or config.get("oracle") is None:
+        return config
+    return {k: v for k, v in config.items() if k not in MODEL_SECTIONS}
 
 
 def require_methods(methods: list[str]) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from pipeline.agent.answerers import Answerer
+from pipeline.agent.answerers import Answerer, unread_model_dropped
 from pipeline.agent.episodes import check_error_share
 from pipeline.core.config import to_dict, upgrade_keys
 from pipeline.core.errors import PipelineError
@@ -60,8 +60,10 @@ LATER_KEYS = {"samples": 1}
 
 def identity(config: dict, keys: tuple[str, ...]) -> dict:
     """The part of a stage config (`keys`) that decides what its records hold (a config older than
-    the `task` key was a HotpotQA run's; one older than `samples` ran one episode per question)."""
-    config = {k: task_of(config) if k == "task" else config.get(k, LATER_KEYS.get(k)) for k in keys}
+    the `task` key was a HotpotQA run's; one older than `samples` ran one episode per question;
+    where the stand-in teacher answers, its LLM section, which it does not read, is left out)."""
+    config = unread_model_dropped({k: task_of(config) if k == "task" else config.get(k, LATER_KEYS.get(k))
+                                   for k in keys})
     for k in ("teacher", "model"):  # the LLM sections: how it is served does not matter
         if isinstance(config.get(k), dict):
             config[k] = {key: v for key, v in config[k].items() if key not in OPERATIONAL_KEYS}
@@ -71,7 +73,8 @@ def identity(config: dict, keys: tuple[str, ...]) -> dict:
 def check_resumable(out_dir: Path, stage: str, cfg: Any, keys: tuple[str, ...]) -> None:
     """Refuse to append to a folder written by another stage or with a different model,
     question set or prompting settings (`keys` of the stage config `cfg`): records would get
-    mixed. An older manifest's config is read in today's key names."""
+    mixed. An older manifest's config is read in today's key names (pipeline.core.config
+    upgrade_keys: also the oracle's `backend: oracle` of older runs as today's `oracle` key)."""
     old = read_manifest(out_dir / "manifest.json")
     if old is None:
         return

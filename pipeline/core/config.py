@@ -213,9 +213,14 @@ def unknown_key_hint(cls: type, key: str, prefix: str, fields) -> str:
 
 def upgrade_keys(cls: type, data: dict[str, Any]) -> dict[str, Any]:
     """A mapping written with older key names (e.g. a manifest's config) in today's names:
-    renamed keys moved (`RENAMED_KEYS` of each dataclass), removed ones dropped."""
+    renamed keys moved (`RENAMED_KEYS` of each dataclass), removed ones dropped; a dataclass's
+    `UPGRADE_OLD` (a function of the mapping) first moves what a rename cannot (e.g. generate's
+    `teacher.backend: oracle` to its `oracle` key: pipeline.agent.answerers.upgrade_oracle)."""
     if not dataclasses.is_dataclass(cls) or not isinstance(data, dict):
         return data
+    upgrade = getattr(cls, "UPGRADE_OLD", None)
+    if upgrade is not None:
+        data = upgrade(data)
     renamed, removed = getattr(cls, "RENAMED_KEYS", {}), getattr(cls, "REMOVED_KEYS", {})
     out = {renamed.get(k, k): v for k, v in data.items() if k not in removed}
     hints = typing.get_type_hints(cls)

@@ -11,6 +11,9 @@ from pipeline.core.same_run import same_run
 @dataclass
 class LLMConfig:
     RENAMED_KEYS: ClassVar[dict[str, str]] = {"mode": "api"}  # old key -> new (pipeline.core.config)
+    REMOVED_KEYS: ClassVar[dict[str, str]] = {
+        "oracle_style": "the stand-in teacher is no LLM backend; its search style is the stage's own key: "
+                        "use oracle=agent (or oracle=exact) in generate or eval"}
 
     # transformers: local dir / hub id / .gguf file ("smollm2" = the embedded SmolLM2-135M-Instruct);
     # vllm: hub id or dir; openai: the served model name.
@@ -35,8 +38,11 @@ class LLMConfig:
     timeout_s: float = same_run("free", default=60.0)
     max_retries: int = same_run("free", default=5)
     extra: dict = same_run("identity", default_factory=dict)  # backend-specific passthrough (e.g. vllm kwargs)
-    # backend oracle (the stand-in teacher) only: exact | agent (pipeline.tasks.hotpotqa.oracle)
-    oracle_style: str = same_run("identity", default="exact")
+
+    def __post_init__(self):
+        if self.backend == "oracle":
+            raise ValueError("backend 'oracle' is refused: the oracle is a stand-in teacher, not a language-model "
+                             "backend: set `oracle: exact` (or agent) in generate (or eval), not the model's backend")
 
     @property
     def label(self) -> str:

@@ -6,6 +6,7 @@
     python -m pipeline eval finetuned=downloads/agent format=react params_b=7.6   # any folder
     python -m pipeline eval --config configs/demo.yaml          # the demo's `eval` section
     python -m pipeline eval task=fever model.model=smollm2 size_class=135m prompting.exemplars=paper limit=20
+    python -m pipeline eval oracle=exact size_class=540b params_b=540 limit=20   # the stand-in teacher, no model
 
 A base model is prompted with the method's instruction and exemplars (mode `prompt`); a
 fine-tuned model (`finetuned=`) of ours (a `train` or `grpo` final/) runs zero-shot in the format it was trained on (mode `finetune`:
@@ -24,7 +25,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar
 
-from pipeline.agent.answerers import answerer
+from pipeline.agent.answerers import ORACLE, answerer, check_oracle, upgrade_oracle
 from pipeline.agent.episodes import MAX_ERROR_SHARE, run_methods
 from pipeline.agent.run_folder import check_resumable, start_run, writing_run
 from pipeline.core.config import add_config_arguments, stage_config, to_dict
@@ -54,9 +55,13 @@ KNOWN_SIZES = {"smollm2": ("135m", 0.135), "HuggingFaceTB/SmolLM2-135M-Instruct"
 @dataclass
 class EvalConfig:
     RENAMED_KEYS: ClassVar[dict[str, str]] = {"method": "prompting", "checkpoint": "finetuned"}  # old key -> new (pipeline.core.config)
+    UPGRADE_OLD: ClassVar = staticmethod(upgrade_oracle)  # an older manifest's `model.backend: oracle`
 
     task: str = same_run("identity", default="hotpotqa")  # hotpotqa | fever (pipeline.tasks): the questions, metric and exemplars
     model: LLMConfig = same_run("identity", default_factory=LLMConfig)  # a base model to prompt
+    # exact | agent: evaluate the task's stand-in teacher in that search style instead, no model
+    # loaded (labelled `oracle`; set size_class and params_b); null: a model answers (pipeline.agent.answerers)
+    oracle: str | None = same_run("identity", default=None)
     finetuned: Path | None = same_run("identity", default=None)  # or a fine-tuned model: our `final` folder, any model/adapter folder, a hub id
     format: str | None = same_run("identity", default=None)  # how a fine-tuned model without our manifest decodes: standard|cot|act|react|fireact
     base_model: str | None = same_run("identity", default=None)  # the base of a fine-tuned adapter (default: its adapter_config.json)
@@ -96,6 +101,7 @@ class ModelUnderTest:
     released: dict | None = None  # a fine-tuned model not trained here: {finetuned, format}
     train_precision: str | None = None  # a fine-tuned student's training precision (its manifest)
     training: str | None = None  # "grpo" for a `grpo` final/ (its manifest's stage); None: SFT or prompted
+    oracle: str | None = None  # the stand-in teacher's search style, where it answers (no model)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -133,7 +139,7 @@ def run_evaluation(cfg: EvalConfig, target: ModelUnderTest, llm_cfg: LLMConfig, 
     for it: `server`, watched for dying mid-run)."""
     settings = replace(cfg.prompting, style=target.decode_style if target.mode == "finetune" else "prompt")
     task = get_task(cfg.task)
-    model = answerer(llm_cfg, task)
+    model = answerer(llm_cfg, task, target.oracle)
     record = precision_record(target)  # what the model computes in, however it is reached
     questions, backend, llm, _ = start_run(cfg, "eval", model, settings, IDENTITY_KEYS, methods=methods,
                                            check=lambda: check_same_precision(cfg.out_dir, record))
@@ -168,6 +174,16 @@ def run_evaluation(cfg: EvalConfig, target: ModelUnderTest, llm_cfg: LLMConfig, 
 
 
 def model_under_test(cfg: EvalConfig) -> ModelUnderTest:
+    check_oracle(cfg.oracle, cfg.serve, cfg.model, "model")
+    if cfg.oracle is not None:
+        if cfg.finetuned is not None:
+            raise PipelineError(f"oracle={cfg.oracle} evaluates the stand-in teacher; finetuned= names a model: "
+                                "set one of them")
+        missing = [k for k in ("size_class", "params_b") if not getattr(cfg, k)]
+        if missing:
+            raise PipelineError(f"oracle={cfg.oracle}: the stand-in teacher has no size of its own; set "
+                                + " and ".join(f"{k}=<{SIZE_HINTS[k]}>" for k in missing))
+        return ModelUnderTest(cfg.model, ORACLE, "prompt", cfg.size_class, cfg.params_b, None, oracle=cfg.oracle)
     if cfg.finetuned is None:
         if cfg.format or cfg.base_model:
             raise PipelineError("format= and base_model= describe a fine-tuned model; set finetuned= too")
@@ -269,7 +285,9 @@ def precision_record(target: ModelUnderTest) -> dict:
     from pipeline.core import precision
 
     llm = target.llm
-    if llm.backend == "transformers":
+    if target.oracle is not None:  # the stand-in teacher: no model, no precision
+        inference = None
+    elif llm.backend == "transformers":
         import torch
         device = ("cuda" if torch.cuda.is_available() else "cpu") if llm.device == "auto" else llm.device
         inference = precision.inference(llm.dtype, device.split(":")[0]).precision

@@ -69,7 +69,7 @@ FAILED_FILE = "failed.jsonl"
 # The generate config keys that make shards parts of one run: GenerateConfig's fields marked
 # shard_set (pipeline.core.same_run); named here because a stage imports no sibling stage, and
 # held equal to them by tests/test_config.py.
-SHARD_SET_KEYS = ("task", "teacher", "questions", "prompting", "wiki", "samples", "limit")
+SHARD_SET_KEYS = ("task", "teacher", "oracle", "questions", "prompting", "wiki", "samples", "limit")
 GLOBAL_BATCH = 64  # the paper's batch size, for the epochs the dataset card reports
 
 
@@ -170,6 +170,7 @@ def inputs_task(cfg: FilterConfig) -> Task:
 def generate_inputs(inputs: list[str]) -> list[list[Path]]:
     """The generate folders as inputs in order: an unsharded folder alone, the folders of one
     shard set together (at the place of its first), checked complete (pipeline.core.shards)."""
+    from pipeline.agent.answerers import upgrade_oracle
     from pipeline.agent.run_folder import identity
     from pipeline.core.shards import check_shard_set, parse_shard
 
@@ -183,7 +184,7 @@ def generate_inputs(inputs: list[str]) -> list[list[Path]]:
         if shard is None:
             groups[f"folder:{folder}"] = [(folder, None)]
             continue
-        key = json.dumps(identity(config, SHARD_SET_KEYS), sort_keys=True, default=str)
+        key = json.dumps(identity(upgrade_oracle(config), SHARD_SET_KEYS), sort_keys=True, default=str)
         groups.setdefault(key, []).append((folder, shard))
     out = []
     for members in groups.values():

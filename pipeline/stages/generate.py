@@ -1,7 +1,7 @@
 """`generate`: a prompted teacher answers questions with each method -> one JSONL per method.
 
     python -m pipeline generate --config configs/demo.yaml                 # the demo's section
-    python -m pipeline generate teacher.backend=oracle methods=[react,act] limit=20 out_dir=runs/gen/x
+    python -m pipeline generate oracle=exact methods=[react,act] limit=20 out_dir=runs/gen/x
     python -m pipeline generate teacher.model=smollm2 questions=offline-bootstrap limit=8
     python -m pipeline generate --config configs/fever.yaml        # FEVER claims (task: fever)
 
@@ -12,12 +12,12 @@ Target mode (`target_correct=N`, as the paper keeps 3,000 correct trajectories p
 question pool (the set, cut to `limit` if given) is shuffled with `order_seed`, and each method
 draws questions in that order, a batch at a time, until it has N correct (finished, and correct
 by the task's metric: HotpotQA EM 1, FEVER the gold label) episodes or the pool is exhausted; it reports how many questions it needed. A re-run recomputes
-everything from the records, so it resumes too (and a larger N continues where a smaller stopped). `teacher.backend=oracle`
-is a stand-in teacher that writes correct trajectories from HotpotQA's gold supporting facts
-(NOT the paper's PaLM-540B; FEVER's replays ReAct's released trajectories, pipeline.tasks.fever);
-any transformers / vllm / openai model is a real teacher.
-`teacher.oracle_style=agent` makes the oracle search names as the question writes them, miss and
-recover (`exact`, the default, searches the gold titles). The stats (manifest, summary lines) say
+everything from the records, so it resumes too (and a larger N continues where a smaller stopped). `oracle=exact`
+answers with a stand-in teacher, no model loaded: it writes correct trajectories from HotpotQA's gold
+supporting facts (NOT the paper's PaLM-540B; FEVER's replays ReAct's released trajectories,
+pipeline.tasks.fever); with `oracle` unset (null) the `teacher` section's transformers / vllm /
+openai model is a real teacher. `oracle=agent` makes the stand-in search names as the question
+writes them, miss and recover (`exact` searches the gold titles). The stats (manifest, summary lines) say
 how often Act / ReAct episodes missed a search, recovered, and used Lookup.
 
 Rejection sampling (`samples=k prompting.temperature=0.7`): k episodes per question, each a
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from pipeline.agent.answerers import ORACLE, answerer
+from pipeline.agent.answerers import answerer, check_oracle, upgrade_oracle
 from pipeline.agent.episodes import MAX_ERROR_SHARE, method_stats, run_methods, set_aside_errors
 from pipeline.agent.run_folder import start_run, writing_run
 from pipeline.core.config import add_config_arguments, stage_config, to_dict
@@ -56,9 +56,13 @@ from pipeline.wiki.config import WikiConfig
 @dataclass
 class GenerateConfig:
     RENAMED_KEYS: ClassVar[dict[str, str]] = {"method": "prompting"}  # old key -> new (pipeline.core.config)
+    UPGRADE_OLD: ClassVar = staticmethod(upgrade_oracle)  # an older manifest's `teacher.backend: oracle`
 
     task: str = same_run("identity", shard_set=True, default="hotpotqa")  # hotpotqa | fever (pipeline.tasks): the questions, metric and exemplars
-    teacher: LLMConfig = same_run("identity", shard_set=True, default_factory=LLMConfig)  # backend: transformers|vllm|openai|oracle
+    teacher: LLMConfig = same_run("identity", shard_set=True, default_factory=LLMConfig)  # backend: transformers|vllm|openai
+    # exact | agent: the task's stand-in teacher answers in that search style, no model loaded (the
+    # `teacher` section is not read); null: the teacher model answers (pipeline.agent.answerers)
+    oracle: str | None = same_run("identity", shard_set=True, default=None)
     methods: list[str] = same_run("free", default_factory=lambda: ["standard", "cot", "act", "react"])
     questions: str = same_run("identity", shard_set=True, default="offline-bootstrap")  # a question-set name of the task (pipeline.tasks) or a file
     limit: int | None = same_run("free", shard_set=True, default=None)  # the first N questions of the set
@@ -101,6 +105,7 @@ def generate(cfg: GenerateConfig) -> dict[str, dict]:
     """Run every method; return per-method stats. Validates everything before writing."""
     check_writable_dir(cfg.out_dir)  # before any model is loaded or episode run
     check_samples(cfg)
+    check_oracle(cfg.oracle, cfg.serve, cfg.teacher, "teacher")
     if cfg.serve is None:
         return run_generation(cfg, cfg.teacher)
     from pipeline.agent.run_folder import check_resumable
@@ -124,7 +129,7 @@ def check_samples(cfg: GenerateConfig) -> None:
     if cfg.samples > 1 and cfg.target_correct is not None:
         raise PipelineError("samples > 1 runs k episodes per question of the set; target_correct draws one per "
                             "question: use one of them (limit= sizes a sampled run)")
-    if cfg.samples > 1 and cfg.teacher.backend != ORACLE and cfg.prompting.temperature <= 0:
+    if cfg.samples > 1 and cfg.oracle is None and cfg.prompting.temperature <= 0:
         raise PipelineError(f"samples={cfg.samples} with prompting.temperature=0: greedy decoding writes "
                             f"{cfg.samples} identical episodes per question; set prompting.temperature (e.g. 0.7)")
 
@@ -133,7 +138,7 @@ def run_generation(cfg: GenerateConfig, teacher_cfg: LLMConfig, server=None) -> 
     """Generate with `teacher_cfg`: the configured teacher, or the endpoint of a server started
     for it (`server`, watched for dying mid-run)."""
     task = get_task(cfg.task)
-    teacher = answerer(teacher_cfg, task)
+    teacher = answerer(teacher_cfg, task, cfg.oracle)
     keys = identity_keys(cfg)
     questions, backend, llm, exemplar_sources = start_run(cfg, "generate", teacher, cfg.prompting, keys)
     earlier = earlier_solved(cfg, task)  # checked before any episode runs

@@ -47,7 +47,7 @@ from typing import Any, ClassVar
 import yaml
 
 from pipeline import rounds
-from pipeline.agent.answerers import is_oracle
+from pipeline.agent.answerers import check_oracle, unread_model_dropped
 from pipeline.core import gpu_memory, precision
 from pipeline.core.config import (
     add_config_arguments,
@@ -234,9 +234,10 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
     teacher = None
     if not students or not all(s.finetuned for s in students):  # a grid of released students needs no data
         gen = generate_config(cfg)
-        teacher = gen.teacher
+        check_oracle(gen.oracle, gen.serve, gen.teacher, "teacher")
+        teacher = gen.teacher if gen.oracle is None else None  # the stand-in teacher is served by no one
         units = [Unit("generate: the teacher writes trajectories", gen, skip_or(gpu_checked(generate)), "teacher",
-                      needs_model(gen.teacher)),
+                      needs_model(gen.teacher, oracle=gen.oracle)),
                  Unit("filter: correct trajectories -> SFT datasets", filter_config(cfg, dataset_dir), run_filter,
                       "filter", "no model: CPU only")]
     for student in students:
@@ -369,11 +370,11 @@ def same_model(a, b) -> bool:
     return all(getattr(a, k) == getattr(b, k) for k in keys)
 
 
-def needs_model(llm, serve=None, what: str | None = None) -> str:
+def needs_model(llm, serve=None, what: str | None = None, oracle: str | None = None) -> str:
     """What a unit needs running, and where, for the plan: one line."""
     what = what or llm.model
     gpus = f"tensor parallel {llm.tensor_parallel_size}, {llm.gpu_memory_utilization:g} of each GPU's memory"
-    if is_oracle(llm):
+    if oracle is not None:
         return "no model: the oracle stand-in teacher (gold facts)"
     if serve is not None:
         port = serve.port or "a free port"
@@ -391,7 +392,7 @@ def needs_eval(ev) -> str:
     if ev.finetuned and ev.model.backend == "openai" and ev.serve is None:
         return (f"needs {ev.finetuned} served at {ev.model.base_url} under its folder name "
                 "(a LoRA adapter is refused: add a `serve:` section)")
-    return needs_model(ev.model, ev.serve, what)
+    return needs_model(ev.model, ev.serve, what, ev.oracle)
 
 
 def needs_train(ft) -> str:
@@ -508,7 +509,9 @@ def skip_or(action, identity=None):
 def unit_done(config, identity=None) -> bool:
     """Whether a generate/eval unit's manifest says it is complete with this config (and
     identity). The manifest's config is read in today's key names (pipeline.core.config
-    upgrade_keys); one written before configs had `task` was a HotpotQA run's."""
+    upgrade_keys: an older run's `backend: oracle` as today's `oracle` key); one written before
+    configs had `task` was a HotpotQA run's; where the stand-in teacher answers, the LLM section
+    it does not read does not count."""
     try:
         extra = identity(config) if identity else {}
     except PipelineError:  # e.g. a fine-tuned student not trained yet: not done
@@ -516,7 +519,8 @@ def unit_done(config, identity=None) -> bool:
     manifest, wanted = Path(config.out_dir) / "manifest.json", to_dict(config)
     if not is_done(manifest, **extra):
         return False
-    was = upgrade_keys(type(config), (read_manifest(manifest) or {}).get("config") or {})
+    was = unread_model_dropped(upgrade_keys(type(config), (read_manifest(manifest) or {}).get("config") or {}))
+    wanted = unread_model_dropped(wanted)
     older = {k: v for k, v in wanted.items() if k != "task"}
     return was == wanted or (wanted.get("task") == DEFAULT_TASK and was == older)
 
@@ -540,14 +544,16 @@ def evaluate_in_child(config) -> None:
     memory free, when the process ends, before the next unit loads another. Its output streams
     through; its own error line becomes this unit's error. First, the GPUs its model loads on
     must have the memory free (pipeline/core/gpu_memory.py)."""
-    gpu_memory.check(gpu_memory.llm_need(f"eval {config.out_dir}", config.model, config.serve, config.params_b))
+    if config.oracle is None:  # the stand-in teacher loads no model
+        gpu_memory.check(gpu_memory.llm_need(f"eval {config.out_dir}", config.model, config.serve, config.params_b))
     in_child("eval", config)
 
 
 def generate_in_child(config) -> None:
     """`python -m pipeline generate` in its own process, as evaluate_in_child: a self-training
     round's teacher is a student the next training must not find still loaded."""
-    gpu_memory.check(gpu_memory.llm_need(f"generate {config.out_dir}", config.teacher, config.serve))
+    if config.oracle is None:  # the stand-in teacher loads no model
+        gpu_memory.check(gpu_memory.llm_need(f"generate {config.out_dir}", config.teacher, config.serve))
     in_child("generate", config)
 
 
@@ -651,7 +657,8 @@ def train_gpu_need(ft) -> gpu_memory.GpuNeed | None:
 def gpu_checked(action):
     """A generate unit's action, run once its teacher's GPUs (an in-process vLLM) have the memory free."""
     def run_unit(config):
-        gpu_memory.check(gpu_memory.llm_need("generate (the teacher)", config.teacher))
+        if config.oracle is None:  # the stand-in teacher loads no model
+            gpu_memory.check(gpu_memory.llm_need("generate (the teacher)", config.teacher))
         return action(config)
     return run_unit
 

@@ -39,7 +39,7 @@ class Task:
     data_kind: str = "questions and answers"
     licence: str = ""  # "CC BY-SA 4.0"
     hub_dataset: str | None = None  # the questions on the Hugging Face hub, for card metadata
-    oracle_source: str = ""  # what the stand-in teacher (`teacher.backend=oracle`) reads, for manifests
+    oracle_source: str = ""  # what the stand-in teacher (a stage's `oracle: exact|agent`) reads, for manifests
     states_orderings: bool = False  # whether the paper states figure-3 orderings for this task
 
     def load_questions(self, name: str, limit: int | None = None) -> list[Any]:

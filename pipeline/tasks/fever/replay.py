@@ -83,8 +83,8 @@ def replay_method(fmt: str, settings: MethodSettings | None = None, style: str =
     if fmt not in FORMATS:
         raise PipelineError(f"the oracle teacher writes {', '.join(FORMATS)} trajectories, not '{fmt}'")
     if style != DEFAULT_STYLE:
-        raise PipelineError(f"teacher.oracle_style={style} is HotpotQA's oracle's; FEVER's replays released "
-                            f"trajectories (leave oracle_style at {DEFAULT_STYLE})")
+        raise PipelineError(f"oracle={style} is a search style of HotpotQA's oracle; FEVER's replays released "
+                            f"trajectories (set oracle: {DEFAULT_STYLE})")
     return ReplayTeacher(fmt, settings or MethodSettings())
 
 

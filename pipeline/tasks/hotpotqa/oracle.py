@@ -7,7 +7,7 @@ trajectories in every format without a large model.
                among the 5 sentences a search shows, Lookup a keyword of that sentence (chosen so
                the sentence comes up first when possible); then Finish[gold answer]. Templated
                thoughts (ReAct) restate the evidence the observations showed. Two styles
-               (`teacher.oracle_style`):
+               (the stage's `oracle` key: `oracle: exact` or `oracle: agent`):
                exact  search each gold title exactly as written (`Search[Adorable (band)]`): never
                       misses, so its trajectories show no recovery;
                agent  search each entity the way an agent reading the question would (see
@@ -49,7 +49,7 @@ from pipeline.wiki.backend import Page
 from pipeline.wiki.index import title_key
 
 TEACHER = "oracle"
-STYLES = ("exact", "agent")  # how the oracle searches (module docstring); teacher.oracle_style
+STYLES = ("exact", "agent")  # how the oracle searches (module docstring); generate's / eval's `oracle`
 DEFAULT_STYLE = "exact"
 MAX_THOUGHT_WORDS = 45
 _WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9'\-]*")
@@ -67,7 +67,7 @@ def oracle_method(fmt: str, settings: MethodSettings | None = None, style: str =
 
 def check_style(style: str) -> None:
     if style not in STYLES:
-        raise PipelineError(f"teacher.oracle_style must be one of {', '.join(STYLES)}, not '{style}' "
+        raise PipelineError(f"oracle must be one of {', '.join(STYLES)}, not '{style}' "
                             "(exact: gold titles as written; agent: names as the question writes them)")
 
 
