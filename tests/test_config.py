@@ -264,3 +264,30 @@ def test_the_prompting_style_key_was_mode_and_old_files_still_read(tmp_path):
     check_resumable(tmp_path, "eval", cfg, IDENTITY_KEYS)
     with pytest.raises(PipelineError, match="different prompting"):
         check_resumable(tmp_path, "eval", load_config(EvalConfig, None, ["prompting.style=prompt"]), IDENTITY_KEYS)
+
+
+def test_a_model_teachers_manifest_written_with_oracle_style_still_resumes_and_skips(tmp_path):
+    """Before generate's `oracle` key every LLM section carried `oracle_style: exact` (meaningless
+    to a model) and no `oracle`: such a manifest is the same run as today's config (oracle: null),
+    and not the stand-in teacher's. `teacher.oracle_style` and `teacher.backend=oracle` now fail
+    naming the `oracle` key."""
+    from pipeline.agent.run_folder import check_resumable
+    from pipeline.core.storage import write_manifest
+    from pipeline.stages.generate import IDENTITY_KEYS, GenerateConfig
+    from pipeline.stages.run import unit_done
+
+    with pytest.raises(PipelineError, match=r"unknown key 'teacher.oracle_style'; it was removed .*use oracle=agent"):
+        load_config(GenerateConfig, None, ["teacher.oracle_style=agent"])
+    with pytest.raises(PipelineError, match=r"not a language-model backend: set `oracle: exact` \(or agent\)"):
+        load_config(GenerateConfig, None, ["teacher.backend=oracle"])
+    cfg = load_config(GenerateConfig, None, ["teacher.model=smollm2", f"out_dir={tmp_path}"])
+    old = to_dict(cfg)
+    del old["oracle"]
+    old["teacher"]["oracle_style"] = "exact"
+    write_manifest(tmp_path / "manifest.json", stage="generate", config=old, complete=True)
+    check_resumable(tmp_path, "generate", cfg, IDENTITY_KEYS)
+    assert unit_done(cfg)
+    oracle = load_config(GenerateConfig, None, ["oracle=exact", f"out_dir={tmp_path}"])
+    with pytest.raises(PipelineError, match="different teacher, oracle"):
+        check_resumable(tmp_path, "generate", oracle, IDENTITY_KEYS)
+    assert not unit_done(oracle)

@@ -100,20 +100,19 @@ def check_oracle(oracle: str | None, serve, llm: LLMConfig, section: str) -> Non
 def upgrade_oracle(config: dict) -> dict:
     """A stage config written before the `oracle` key (a manifest's), in today's form: the LLM
     section's `backend: oracle` and `oracle_style` become `oracle: <style>` (the backend back to
-    the default); a model's `oracle_style` (which meant nothing to it) is dropped."""
-    if not isinstance(config, dict):
+    the default); a model's `oracle_style` (which meant nothing to it) is dropped, and its run had
+    `oracle: null`."""
+    sections = [k for k in MODEL_SECTIONS if isinstance(config, dict) and isinstance(config.get(k), dict)]
+    if not sections:
         return config
-    config = dict(config)
-    for key in MODEL_SECTIONS:
-        section = config.get(key)
-        if not isinstance(section, dict) or not {"backend", "oracle_style"} & set(section):
-            continue
-        section = dict(section)
+    config, oracle = dict(config), None
+    for key in sections:
+        section = dict(config[key])
         style = section.pop("oracle_style", DEFAULT_STYLE)
         if section.get("backend") == ORACLE:
-            section["backend"] = DEFAULT_LLM.backend
-            config.setdefault("oracle", style)
+            section["backend"], oracle = DEFAULT_LLM.backend, style
         config[key] = section
+    config.setdefault("oracle", oracle)
     return config
 
 

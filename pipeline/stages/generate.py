@@ -61,7 +61,7 @@ class GenerateConfig:
     task: str = same_run("identity", shard_set=True, default="hotpotqa")  # hotpotqa | fever (pipeline.tasks): the questions, metric and exemplars
     teacher: LLMConfig = same_run("identity", shard_set=True, default_factory=LLMConfig)  # backend: transformers|vllm|openai
     # exact | agent: the task's stand-in teacher answers in that search style, no model loaded (the
-    # `teacher` section is not read); null: the teacher model answers (pipeline.agent.answerers)
+    # `teacher` section then names no model); null: the teacher model answers (pipeline.agent.answerers)
     oracle: str | None = same_run("identity", shard_set=True, default=None)
     methods: list[str] = same_run("free", default_factory=lambda: ["standard", "cot", "act", "react"])
     questions: str = same_run("identity", shard_set=True, default="offline-bootstrap")  # a question-set name of the task (pipeline.tasks) or a file
