@@ -544,17 +544,22 @@ def evaluate_in_child(config) -> None:
     memory free, when the process ends, before the next unit loads another. Its output streams
     through; its own error line becomes this unit's error. First, the GPUs its model loads on
     must have the memory free (pipeline/core/gpu_memory.py)."""
-    if config.oracle is None:  # the stand-in teacher loads no model
-        gpu_memory.check(gpu_memory.llm_need(f"eval {config.out_dir}", config.model, config.serve, config.params_b))
+    gpu_memory.check(answerer_need(f"eval {config.out_dir}", config.oracle, config.model, config.serve,
+                                   config.params_b))
     in_child("eval", config)
 
 
 def generate_in_child(config) -> None:
     """`python -m pipeline generate` in its own process, as evaluate_in_child: a self-training
     round's teacher is a student the next training must not find still loaded."""
-    if config.oracle is None:  # the stand-in teacher loads no model
-        gpu_memory.check(gpu_memory.llm_need(f"generate {config.out_dir}", config.teacher, config.serve))
+    gpu_memory.check(answerer_need(f"generate {config.out_dir}", config.oracle, config.teacher, config.serve))
     in_child("generate", config)
+
+
+def answerer_need(what: str, oracle: str | None, llm, serve=None, params_b: float | None = None):
+    """The GPUs a generate or eval unit's answerer loads its model on (gpu_memory.llm_need); the
+    stand-in teacher (`oracle` set) loads no model, whatever its unread LLM section says."""
+    return None if oracle is not None else gpu_memory.llm_need(what, llm, serve, params_b)
 
 
 def in_child(stage: str, config) -> None:
@@ -657,8 +662,7 @@ def train_gpu_need(ft) -> gpu_memory.GpuNeed | None:
 def gpu_checked(action):
     """A generate unit's action, run once its teacher's GPUs (an in-process vLLM) have the memory free."""
     def run_unit(config):
-        if config.oracle is None:  # the stand-in teacher loads no model
-            gpu_memory.check(gpu_memory.llm_need("generate (the teacher)", config.teacher))
+        gpu_memory.check(answerer_need("generate (the teacher)", config.oracle, config.teacher))
         return action(config)
     return run_unit
 
