@@ -81,18 +81,29 @@ def test_wilson_rejects_impossible_counts():
         wilson(11, 10)
 
 
-def write_probe(root: Path, style: str, records: list[dict], teacher: dict | None) -> Path:
+def write_probe(root: Path, style: str, records: list[dict], teacher: dict | None, old_key: bool = True) -> Path:
     """A run folder as `run` writes it: eval records, and (when `teacher`) generate's manifest
-    naming the oracle style (the folder name is the label otherwise)."""
+    naming the oracle style (the folder name is the label otherwise), under generate's `oracle` key
+    or, as manifests written before it did (`old_key`), under `teacher.oracle_style`."""
     run = root / f"run-{style}"
     folder = run / "eval" / "smollm2-135m-ft-react"
     folder.mkdir(parents=True)
     (folder / "react.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     if teacher is not None:
         (run / "generate").mkdir()
+        config = {"teacher": {"oracle_style": style}} if old_key else {"oracle": style, "teacher": None}
         (run / "generate" / "manifest.json").write_text(json.dumps(
-            {"config": {"teacher": {"oracle_style": style}}, "stats": {"react": {"search_correct": teacher}}}))
+            {"config": config, "stats": {"react": {"search_correct": teacher}}}))
     return run
+
+
+def test_probe_report_reads_the_style_from_generates_oracle_key(tmp_path):
+    run = write_probe(tmp_path, "exact", RECORDS[:2], search_stats(RECORDS[:1]), old_key=False)
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "oracle_style_report.py"), str(run)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert any(line.startswith("| exact | smollm2-135m-ft-react | 100.0 / 100.0 / 100.0 | 2 |")
+               for line in proc.stdout.splitlines()), proc.stdout
 
 
 def test_probe_report_prints_em_and_search_hit_rate_with_intervals(tmp_path):

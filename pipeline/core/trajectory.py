@@ -51,7 +51,7 @@ class Trajectory:
         """A trajectory dict as to_dict writes it, or as written before the rename (its format
         under the key "method")."""
         steps = [Step(**s) for s in d.get("steps") or []]
-        fmt = d["method"] if "format" not in d and "method" in d else d["format"]
+        fmt = d["format"] if "format" in d else d["method"]
         return cls(d["question"], fmt, steps, d.get("answer"), d.get("reasoning"),
                    d.get("question_label") or QUESTION_LABEL)
 
