@@ -214,7 +214,7 @@ def test_the_shipped_rounds_config_plans_the_500_question_grid_and_two_rounds_of
     evals = [u for u in units if u.title.startswith("eval")]
     assert len(evals) == 1 + 2 + 2 and all(u.config.limit is None for u in evals)  # all 500 questions
     rounds = [u for u in units if u.phase == "rounds" and u.title.startswith("generate")]
-    assert [(u.config.limit, u.config.samples, u.config.prompting.temperature) for u in rounds] == [(150, 4, 0.7)] * 2
+    assert [(u.config.limit, u.config.samples, u.config.prompting.temperature) for u in rounds] == [(400, 4, 0.7)] * 2
     assert titles[-2:] == ["plot: self-training rounds (EM by round)", "plot: figure 3 and the table"]
 
 
