@@ -205,14 +205,17 @@ def test_the_plan_lists_each_round_as_its_own_units_after_round_one(tmp_path, in
     assert previous[5].config.union_with == []
 
 
-def test_the_shipped_rounds_config_plans_the_500_question_grid_and_two_rounds_of_react():
+def test_the_shipped_rounds_config_plans_the_500_question_grid_a_grpo_unit_and_two_rounds_of_react():
     from pipeline.core.config import read_yaml
 
     units = planned(read_yaml(REPO / "configs" / "small-rounds.yaml"))
     titles = [u.title for u in units]
     assert sum(t.startswith("train") for t in titles) == 2 + 2  # Standard and ReAct; rounds 2 and 3 of ReAct
     evals = [u for u in units if u.title.startswith("eval")]
-    assert len(evals) == 1 + 2 + 2 and all(u.config.limit is None for u in evals)  # all 500 questions
+    assert len(evals) == 1 + 2 + 1 + 2 and all(u.config.limit is None for u in evals)  # all 500 questions
+    grpo = [u for u in units if u.phase == "grpo"]  # the round-1 ReAct student continued with GRPO (docs/grpo.md)
+    assert [(str(u.config.student), u.config.max_steps) for u in grpo] == [
+        ("checkpoints/small-rounds/smollm2-135m/react/final", 90)]
     rounds = [u for u in units if u.phase == "rounds" and u.title.startswith("generate")]
     assert [(u.config.limit, u.config.samples, u.config.prompting.temperature) for u in rounds] == [(400, 4, 0.7)] * 2
     assert titles[-2:] == ["plot: self-training rounds (EM by round)", "plot: figure 3 and the table"]
