@@ -267,8 +267,9 @@ class ScriptedPolicy:
     Everything around it is real: the episode program, the WikiEnv over the SQLite index, the
     token trace, TRL's scoring and loss on the real tiny model."""
 
-    def __init__(self, tokenizer, colour: dict[str, str]):
+    def __init__(self, tokenizer, colour: dict[str, str], model=None, temperature: float = 1.0):
         self.tokenizer, self.colour, self.answers = tokenizer, colour, 0
+        self.model, self.temperature = model, temperature
 
     def generate(self, requests):
         out = []
@@ -288,26 +289,32 @@ class ScriptedPolicy:
         return out
 
 
+def scripted_trainer(world, student: Path, tmp_path: Path, policy_class, *overrides: str):
+    """The real GRPO trainer of a one-step run (2 questions x 4 rollouts), its rollouts sampled
+    by a stand-in policy, ready for one step's inputs (`trainer._prepare_inputs`)."""
+    from pipeline.rl import train as rl_train
+
+    cfg = world_cfg(world, student, tmp_path, "questions_per_step=2", "group_size=4", "max_steps=1", *overrides)
+    start = rl_train.resolve_start(cfg.student, fmt=cfg.format)
+    plan = rl_train.batch_plan(cfg, 1)
+    by_prompt, rows = rl_train.training_questions(cfg)
+    layout = rl_train.Layout(1, plan.per_device, plan.grad_accum, cfg.rollouts_per_step, "plain", len(rows))
+    trainer, tokenizer = rl_train.build_trainer(cfg, start, plan, layout, by_prompt, rows)
+    policy = policy_class(tokenizer, world.colour, trainer.model, cfg.prompting.temperature)
+    trainer.rollout_func.policy = lambda _trainer: contextlib.nullcontext(policy)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = plan.grad_accum  # what Trainer's loop sets before a step
+    return trainer, tokenizer
+
+
 def test_observation_tokens_never_receive_gradient(world, random_student, tmp_path):
     """TRL's real loss over rollouts of the real loop: the gradient of the loss with respect to
     each completion token's log-probability is exactly 0 at every token the environment wrote
     (observations, the step cues, the final EOS) and non-zero at the policy's own tokens."""
     import torch
 
-    from pipeline.rl import train as rl_train
-
-    cfg = world_cfg(world, random_student, tmp_path, "questions_per_step=2", "group_size=4", "max_steps=1")
-    start = rl_train.resolve_start(cfg.student, fmt=cfg.format)
-    plan = rl_train.batch_plan(cfg, 1)
-    by_prompt, rows = rl_train.training_questions(cfg)
-    layout = rl_train.Layout(1, plan.per_device, plan.grad_accum, cfg.rollouts_per_step, "plain", len(rows))
-    trainer, tokenizer = rl_train.build_trainer(cfg, start, plan, layout, by_prompt, rows)
-    scripted = ScriptedPolicy(tokenizer, world.colour)
-    trainer.rollout_func.policy = lambda _trainer: contextlib.nullcontext(scripted)
-    trainer.model.train()
-    trainer.current_gradient_accumulation_steps = plan.grad_accum  # what Trainer's loop sets before a step
-    batch = next(iter(trainer.get_train_dataloader()))
-    inputs = trainer._prepare_inputs(batch)
+    trainer, tokenizer = scripted_trainer(world, random_student, tmp_path, ScriptedPolicy)
+    inputs = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
 
     grads = []
 
@@ -335,6 +342,52 @@ def test_observation_tokens_never_receive_gradient(world, random_student, tmp_pa
         policy_text = tokenizer.decode([t for t, e in zip(ids, env[row][valid[row]].tolist(), strict=True) if not e])
         assert re.search(r"The colour of \w+ is \w+\.", env_text) and "Episode finished, reward = " in env_text
         assert "Observation" in policy_text and "The colour of" not in policy_text  # stop strings: the policy's
+
+
+class ScoredPolicy(ScriptedPolicy):
+    """STAND-IN for TRL's vLLM engine (labelled as such): ScriptedPolicy's tokens, each with the
+    log-probability the policy model gives it in its context at the sampling temperature, as
+    vLLM returns them (`logprobs=0`, processed logprobs)."""
+
+    def generate(self, requests):
+        import torch
+
+        out = super().generate(requests)
+        for req, [completion] in zip(requests, out, strict=True):
+            ids = torch.tensor([req.prompt_ids + completion.token_ids])
+            with torch.no_grad():
+                logits = self.model(ids).logits[0, len(req.prompt_ids) - 1:-1].float() / self.temperature
+            chosen = torch.tensor(completion.token_ids)[:, None]
+            completion.token_logprobs = logits.log_softmax(-1).gather(1, chosen)[:, 0].tolist()
+        return out
+
+
+def test_vllm_logprobs_pass_trls_importance_sampling_correction(world, random_student, tmp_path):
+    """The vLLM engine's path through TRL's real scoring code: TRL's importance-sampling
+    correction (`vllm_importance_sampling_correction`, on by default) subtracts the rollout's
+    sampling log-probabilities from the trainer's own, token by token. The trace hands them on
+    beside its token ids (0.0 at the loop's tokens): with the engine's log-probabilities equal
+    to the model's, every policy token's difference is ~0 and the ratio 1; a trace that lost its
+    alignment (a token shifted, a dropped token's value kept) would show a large difference.
+    (Before the trace carried them, the rollout returned logprobs=None and TRL's subtraction
+    raised at the first step.) Only the engine is a stand-in; the trainer is switched to vLLM's
+    code path after it is built, since vLLM itself is not installed beside TRL here."""
+    trainer, _ = scripted_trainer(world, random_student, tmp_path, ScoredPolicy, "prompting.temperature=0.7")
+    trainer.rollout_func.engine = "vllm"
+    trainer.use_vllm, trainer.vllm_importance_sampling_correction = True, True
+    trainer._last_loaded_step = trainer.state.global_step  # no weight sync: the stand-in reads the model itself
+    inputs = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+    metrics = trainer._metrics["train"]
+    assert metrics["sampling/sampling_logp_difference/max"][-1] < 1e-4
+    assert metrics["sampling/importance_sampling_ratio/mean"][-1] == pytest.approx(1.0, abs=1e-4)
+    assert inputs["importance_sampling_ratio"].numel() > 0
+    assert torch_isfinite(trainer.compute_loss(trainer.model, inputs))
+
+
+def torch_isfinite(loss) -> bool:
+    import torch
+
+    return bool(torch.isfinite(loss).all())
 
 
 # ----------------------------------------------------------------------------- learning (slow)

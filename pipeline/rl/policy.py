@@ -36,6 +36,7 @@ class TokenRequest(GenerationRequest):
 @dataclass
 class TokenCompletion(Completion):
     token_ids: list[int] = field(default_factory=list)  # sampled, up to the stop string (EOS excluded)
+    token_logprobs: list[float | None] | None = None  # the engine's log-probability of each (vLLM gives them)
 
 
 class PolicyLLM(TransformersLLM):
@@ -106,20 +107,23 @@ class VLLMPolicy:
 
     def generate(self, requests: list[TokenRequest]) -> list[list[Completion]]:
         outputs = self._server(requests) if self.collective else self._colocate(requests)
-        return [[self._completion(req, ids)] for req, ids in zip(requests, outputs, strict=True)]
+        return [[self._completion(req, *out)] for req, out in zip(requests, outputs, strict=True)]
 
-    def _colocate(self, requests: list[TokenRequest]) -> list[list[int]]:
+    def _colocate(self, requests: list[TokenRequest]) -> list[tuple[list[int], list[float | None]]]:
+        """(token ids, the sampled tokens' log-probabilities) of each request. TRL builds the
+        colocated engine with logprobs_mode="processed_logprobs" (after temperature), the
+        distribution the loss's log-probabilities are compared with."""
         from vllm import SamplingParams
 
         if not requests:
             return []
         params = [SamplingParams(n=1, temperature=r.temperature, max_tokens=r.max_new_tokens, stop=r.stop,
-                                 include_stop_str_in_output=True, seed=r.seed) for r in requests]
+                                 include_stop_str_in_output=True, seed=r.seed, logprobs=0) for r in requests]
         outs = self.generation.llm.generate([{"prompt_token_ids": r.prompt_ids} for r in requests],
                                             sampling_params=params, use_tqdm=False)
-        return [list(out.outputs[0].token_ids) for out in outs]
+        return [sampled_logprobs(out.outputs[0]) for out in outs]
 
-    def _server(self, requests: list[TokenRequest]) -> list[list[int]]:
+    def _server(self, requests: list[TokenRequest]) -> list[tuple[list[int], list[float | None]]]:
         from accelerate.utils import broadcast_object_list, gather_object
 
         mine = [(r.prompt_ids, tuple(r.stop), r.max_new_tokens, r.temperature) for r in requests]
@@ -134,9 +138,10 @@ class VLLMPolicy:
             for (stop, budget, temperature), members in groups.items():
                 out = self.generation.vllm_client.generate(
                     prompts=[flat[k][0] for k in members], n=1, temperature=temperature, max_tokens=budget,
-                    generation_kwargs={"stop": list(stop), "include_stop_str_in_output": True})
-                for k, completion in zip(members, out["completion_ids"], strict=True):
-                    ids[k] = completion
+                    logprobs=0, generation_kwargs={"stop": list(stop), "include_stop_str_in_output": True})
+                # logprobs=0: one entry per token, the sampled token's (TRL's client, shape [seq][token][1])
+                for k, completion, logprobs in zip(members, out["completion_ids"], out["logprobs"], strict=True):
+                    ids[k] = (completion, [lp[0] for lp in logprobs])
             offsets = [0]
             for part in every:
                 offsets.append(offsets[-1] + len(part))
@@ -150,11 +155,23 @@ class VLLMPolicy:
 
         return any(gather_object([active]))
 
-    def _completion(self, req: TokenRequest, ids: list[int]) -> Completion:
+    def _completion(self, req: TokenRequest, ids: list[int], logprobs: list[float | None]) -> Completion:
         from pipeline.llm.base import cut_at_stop
 
         ended = bool(ids) and ids[-1] == self.tokenizer.eos_token_id
-        ids = ids[:-1] if ended else list(ids)
+        ids, logprobs = (ids[:-1], logprobs[:-1]) if ended else (list(ids), list(logprobs))
         text, stopped = cut_at_stop(self.tokenizer.decode(ids, skip_special_tokens=True), req.stop)
         finish = "length" if not (stopped or ended) and len(ids) >= req.max_new_tokens else "stop"
-        return TokenCompletion(text, len(req.prompt_ids), len(ids), finish, token_ids=ids)
+        return TokenCompletion(text, len(req.prompt_ids), len(ids), finish, token_ids=ids, token_logprobs=logprobs)
+
+
+def sampled_logprobs(output) -> tuple[list[int], list[float | None]]:
+    """A vLLM CompletionOutput's token ids and each sampled token's log-probability (None where
+    vLLM gave NaN: TRL then applies no correction at that token)."""
+    import math
+
+    ids = list(output.token_ids)
+    if output.logprobs is None:
+        raise RuntimeError("vLLM returned no logprobs although they were asked for (SamplingParams(logprobs=0))")
+    values = [step[token].logprob for token, step in zip(ids, output.logprobs, strict=True)]
+    return ids, [None if math.isnan(v) else v for v in values]
