@@ -100,14 +100,26 @@ class VLLMPolicy:
 
     name = "policy (vllm)"
 
-    def __init__(self, trainer: Any):
+    def __init__(self, trainer: Any, max_context: int | None = None):
         self.trainer, self.generation = trainer, trainer.vllm_generation
-        self.tokenizer = trainer.processing_class
+        self.tokenizer, self.max_context = trainer.processing_class, max_context
         self.collective = self.generation.mode == "server"
 
     def generate(self, requests: list[TokenRequest]) -> list[list[Completion]]:
-        outputs = self._server(requests) if self.collective else self._colocate(requests)
-        return [[self._completion(req, *out)] for req, out in zip(requests, outputs, strict=True)]
+        """As the transformers engine: a context over `max_context` ends its episode
+        (context_exceeded) instead of reaching vLLM, which would refuse the whole batch; the
+        others' budgets stop at it."""
+        fits = [r for r in requests if self.max_context is None or len(r.prompt_ids) < self.max_context]
+        if self.max_context is not None:
+            for r in fits:
+                r.max_new_tokens = min(r.max_new_tokens, self.max_context - len(r.prompt_ids))
+        outputs = iter(self._server(fits) if self.collective else self._colocate(fits))
+        fitting = {id(r) for r in fits}
+        return [[self._completion(r, *next(outputs)) if id(r) in fitting else self._too_long(r)] for r in requests]
+
+    def _too_long(self, req: TokenRequest) -> Completion:
+        return TokenCompletion("", len(req.prompt_ids), 0, "error",
+                               f"context window exceeded: {len(req.prompt_ids)} >= {self.max_context} tokens")
 
     def _colocate(self, requests: list[TokenRequest]) -> list[tuple[list[int], list[float | None]]]:
         """(token ids, the sampled tokens' log-probabilities) of each request. TRL builds the

@@ -98,7 +98,7 @@ class Rollouts:
     def policy(self, trainer: Any) -> Iterator[Any]:
         """What generates this batch's tokens: the trainer's model as it is now."""
         if self.engine == "vllm":
-            yield VLLMPolicy(trainer)
+            yield VLLMPolicy(trainer, self.max_context)
             return
         with transformers_policy(trainer, self.max_batch_size, self.max_context) as policy:
             yield policy
