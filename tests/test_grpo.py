@@ -179,6 +179,18 @@ def test_config_refusals_are_one_line(world, random_student, tmp_path, capsys):
         assert needle in err and err.count("\n") == 1, (extra, err)
 
 
+@pytest.mark.parametrize("path", sorted((REPO / "configs" / "grpo").glob("*.yaml")), ids=lambda p: p.stem)
+def test_shipped_grpo_configs_resolve(path):
+    """Every shipped GRPO config reads and resolves (keys, types, the refusals of resolve()):
+    the 8B colocated one has its vLLM context, the round-3 one its held-out curve."""
+    cfg = resolve(load_config(GrpoConfig, path, []))
+    assert cfg.output_dir is not None
+    if cfg.rollout.engine == "vllm":
+        assert cfg.rollout.max_context == 4096
+    if path.stem.endswith("round3"):
+        assert (cfg.heldout.every, cfg.loss_type, cfg.reward.f1) == (20, "dr_grpo", 0.5)
+
+
 def test_dry_run_prints_the_launch(world, random_student, tmp_path, capsys):
     from pipeline.cli import main
 
@@ -445,6 +457,29 @@ def torch_isfinite(loss) -> bool:
     import torch
 
     return bool(torch.isfinite(loss).all())
+
+
+def test_heldout_curve_is_written_during_a_run_and_read_back(world, random_student, tmp_path):
+    """`heldout.every=1` on a 2-step run: the policy's greedy episodes on 4 held-out questions at
+    steps 0, 1 and 2, written to heldout.jsonl and drawn as it goes, logged with each step's
+    metrics (`heldout/em`, and the rollouts' `rollout/searches`), and read back whole; the
+    reward curve carries both columns."""
+    from pipeline.rl.heldout import FIGURE, read_points
+    from pipeline.rl.train import run
+
+    cfg = world_cfg(world, random_student, tmp_path, "questions_per_step=2", "group_size=2", "max_steps=2",
+                    "heldout.every=1", f"heldout.questions={world.questions}", "heldout.limit=4")
+    with one_thread():
+        run(cfg)
+    points = read_points(cfg.output_dir)
+    assert [p["step"] for p in points] == [0, 1, 2] and all(p["n"] == 4 for p in points)
+    assert all(0 <= p["em"] <= 1 and p["searches"] >= 0 for p in points)
+    assert (cfg.output_dir / FIGURE).stat().st_size > 0
+    logged = {e["step"]: e for e in log_history(cfg.output_dir)}
+    assert [logged[s]["heldout/em"] for s in (1, 2)] == [points[1]["em"], points[2]["em"]]
+    assert all("rollout/searches" in logged[s] for s in (1, 2))
+    header = (cfg.output_dir / "reward_curve.csv").read_text().splitlines()[0].split(",")
+    assert "heldout/em" in header and "rollout/searches" in header
 
 
 # ----------------------------------------------------------------------------- learning (slow)

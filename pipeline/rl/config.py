@@ -17,6 +17,7 @@ from typing import Literal
 
 from pipeline.core.errors import PipelineError
 from pipeline.methods import MethodSettings
+from pipeline.rl.heldout import HeldoutSettings
 from pipeline.train.config import LoraSettings
 from pipeline.wiki.config import WikiConfig
 
@@ -99,6 +100,7 @@ class GrpoConfig:
     gradient_checkpointing: bool = False
     peak_tflops: float | None = None  # per device, for MFU; default: the GPU's from pipeline/train/flops.py's table
     rollout: RolloutSettings = field(default_factory=RolloutSettings)
+    heldout: HeldoutSettings = field(default_factory=HeldoutSettings)  # a held-out EM curve while training (off: every 0)
     output_root: Path = Path("checkpoints")
     output_dir: Path | None = None  # default: <output_root>/<experiment>/<student_name>/<format>
     accelerate_config: str = "auto"  # auto | cpu | cpu_ddp | multi_gpu | deepspeed_zero2 | ... | a path
@@ -131,6 +133,9 @@ def resolve(cfg: GrpoConfig) -> GrpoConfig:
     if cfg.prompting.temperature <= 0:
         raise PipelineError(f"prompting.temperature: GRPO samples its rollouts (a group of greedy rollouts is one "
                             f"rollout {cfg.group_size} times, with no advantage to learn from); set it > 0, e.g. 1.0")
+    if cfg.heldout.every < 0 or cfg.heldout.limit < 1:
+        raise PipelineError(f"heldout: every must be >= 0 (0: off) and limit >= 1, got every={cfg.heldout.every}, "
+                            f"limit={cfg.heldout.limit}")
     for key in ("group_size", "questions_per_step", "max_steps", "save_steps", "logging_steps"):
         if getattr(cfg, key) < (2 if key == "group_size" else 1):
             raise PipelineError(f"{key} must be >= {2 if key == 'group_size' else 1}, got {getattr(cfg, key)}"

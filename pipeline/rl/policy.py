@@ -50,9 +50,10 @@ class PolicyLLM(TransformersLLM):
 
 
 @contextlib.contextmanager
-def transformers_policy(trainer: Any, max_batch_size: int, max_context: int | None):
-    """A PolicyLLM over the trainer's current weights, for one rollout batch. Built afresh each
-    time: its prefix cache holds keys and values of these weights only."""
+def transformers_policy(trainer: Any, max_batch_size: int, max_context: int | None, llm_class=None):
+    """A PolicyLLM (or `llm_class`: TransformersLLM for text prompts) over the trainer's current
+    weights, for one rollout batch. Built afresh each time: its prefix cache holds keys and values
+    of these weights only."""
     from trl.models import unwrap_model_for_generation
 
     with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator,
@@ -63,7 +64,7 @@ def transformers_policy(trainer: Any, max_batch_size: int, max_context: int | No
         model.eval()  # no dropout while sampling
         try:
             cfg = LLMConfig(model="policy", max_batch_size=max_batch_size, max_context=max_context)
-            yield PolicyLLM.from_loaded(cfg, model, trainer.processing_class)
+            yield (llm_class or PolicyLLM).from_loaded(cfg, model, trainer.processing_class)
         finally:
             model.train(was_training)
 

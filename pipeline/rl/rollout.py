@@ -137,8 +137,11 @@ class Rollouts:
         return record
 
     def report(self, trainer: Any, records: list[dict], counts: RolloutCounts, step: int, rank: int) -> None:
+        from pipeline.agent.search_stats import search_stats
+
         n = len(records)
         for name, value in (("rollout/finish_rate", sum(r["finished"] for r in records) / n),
+                            ("rollout/searches", search_stats(records)["searches"] / n),  # GRPO policies settle at 1-2
                             ("rollout/mean_steps", sum(r["n_steps"] for r in records) / n),
                             ("rollout/policy_tokens", sum(r["policy_tokens"] for r in records) / n),
                             ("rollout/env_tokens", sum(r["env_tokens"] for r in records) / n),

@@ -191,7 +191,23 @@ def build_trainer(cfg: GrpoConfig, start: StartPoint, plan: BatchPlan, layout: L
                                            extra_forwards=extra_forwards(cfg), peak=peak)
     trainer.add_callback(trainer.throughput.callback())
     rollouts.on_counts = trainer.throughput.add
+    if cfg.heldout.every:
+        trainer.add_callback(heldout_callback(trainer, cfg, backend))
     return trainer, tokenizer
+
+
+def heldout_callback(trainer, cfg: GrpoConfig, backend):
+    """The held-out curve's callback (pipeline.rl.heldout): its questions, and the loop greedy."""
+    from dataclasses import replace
+
+    from pipeline.methods import build_method
+    from pipeline.rl import heldout
+    from pipeline.tasks.hotpotqa.questions import load_question_set
+
+    questions = load_question_set(cfg.heldout.questions, limit=cfg.heldout.limit)
+    method = build_method(cfg.format, replace(cfg.prompting, temperature=0.0))
+    return heldout.heldout_callback(trainer, cfg.heldout, questions, method, backend, cfg.rollout.max_batch_size,
+                                    cfg.output_dir)
 
 
 def extra_forwards(cfg: GrpoConfig) -> int:
