@@ -167,11 +167,28 @@ def test_config_refusals_are_one_line(world, random_student, tmp_path, capsys):
         (["student=forestai/fireact_llama_2_7b_lora"], "decodes in the 'fireact' format"),
         (["base_model=/somewhere"], "is not one; drop it"),
         ([f"student={tmp_path}/no-such-student/react/final"], "no-such-student/react/final not found"),
+        (["rollout.engine=vllm"], "rollout.max_context: colocated vLLM needs the episode's token budget"),
+        (["rollout.engine=vllm", "rollout.max_context=4096", "rollout.vllm_tensor_parallel_size=2"],
+         "which tensor parallelism cannot take"),
+        (["accelerate_config=fsdp", "--num-processes", "1", "--dry-run"],
+         "rollout.engine=transformers cannot run under FSDP"),
     ]
     for extra, needle in cases:
         assert main(["grpo", *base, *extra]) == 2, extra
         err = capsys.readouterr().err
         assert needle in err and err.count("\n") == 1, (extra, err)
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "configs" / "grpo").glob("*.yaml")), ids=lambda p: p.stem)
+def test_shipped_grpo_configs_resolve(path):
+    """Every shipped GRPO config reads and resolves (keys, types, the refusals of resolve()):
+    the 8B colocated one has its vLLM context, the round-3 one its held-out curve."""
+    cfg = resolve(load_config(GrpoConfig, path, []))
+    assert cfg.output_dir is not None
+    if cfg.rollout.engine == "vllm":
+        assert cfg.rollout.max_context == 4096
+    if path.stem.endswith("round3"):
+        assert (cfg.heldout.every, cfg.loss_type, cfg.reward.f1) == (20, "dr_grpo", 0.5)
 
 
 def test_dry_run_prints_the_launch(world, random_student, tmp_path, capsys):
@@ -267,8 +284,9 @@ class ScriptedPolicy:
     Everything around it is real: the episode program, the WikiEnv over the SQLite index, the
     token trace, TRL's scoring and loss on the real tiny model."""
 
-    def __init__(self, tokenizer, colour: dict[str, str]):
+    def __init__(self, tokenizer, colour: dict[str, str], model=None, temperature: float = 1.0):
         self.tokenizer, self.colour, self.answers = tokenizer, colour, 0
+        self.model, self.temperature = model, temperature
 
     def generate(self, requests):
         out = []
@@ -288,26 +306,32 @@ class ScriptedPolicy:
         return out
 
 
+def scripted_trainer(world, student: Path, tmp_path: Path, policy_class, *overrides: str):
+    """The real GRPO trainer of a one-step run (2 questions x 4 rollouts), its rollouts sampled
+    by a stand-in policy, ready for one step's inputs (`trainer._prepare_inputs`)."""
+    from pipeline.rl import train as rl_train
+
+    cfg = world_cfg(world, student, tmp_path, "questions_per_step=2", "group_size=4", "max_steps=1", *overrides)
+    start = rl_train.resolve_start(cfg.student, fmt=cfg.format)
+    plan = rl_train.batch_plan(cfg, 1)
+    by_prompt, rows = rl_train.training_questions(cfg)
+    layout = rl_train.Layout(1, plan.per_device, plan.grad_accum, cfg.rollouts_per_step, "plain", len(rows))
+    trainer, tokenizer = rl_train.build_trainer(cfg, start, plan, layout, by_prompt, rows)
+    policy = policy_class(tokenizer, world.colour, trainer.model, cfg.prompting.temperature)
+    trainer.rollout_func.policy = lambda _trainer: contextlib.nullcontext(policy)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = plan.grad_accum  # what Trainer's loop sets before a step
+    return trainer, tokenizer
+
+
 def test_observation_tokens_never_receive_gradient(world, random_student, tmp_path):
     """TRL's real loss over rollouts of the real loop: the gradient of the loss with respect to
     each completion token's log-probability is exactly 0 at every token the environment wrote
     (observations, the step cues, the final EOS) and non-zero at the policy's own tokens."""
     import torch
 
-    from pipeline.rl import train as rl_train
-
-    cfg = world_cfg(world, random_student, tmp_path, "questions_per_step=2", "group_size=4", "max_steps=1")
-    start = rl_train.resolve_start(cfg.student, fmt=cfg.format)
-    plan = rl_train.batch_plan(cfg, 1)
-    by_prompt, rows = rl_train.training_questions(cfg)
-    layout = rl_train.Layout(1, plan.per_device, plan.grad_accum, cfg.rollouts_per_step, "plain", len(rows))
-    trainer, tokenizer = rl_train.build_trainer(cfg, start, plan, layout, by_prompt, rows)
-    scripted = ScriptedPolicy(tokenizer, world.colour)
-    trainer.rollout_func.policy = lambda _trainer: contextlib.nullcontext(scripted)
-    trainer.model.train()
-    trainer.current_gradient_accumulation_steps = plan.grad_accum  # what Trainer's loop sets before a step
-    batch = next(iter(trainer.get_train_dataloader()))
-    inputs = trainer._prepare_inputs(batch)
+    trainer, tokenizer = scripted_trainer(world, random_student, tmp_path, ScriptedPolicy)
+    inputs = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
 
     grads = []
 
@@ -335,6 +359,127 @@ def test_observation_tokens_never_receive_gradient(world, random_student, tmp_pa
         policy_text = tokenizer.decode([t for t, e in zip(ids, env[row][valid[row]].tolist(), strict=True) if not e])
         assert re.search(r"The colour of \w+ is \w+\.", env_text) and "Episode finished, reward = " in env_text
         assert "Observation" in policy_text and "The colour of" not in policy_text  # stop strings: the policy's
+
+
+class ScoredPolicy(ScriptedPolicy):
+    """STAND-IN for TRL's vLLM engine (labelled as such): ScriptedPolicy's tokens, each with the
+    log-probability the policy model gives it in its context at the sampling temperature, as
+    vLLM returns them (`logprobs=0`, processed logprobs)."""
+
+    def generate(self, requests):
+        import torch
+
+        out = super().generate(requests)
+        for req, [completion] in zip(requests, out, strict=True):
+            ids = torch.tensor([req.prompt_ids + completion.token_ids])
+            with torch.no_grad():
+                logits = self.model(ids).logits[0, len(req.prompt_ids) - 1:-1].float() / self.temperature
+            chosen = torch.tensor(completion.token_ids)[:, None]
+            completion.token_logprobs = logits.log_softmax(-1).gather(1, chosen)[:, 0].tolist()
+        return out
+
+
+def test_vllm_logprobs_pass_trls_importance_sampling_correction(world, random_student, tmp_path):
+    """The vLLM engine's path through TRL's real scoring code: TRL's importance-sampling
+    correction (`vllm_importance_sampling_correction`, on by default) subtracts the rollout's
+    sampling log-probabilities from the trainer's own, token by token. The trace hands them on
+    beside its token ids (0.0 at the loop's tokens): with the engine's log-probabilities equal
+    to the model's, every policy token's difference is ~0 and the ratio 1; a trace that lost its
+    alignment (a token shifted, a dropped token's value kept) would show a large difference.
+    (Before the trace carried them, the rollout returned logprobs=None and TRL's subtraction
+    raised at the first step.) Only the engine is a stand-in; the trainer is switched to vLLM's
+    code path after it is built, since vLLM itself is not installed beside TRL here."""
+    trainer, _ = scripted_trainer(world, random_student, tmp_path, ScoredPolicy, "prompting.temperature=0.7")
+    trainer.rollout_func.engine = "vllm"
+    trainer.use_vllm, trainer.vllm_importance_sampling_correction = True, True
+    trainer._last_loaded_step = trainer.state.global_step  # no weight sync: the stand-in reads the model itself
+    inputs = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+    metrics = trainer._metrics["train"]
+    assert metrics["sampling/sampling_logp_difference/max"][-1] < 1e-4
+    assert metrics["sampling/importance_sampling_ratio/mean"][-1] == pytest.approx(1.0, abs=1e-4)
+    assert inputs["importance_sampling_ratio"].numel() > 0
+    assert torch_isfinite(trainer.compute_loss(trainer.model, inputs))
+
+
+VLLM_POLICY_CHILD = """
+import json, math, sys
+from types import SimpleNamespace as Obj
+
+from transformers import AutoTokenizer
+
+from pipeline.rl.policy import TokenRequest, VLLMPolicy
+
+
+class StandInEngine:  # STAND-IN for vLLM's offline engine: fixed tokens, their logprobs, then EOS
+    def __init__(self, eos):
+        self.eos, self.asked = eos, []
+
+    def generate(self, prompts, sampling_params, use_tqdm=False):
+        self.asked += [(p["prompt_token_ids"], s) for p, s in zip(prompts, sampling_params)]
+        ids = [5, 6, self.eos]
+        steps = [{t: Obj(logprob=v, rank=1)} for t, v in zip(ids, (-0.5, math.nan, -0.1))]
+        return [Obj(outputs=[Obj(token_ids=ids, logprobs=steps)]) for _ in prompts]
+
+
+tokenizer = AutoTokenizer.from_pretrained(sys.argv[1])
+engine = StandInEngine(tokenizer.eos_token_id)
+trainer = Obj(vllm_generation=Obj(mode="colocate", llm=engine), processing_class=tokenizer)
+policy = VLLMPolicy(trainer, max_context=10)
+short = TokenRequest(prompt="", max_new_tokens=24, stop=["Observation"], temperature=1.0, seed=3, prompt_ids=[1] * 4)
+full = TokenRequest(prompt="", max_new_tokens=24, stop=["Observation"], temperature=1.0, seed=4, prompt_ids=[1] * 10)
+[[a], [b]] = policy.generate([short, full])
+[(ids, params)] = engine.asked
+print(json.dumps({"a": [a.token_ids, a.token_logprobs, a.finish_reason], "b": [b.finish_reason, b.error],
+                  "asked": [len(ids), params.logprobs, params.max_tokens, params.seed]}))
+"""
+
+
+def test_vllm_policy_hands_on_logprobs_and_ends_contexts_over_the_budget(random_student):
+    """The colocated vLLM policy (pipeline.rl.policy.VLLMPolicy) with vLLM's real SamplingParams
+    (in .venv-vllm, its CPU build) over a STAND-IN engine (labelled: a real engine start costs
+    minutes here): each completion carries its tokens' log-probabilities (the EOS's dropped with
+    it, vLLM's NaN as None); each request asks for them (logprobs=0) with its budget cut at
+    rollout.max_context; a context already at the budget ends as a context-window error and
+    never reaches the engine."""
+    from vllm_testdata import VLLM_PYTHON, require_vllm
+
+    require_vllm()
+    out = subprocess.run([str(VLLM_PYTHON), "-c", VLLM_POLICY_CHILD, str(random_student)], capture_output=True,
+                         text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["a"] == [[5, 6], [-0.5, None], "stop"]  # EOS ended it: "stop", EOS and its logprob dropped
+    assert got["asked"] == [4, 0, 6, 3]  # 4 context tokens, logprobs=0, budget 10 - 4, the request's seed
+    assert got["b"][0] == "error" and "context window exceeded: 10 >= 10 tokens" in got["b"][1]
+
+
+def torch_isfinite(loss) -> bool:
+    import torch
+
+    return bool(torch.isfinite(loss).all())
+
+
+def test_heldout_curve_is_written_during_a_run_and_read_back(world, random_student, tmp_path):
+    """`heldout.every=1` on a 2-step run: the policy's greedy episodes on 4 held-out questions at
+    steps 0, 1 and 2, written to heldout.jsonl and drawn as it goes, logged with each step's
+    metrics (`heldout/em`, and the rollouts' `rollout/searches`), and read back whole; the
+    reward curve carries both columns."""
+    from pipeline.rl.heldout import FIGURE, read_points
+    from pipeline.rl.train import run
+
+    cfg = world_cfg(world, random_student, tmp_path, "questions_per_step=2", "group_size=2", "max_steps=2",
+                    "heldout.every=1", f"heldout.questions={world.questions}", "heldout.limit=4")
+    with one_thread():
+        run(cfg)
+    points = read_points(cfg.output_dir)
+    assert [p["step"] for p in points] == [0, 1, 2] and all(p["n"] == 4 for p in points)
+    assert all(0 <= p["em"] <= 1 and p["searches"] >= 0 for p in points)
+    assert (cfg.output_dir / FIGURE).stat().st_size > 0
+    logged = {e["step"]: e for e in log_history(cfg.output_dir)}
+    assert [logged[s]["heldout/em"] for s in (1, 2)] == [points[1]["em"], points[2]["em"]]
+    assert all("rollout/searches" in logged[s] for s in (1, 2))
+    header = (cfg.output_dir / "reward_curve.csv").read_text().splitlines()[0].split(",")
+    assert "heldout/em" in header and "rollout/searches" in header
 
 
 # ----------------------------------------------------------------------------- learning (slow)
@@ -472,7 +617,8 @@ def test_two_process_ddp_launch_matches_one_process(world, warm_student, referen
 
 @pytest.mark.slow
 def test_deepspeed_zero3_launch(world, warm_student, reference, tmp_path):
-    """DeepSpeed ZeRO-3 on 2 CPU processes (fp32): the policy's parameters are gathered for the
+    """DeepSpeed ZeRO-3 on 2 CPU processes (fp32): the policy is partitioned as it loads (the
+    GRPO arguments, which register DeepSpeed's config, exist before from_pretrained), its parameters are gathered for the
     rollouts (TRL's unwrap_model_for_generation), the steps match one process's, the checkpoint
     is DeepSpeed's and complete, final/ holds the gathered model. On a fresh machine DeepSpeed
     first compiles its CPU communication op (~1-2 min, cached in ~/.cache/torch_extensions)."""
@@ -482,12 +628,69 @@ def test_deepspeed_zero3_launch(world, warm_student, reference, tmp_path):
     log = finish(grpo_launch(world, warm_student, tmp_path, *SMALL, "max_steps=2", config="deepspeed_zero3",
                              processes=2), timeout=900)
     assert "4 per device x 1 accumulation x 2 processes" in log
+    # each rank loaded only its shard (zero.Init active at from_pretrained), not the whole policy
+    assert re.search(r"\[grpo\] ZeRO-3: the policy was partitioned as it loaded \(zero.Init\): this rank holds "
+                     r"[\d,]+ of [\d,]+ parameters", log), log[-3000:]
     run_dir = world_cfg(world, warm_student, tmp_path, *SMALL).output_dir
     assert (run_dir / "checkpoint-2" / "latest").is_file() and is_complete_checkpoint(run_dir / "checkpoint-2")
     assert_same_steps({e["step"]: e for e in log_history(run_dir)}, reference, range(1, 3))
     final = run_dir / "final"
     assert json.loads((final / "manifest.json").read_text())["precision"] == "fp32"
     assert (final / "model.safetensors").stat().st_size > 100_000
+
+
+NODE_CHILD = """
+import os, sys
+from types import SimpleNamespace
+
+from accelerate import PartialState
+
+import pipeline.wiki.index as index_module
+from pipeline.rl.train import open_environment
+from pipeline.wiki.config import WikiConfig
+
+state = PartialState(cpu=True)
+build = index_module.build_index
+
+
+def logged_build(corpus, out, *args, **kwargs):  # the real build, with a line saying who built where
+    with open(sys.argv[1], "a") as log:
+        log.write(f"{state.process_index} {os.getcwd()}\\n")
+    return build(corpus, out, *args, **kwargs)
+
+
+index_module.build_index = logged_build
+open_environment(SimpleNamespace(wiki=WikiConfig(index="index.sqlite", corpus=[sys.argv[2]])))
+state.wait_for_everyone()
+"""
+
+
+def test_the_index_is_built_once_per_machine(world, tmp_path):
+    """Two "machines" on 127.0.0.1 (two real `torchrun` launches, 2 processes each, gloo), each
+    in its own folder standing for its own disk, with the index missing on both: GRPO's
+    environment set-up (pipeline.rl.train.open_environment) builds it exactly once per machine,
+    by the first process there, the others reading it. (With accelerate's main_process_first
+    alone, the second machine's two processes were released together and both built it.)"""
+    from test_multinode import free_port
+
+    script, log = tmp_path / "child.py", tmp_path / "builds.log"
+    script.write_text(NODE_CHILD)
+    port, env = free_port(), {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    nodes = []
+    for rank in (0, 1):
+        disk = tmp_path / f"machine-{rank}"
+        disk.mkdir()
+        cmd = [PYTHON, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(rank), "--nproc_per_node",
+               "2", "--master_addr", "127.0.0.1", "--master_port", str(port), str(script), str(log), str(world.corpus)]
+        nodes.append(subprocess.Popen(cmd, cwd=disk, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True, start_new_session=True))
+    for node in nodes:
+        out, _ = node.communicate(timeout=300)
+        assert node.returncode == 0, out[-3000:]
+    builds = sorted(line.split() for line in log.read_text().splitlines())
+    assert [folder for _, folder in builds] == [str(tmp_path / "machine-0"), str(tmp_path / "machine-1")], builds
+    assert [int(rank) for rank, _ in builds] == [0, 2]  # each machine's first process
+    assert all((tmp_path / f"machine-{r}" / "index.sqlite").is_file() for r in (0, 1))
 
 
 # ----------------------------------------------------------------------------- SmolLM2 on real questions (slow)

@@ -17,6 +17,7 @@ from typing import Literal
 
 from pipeline.core.errors import PipelineError
 from pipeline.methods import MethodSettings
+from pipeline.rl.heldout import HeldoutSettings
 from pipeline.train.config import LoraSettings
 from pipeline.wiki.config import WikiConfig
 
@@ -40,11 +41,13 @@ class RolloutSettings:
 
     engine: Literal["transformers", "vllm"] = "transformers"
     max_batch_size: int = 16  # transformers: sequences per decoding batch
-    max_context: int | None = None  # tokens; None = the model's own limit (longer episodes end context_exceeded)
+    # tokens an episode may reach; None = the model's own limit (longer episodes end context_exceeded). vLLM
+    # colocated needs it (its vllm_max_model_length): it reserves KV cache for one sequence of this length.
+    max_context: int | None = None
     vllm_mode: Literal["colocate", "server"] = "colocate"  # TRL's vllm_mode
     vllm_server_base_url: str | None = None  # server mode: the `trl vllm-serve` URL (TRL's vllm_server_base_url)
     vllm_gpu_memory_utilization: float = 0.3  # colocate mode: the GPU share vLLM takes beside training
-    vllm_tensor_parallel_size: int = 1  # colocate mode
+    vllm_tensor_parallel_size: int = 1  # colocate mode; only 1 (each process's own episodes go to its own engine)
     vllm_extra: dict = field(default_factory=dict)  # other GRPOConfig vllm_* keys, passed as they are
 
 
@@ -97,6 +100,7 @@ class GrpoConfig:
     gradient_checkpointing: bool = False
     peak_tflops: float | None = None  # per device, for MFU; default: the GPU's from pipeline/train/flops.py's table
     rollout: RolloutSettings = field(default_factory=RolloutSettings)
+    heldout: HeldoutSettings = field(default_factory=HeldoutSettings)  # a held-out EM curve while training (off: every 0)
     output_root: Path = Path("checkpoints")
     output_dir: Path | None = None  # default: <output_root>/<experiment>/<student_name>/<format>
     accelerate_config: str = "auto"  # auto | cpu | cpu_ddp | multi_gpu | deepspeed_zero2 | ... | a path
@@ -129,6 +133,9 @@ def resolve(cfg: GrpoConfig) -> GrpoConfig:
     if cfg.prompting.temperature <= 0:
         raise PipelineError(f"prompting.temperature: GRPO samples its rollouts (a group of greedy rollouts is one "
                             f"rollout {cfg.group_size} times, with no advantage to learn from); set it > 0, e.g. 1.0")
+    if cfg.heldout.every < 0 or cfg.heldout.limit < 1:
+        raise PipelineError(f"heldout: every must be >= 0 (0: off) and limit >= 1, got every={cfg.heldout.every}, "
+                            f"limit={cfg.heldout.limit}")
     for key in ("group_size", "questions_per_step", "max_steps", "save_steps", "logging_steps"):
         if getattr(cfg, key) < (2 if key == "group_size" else 1):
             raise PipelineError(f"{key} must be >= {2 if key == 'group_size' else 1}, got {getattr(cfg, key)}"
@@ -140,8 +147,40 @@ def resolve(cfg: GrpoConfig) -> GrpoConfig:
     if cfg.rollout.engine == "vllm" and cfg.rollout.vllm_mode == "server" and not cfg.rollout.vllm_server_base_url:
         raise PipelineError("rollout.vllm_server_base_url: server mode needs the `trl vllm-serve` URL, "
                             "e.g. http://gpu01:8000")
+    check_vllm_rollout(cfg.rollout)
     if cfg.student_name is None:
         cfg.student_name = f"{start_label(cfg.student)}-grpo"
     if cfg.output_dir is None:
         cfg.output_dir = cfg.output_root / cfg.experiment / cfg.student_name / cfg.format
     return cfg
+
+
+def check_vllm_rollout(r: RolloutSettings) -> None:
+    """What TRL's colocated vLLM engine needs from the project's rollout loop."""
+    if r.engine != "vllm" or r.vllm_mode != "colocate":
+        return
+    if r.max_context is None and "vllm_max_model_length" not in r.vllm_extra:
+        # vLLM sizes its context from the model's config (131,072 tokens for Llama-3.1) and refuses to start when
+        # one such sequence's KV cache does not fit in its vllm_gpu_memory_utilization share.
+        raise PipelineError("rollout.max_context: colocated vLLM needs the episode's token budget (its "
+                            "vllm_max_model_length; otherwise the model's whole context, which a 0.3 GPU share "
+                            "cannot hold); set it to the question line + prompting.max_steps x (max_new_tokens "
+                            "+ an observation), e.g. rollout.max_context=4096")
+    if r.vllm_tensor_parallel_size > 1:
+        # Every rank of one tensor-parallel engine must submit the same batch: TRL gathers its own prompts over
+        # the TP group first; this loop's rounds differ per rank (episodes end at different steps), so it cannot.
+        raise PipelineError(f"rollout.vllm_tensor_parallel_size={r.vllm_tensor_parallel_size}: the rollout loop "
+                            "sends each process's own episodes to its colocated engine, which tensor parallelism "
+                            "cannot take; use 1 (one engine per GPU) or vllm_mode=server with a tensor-parallel "
+                            "`trl vllm-serve`")
+
+
+def check_rollout_strategy(engine: str, strategy: str) -> None:
+    """The transformers engine decodes with the trainer's own model, rank by rank: under FSDP each
+    forward all-gathers the shards, and ranks whose episodes decode different numbers of tokens stop
+    meeting in those all-gathers (a hang; transformers' generate() avoids it with synced_gpus, the
+    project's loop cannot). DeepSpeed ZeRO-3 gathers the whole policy once per rollout batch instead."""
+    if engine == "transformers" and strategy == "fsdp":
+        raise PipelineError("rollout.engine=transformers cannot run under FSDP (ranks decoding different lengths "
+                            "would stop meeting in FSDP's all-gathers and hang); use a deepspeed_zero3 "
+                            "accelerate_config, or rollout.engine=vllm")

@@ -15,7 +15,7 @@ from pathlib import Path
 from pipeline.core.storage import atomic_write_text
 
 COLUMNS = ("step", "reward", "reward_std", "rewards/em/mean", "rewards/f1/mean", "rewards/format/mean",
-           "rollout/finish_rate", "rollout/mean_steps", "loss")
+           "rollout/finish_rate", "rollout/mean_steps", "rollout/searches", "heldout/em", "loss")
 EDGE = 5  # steps averaged at each end for the manifest's first / last reward
 
 

@@ -36,6 +36,7 @@ class TokenRequest(GenerationRequest):
 @dataclass
 class TokenCompletion(Completion):
     token_ids: list[int] = field(default_factory=list)  # sampled, up to the stop string (EOS excluded)
+    token_logprobs: list[float | None] | None = None  # the engine's log-probability of each (vLLM gives them)
 
 
 class PolicyLLM(TransformersLLM):
@@ -49,9 +50,10 @@ class PolicyLLM(TransformersLLM):
 
 
 @contextlib.contextmanager
-def transformers_policy(trainer: Any, max_batch_size: int, max_context: int | None):
-    """A PolicyLLM over the trainer's current weights, for one rollout batch. Built afresh each
-    time: its prefix cache holds keys and values of these weights only."""
+def transformers_policy(trainer: Any, max_batch_size: int, max_context: int | None, llm_class=None):
+    """A PolicyLLM (or `llm_class`: TransformersLLM for text prompts) over the trainer's current
+    weights, for one rollout batch. Built afresh each time: its prefix cache holds keys and values
+    of these weights only."""
     from trl.models import unwrap_model_for_generation
 
     with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator,
@@ -62,7 +64,7 @@ def transformers_policy(trainer: Any, max_batch_size: int, max_context: int | No
         model.eval()  # no dropout while sampling
         try:
             cfg = LLMConfig(model="policy", max_batch_size=max_batch_size, max_context=max_context)
-            yield PolicyLLM.from_loaded(cfg, model, trainer.processing_class)
+            yield (llm_class or PolicyLLM).from_loaded(cfg, model, trainer.processing_class)
         finally:
             model.train(was_training)
 
@@ -99,27 +101,42 @@ class VLLMPolicy:
 
     name = "policy (vllm)"
 
-    def __init__(self, trainer: Any):
+    def __init__(self, trainer: Any, max_context: int | None = None):
         self.trainer, self.generation = trainer, trainer.vllm_generation
-        self.tokenizer = trainer.processing_class
+        self.tokenizer, self.max_context = trainer.processing_class, max_context
         self.collective = self.generation.mode == "server"
 
     def generate(self, requests: list[TokenRequest]) -> list[list[Completion]]:
-        outputs = self._server(requests) if self.collective else self._colocate(requests)
-        return [[self._completion(req, ids)] for req, ids in zip(requests, outputs, strict=True)]
+        """As the transformers engine: a context over `max_context` ends its episode
+        (context_exceeded) instead of reaching vLLM, which would refuse the whole batch; the
+        others' budgets stop at it."""
+        fits = [r for r in requests if self.max_context is None or len(r.prompt_ids) < self.max_context]
+        if self.max_context is not None:
+            for r in fits:
+                r.max_new_tokens = min(r.max_new_tokens, self.max_context - len(r.prompt_ids))
+        outputs = iter(self._server(fits) if self.collective else self._colocate(fits))
+        fitting = {id(r) for r in fits}
+        return [[self._completion(r, *next(outputs)) if id(r) in fitting else self._too_long(r)] for r in requests]
 
-    def _colocate(self, requests: list[TokenRequest]) -> list[list[int]]:
+    def _too_long(self, req: TokenRequest) -> Completion:
+        return TokenCompletion("", len(req.prompt_ids), 0, "error",
+                               f"context window exceeded: {len(req.prompt_ids)} >= {self.max_context} tokens")
+
+    def _colocate(self, requests: list[TokenRequest]) -> list[tuple[list[int], list[float | None]]]:
+        """(token ids, the sampled tokens' log-probabilities) of each request. TRL builds the
+        colocated engine with logprobs_mode="processed_logprobs" (after temperature), the
+        distribution the loss's log-probabilities are compared with."""
         from vllm import SamplingParams
 
         if not requests:
             return []
         params = [SamplingParams(n=1, temperature=r.temperature, max_tokens=r.max_new_tokens, stop=r.stop,
-                                 include_stop_str_in_output=True, seed=r.seed) for r in requests]
+                                 include_stop_str_in_output=True, seed=r.seed, logprobs=0) for r in requests]
         outs = self.generation.llm.generate([{"prompt_token_ids": r.prompt_ids} for r in requests],
                                             sampling_params=params, use_tqdm=False)
-        return [list(out.outputs[0].token_ids) for out in outs]
+        return [sampled_logprobs(out.outputs[0]) for out in outs]
 
-    def _server(self, requests: list[TokenRequest]) -> list[list[int]]:
+    def _server(self, requests: list[TokenRequest]) -> list[tuple[list[int], list[float | None]]]:
         from accelerate.utils import broadcast_object_list, gather_object
 
         mine = [(r.prompt_ids, tuple(r.stop), r.max_new_tokens, r.temperature) for r in requests]
@@ -134,9 +151,10 @@ class VLLMPolicy:
             for (stop, budget, temperature), members in groups.items():
                 out = self.generation.vllm_client.generate(
                     prompts=[flat[k][0] for k in members], n=1, temperature=temperature, max_tokens=budget,
-                    generation_kwargs={"stop": list(stop), "include_stop_str_in_output": True})
-                for k, completion in zip(members, out["completion_ids"], strict=True):
-                    ids[k] = completion
+                    logprobs=0, generation_kwargs={"stop": list(stop), "include_stop_str_in_output": True})
+                # logprobs=0: one entry per token, the sampled token's (TRL's client, shape [seq][token][1])
+                for k, completion, logprobs in zip(members, out["completion_ids"], out["logprobs"], strict=True):
+                    ids[k] = (completion, [lp[0] for lp in logprobs])
             offsets = [0]
             for part in every:
                 offsets.append(offsets[-1] + len(part))
@@ -150,11 +168,23 @@ class VLLMPolicy:
 
         return any(gather_object([active]))
 
-    def _completion(self, req: TokenRequest, ids: list[int]) -> Completion:
+    def _completion(self, req: TokenRequest, ids: list[int], logprobs: list[float | None]) -> Completion:
         from pipeline.llm.base import cut_at_stop
 
         ended = bool(ids) and ids[-1] == self.tokenizer.eos_token_id
-        ids = ids[:-1] if ended else list(ids)
+        ids, logprobs = (ids[:-1], logprobs[:-1]) if ended else (list(ids), list(logprobs))
         text, stopped = cut_at_stop(self.tokenizer.decode(ids, skip_special_tokens=True), req.stop)
         finish = "length" if not (stopped or ended) and len(ids) >= req.max_new_tokens else "stop"
-        return TokenCompletion(text, len(req.prompt_ids), len(ids), finish, token_ids=ids)
+        return TokenCompletion(text, len(req.prompt_ids), len(ids), finish, token_ids=ids, token_logprobs=logprobs)
+
+
+def sampled_logprobs(output) -> tuple[list[int], list[float | None]]:
+    """A vLLM CompletionOutput's token ids and each sampled token's log-probability (None where
+    vLLM gave NaN: TRL then applies no correction at that token)."""
+    import math
+
+    ids = list(output.token_ids)
+    if output.logprobs is None:
+        raise RuntimeError("vLLM returned no logprobs although they were asked for (SamplingParams(logprobs=0))")
+    values = [step[token].logprob for token, step in zip(ids, output.logprobs, strict=True)]
+    return ids, [None if math.isnan(v) else v for v in values]

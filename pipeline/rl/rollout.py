@@ -5,7 +5,8 @@
 
 TRL 1.16 hands the function this process's slice of the step's prompts (each question already
 repeated `num_generations` times by its sampler) and expects one rollout per prompt: its
-`prompt_ids`, `completion_ids` and `logprobs` (None: TRL recomputes them), plus any extra fields,
+`prompt_ids`, `completion_ids` and `logprobs` (vLLM's per-token ones; None from the transformers
+engine, which samples from the trainer's own model), plus any extra fields,
 which it passes to the reward functions; `env_mask` (1 = the policy's token, 0 = the
 environment's) becomes its tool mask, multiplied into the loss mask.
 
@@ -81,14 +82,23 @@ class Rollouts:
         counts.seconds = time.perf_counter() - started
         self.report(trainer, records, counts, step, rank)
         return {"prompt_ids": [t.prompt_ids for t in traces], "completion_ids": [t.ids for t in traces],
-                "logprobs": None, "env_mask": [t.mask for t in traces],
+                "logprobs": self.sampling_logprobs(traces), "env_mask": [t.mask for t in traces],
                 "prediction": [r["prediction"] for r in records], "end_reason": [r["end_reason"] for r in records]}
+
+    def sampling_logprobs(self, traces: list[TokenTrace]) -> list[list[float | None]] | None:
+        """vLLM's per-token log-probabilities, for TRL's importance-sampling correction
+        (`vllm_importance_sampling_correction`, on by default: it subtracts them from the
+        trainer's own). The transformers engine samples from the trainer's model itself: None,
+        and TRL uses no correction without vLLM."""
+        if self.engine != "vllm":
+            return None
+        return [t.logprobs for t in traces]
 
     @contextlib.contextmanager
     def policy(self, trainer: Any) -> Iterator[Any]:
         """What generates this batch's tokens: the trainer's model as it is now."""
         if self.engine == "vllm":
-            yield VLLMPolicy(trainer)
+            yield VLLMPolicy(trainer, self.max_context)
             return
         with transformers_policy(trainer, self.max_batch_size, self.max_context) as policy:
             yield policy
@@ -115,7 +125,7 @@ class Rollouts:
                 counts.prefill += len(context)
             answers = policy.generate(requests)
             for k, [completion] in zip(waiting, answers, strict=True):
-                traces[k].add_policy(getattr(completion, "token_ids", []))
+                traces[k].add_policy(getattr(completion, "token_ids", []), getattr(completion, "token_logprobs", None))
                 counts.generated += len(getattr(completion, "token_ids", []))
                 episodes[k].deliver([[completion]])
 
@@ -127,8 +137,11 @@ class Rollouts:
         return record
 
     def report(self, trainer: Any, records: list[dict], counts: RolloutCounts, step: int, rank: int) -> None:
+        from pipeline.agent.search_stats import search_stats
+
         n = len(records)
         for name, value in (("rollout/finish_rate", sum(r["finished"] for r in records) / n),
+                            ("rollout/searches", search_stats(records)["searches"] / n),  # GRPO policies settle at 1-2
                             ("rollout/mean_steps", sum(r["n_steps"] for r in records) / n),
                             ("rollout/policy_tokens", sum(r["policy_tokens"] for r in records) / n),
                             ("rollout/env_tokens", sum(r["env_tokens"] for r in records) / n),

@@ -36,6 +36,10 @@ class TokenTrace:
     prompt_ids: list[int] = field(default_factory=list)
     ids: list[int] = field(default_factory=list)  # the completion's token ids
     mask: list[int] = field(default_factory=list)  # 1: sampled by the policy (in the loss), 0: the loop's
+    # The sampling engine's log-probability of each token, beside `ids`: the policy's own where the engine
+    # gave one (None where it gave none), 0.0 at the loop's tokens (masked, as TRL's own tool loop does).
+    # TRL's vLLM importance-sampling correction divides the trainer's probabilities by these.
+    logprobs: list[float | None] = field(default_factory=list)
     dropped_policy_tokens: int = 0
     generated_tokens: int = 0  # every token the policy sampled, kept or dropped
 
@@ -66,6 +70,7 @@ class TokenTrace:
         while self.ids and not target.startswith(text):
             self.dropped_policy_tokens += self.mask.pop()
             self.ids.pop()
+            self.logprobs.pop()
             text = self.text
         if not target.startswith(text):  # nothing left to drop: the prompt itself is not a prefix
             raise PipelineError(f"rollout: cannot rebuild the loop's text {target[:60]!r}")
@@ -73,6 +78,7 @@ class TokenTrace:
         if rest:
             self.ids += self.tokenizer(rest, add_special_tokens=False)["input_ids"]
             self.mask += [0] * (len(self.ids) - len(self.mask))
+            self.logprobs += [0.0] * (len(self.ids) - len(self.logprobs))
         text = self.text
         if text != target:
             at = next((i for i, (a, b) in enumerate(zip(text, target, strict=False)) if a != b),
@@ -83,10 +89,14 @@ class TokenTrace:
                 "text losslessly and decodes pieces tokenised apart as their concatenation (byte-level BPE: "
                 "Llama-3, Qwen2.5, SmolLM2)")
 
-    def add_policy(self, token_ids: list[int]) -> None:
-        """Tokens the policy sampled for the last context (EOS excluded: the loop goes on)."""
+    def add_policy(self, token_ids: list[int], logprobs: list[float | None] | None = None) -> None:
+        """Tokens the policy sampled for the last context (EOS excluded: the loop goes on), with
+        the engine's log-probability of each where it gave them."""
+        if logprobs is not None and len(logprobs) != len(token_ids):
+            raise PipelineError(f"rollout: {len(logprobs)} log-probabilities for {len(token_ids)} sampled tokens")
         self.ids += list(token_ids)
         self.mask += [1] * len(token_ids)
+        self.logprobs += list(logprobs) if logprobs is not None else [None] * len(token_ids)
         self.generated_tokens += len(token_ids)
 
     def finish(self, final_completion: str, eos_token_id: int) -> None:
@@ -95,3 +105,4 @@ class TokenTrace:
         self.extend_to(final_completion)
         self.ids.append(eos_token_id)
         self.mask.append(0)
+        self.logprobs.append(0.0)

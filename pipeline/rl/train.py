@@ -24,7 +24,7 @@ from pathlib import Path
 from pipeline.core.config import to_dict
 from pipeline.core.errors import PipelineError
 from pipeline.core.storage import read_manifest
-from pipeline.rl.config import GrpoConfig, resolve
+from pipeline.rl.config import GrpoConfig, check_rollout_strategy, resolve
 from pipeline.rl.start import StartPoint, resolve_start
 from pipeline.train.checkpoints import choose_resume, set_aside_incomplete
 from pipeline.train.checks import Layout, layout_callback, saved_layout
@@ -112,7 +112,8 @@ def grpo_arguments(cfg: GrpoConfig, plan: BatchPlan, train_plan: TrainPlan):
         r = cfg.rollout
         vllm = dict(use_vllm=True, vllm_mode=r.vllm_mode, vllm_server_base_url=r.vllm_server_base_url,
                     vllm_gpu_memory_utilization=r.vllm_gpu_memory_utilization,
-                    vllm_tensor_parallel_size=r.vllm_tensor_parallel_size, **r.vllm_extra)
+                    vllm_tensor_parallel_size=r.vllm_tensor_parallel_size, vllm_max_model_length=r.max_context)
+        vllm.update(r.vllm_extra)
     return GRPOConfig(
         output_dir=str(cfg.output_dir), max_steps=cfg.max_steps,
         per_device_train_batch_size=plan.per_device, gradient_accumulation_steps=plan.grad_accum,
@@ -155,27 +156,31 @@ def build_trainer(cfg: GrpoConfig, start: StartPoint, plan: BatchPlan, layout: L
                   rows: list[dict], train_plan: TrainPlan | None = None):
     """The GRPO trainer of this run; `train_plan` (default: this process's) is the student's plan."""
     import torch
-    from accelerate import PartialState
     from datasets import Dataset
 
     from pipeline.methods import build_method
     from pipeline.rl.reward import reward_functions
     from pipeline.rl.rollout import Rollouts
     from pipeline.rl.throughput import RolloutThroughput
-    from pipeline.wiki.config import open_backend
 
     ft = student_settings(cfg, start)
     train_plan = plan_training(ft) if train_plan is None else train_plan
     tokenizer = load_tokenizer(ft)
+    # The arguments first: under DeepSpeed ZeRO-3 they register the DeepSpeed config that makes
+    # from_pretrained partition the policy as it loads (zero.Init) instead of each rank holding all of it
+    # (TrainingArguments' __post_init__; the SFT trainer builds them first too). Kept alive: transformers
+    # holds that config by a weak reference.
+    args = grpo_arguments(cfg, plan, train_plan)
     model, peft = load_policy(ft, train_plan, start, tokenizer)
-    with PartialState().main_process_first():  # the first process builds a missing index, the others read it
-        backend = open_backend(cfg.wiki)
+    if train_plan.launch.strategy == "zero3" and train_plan.launch.rank0:
+        print(f"[grpo] ZeRO-3: {partition_line(model)}")
+    backend = open_environment(cfg)
     rollouts = Rollouts(by_prompt, build_method(cfg.format, cfg.prompting), backend, seed=cfg.seed,
                         max_batch_size=cfg.rollout.max_batch_size, max_context=cfg.rollout.max_context,
                         engine=cfg.rollout.engine,
                         log_dir=cfg.output_dir / "rollouts" if cfg.log_rollouts else None)
     trainer = grpo_trainer_class()(model=model, reward_funcs=reward_functions(),
-                                   args=grpo_arguments(cfg, plan, train_plan),
+                                   args=args,
                                    train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
                                    peft_config=peft, rollout_func=rollouts, callbacks=[layout_callback(layout)])
     from pipeline.train.flops import peak_tflops
@@ -183,10 +188,64 @@ def build_trainer(cfg: GrpoConfig, start: StartPoint, plan: BatchPlan, layout: L
     peak = cfg.peak_tflops or (peak_tflops(torch.cuda.get_device_name()) if train_plan.cuda else None)
     trainer.throughput = RolloutThroughput(model.config, full_finetuning=cfg.finetuning == "full",
                                            checkpointing=cfg.gradient_checkpointing,
-                                           extra_forwards=int(cfg.beta != 0) + int(cfg.num_iterations > 1), peak=peak)
+                                           extra_forwards=extra_forwards(cfg), peak=peak)
     trainer.add_callback(trainer.throughput.callback())
     rollouts.on_counts = trainer.throughput.add
+    if cfg.heldout.every:
+        trainer.add_callback(heldout_callback(trainer, cfg, backend))
     return trainer, tokenizer
+
+
+def heldout_callback(trainer, cfg: GrpoConfig, backend):
+    """The held-out curve's callback (pipeline.rl.heldout): its questions, and the loop greedy."""
+    from dataclasses import replace
+
+    from pipeline.methods import build_method
+    from pipeline.rl import heldout
+    from pipeline.tasks.hotpotqa.questions import load_question_set
+
+    questions = load_question_set(cfg.heldout.questions, limit=cfg.heldout.limit)
+    method = build_method(cfg.format, replace(cfg.prompting, temperature=0.0))
+    return heldout.heldout_callback(trainer, cfg.heldout, questions, method, backend, cfg.rollout.max_batch_size,
+                                    cfg.output_dir)
+
+
+def extra_forwards(cfg: GrpoConfig) -> int:
+    """No-grad forwards over each rollout besides the update's (for MFU): the reference model's
+    (beta > 0), and the old log-probabilities', which TRL computes when a batch is optimised more
+    than once or vLLM sampled it (its importance-sampling correction, on by default)."""
+    return int(cfg.beta != 0) + int(cfg.num_iterations > 1 or cfg.rollout.engine == "vllm")
+
+
+def partition_line(model) -> str:
+    """Whether the policy came out of from_pretrained partitioned (DeepSpeed tags each parameter
+    zero.Init partitions with a ds_id), and what this rank holds of it."""
+    params = list(model.parameters())
+    if not any(hasattr(p, "ds_id") for p in params):
+        return "the policy was loaded whole on every rank (not partitioned at load)"
+    held = sum(p.numel() for p in params)  # a partitioned parameter's local tensor is empty
+    total = sum(getattr(p, "ds_numel", p.numel()) for p in params)
+    return f"the policy was partitioned as it loaded (zero.Init): this rank holds {held:,} of {total:,} parameters"
+
+
+def open_environment(cfg: GrpoConfig):
+    """The Wikipedia backend, a missing local index built once per machine. The global first
+    process builds it first (on a shared filesystem, the only build); then each machine's first
+    process builds it where its own disk still lacks it (node-local storage), its other processes
+    waiting. (`main_process_first` alone would release every other machine's processes together,
+    each building its own copy at once.) Builds are atomic (a temporary file renamed into place)."""
+    from accelerate import PartialState
+
+    from pipeline.wiki.config import open_backend
+
+    state, backend = PartialState(), None
+    with state.main_process_first():
+        if state.is_main_process:
+            backend = open_backend(cfg.wiki)
+    with state.local_main_process_first():
+        if not state.is_main_process:
+            backend = open_backend(cfg.wiki)
+    return backend
 
 
 def check_resume(resume: Path | None, layout: Layout) -> str:
@@ -218,6 +277,7 @@ def run(cfg: GrpoConfig) -> dict:
         print(f"[grpo] {final} is already complete ({cfg.max_steps} steps); nothing to do")
         return done
     check_launch(ft, train_plan)
+    check_rollout_strategy(cfg.rollout.engine, launch.strategy)
     by_prompt, rows = training_questions(cfg)
     layout = Layout(plan.num_processes, plan.per_device, plan.grad_accum, cfg.rollouts_per_step, launch.strategy,
                     len(rows))

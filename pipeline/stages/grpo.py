@@ -21,7 +21,7 @@ import shlex
 from pathlib import Path
 
 from pipeline.core.config import add_config_arguments, read_yaml, stage_config
-from pipeline.rl.config import GrpoConfig, resolve
+from pipeline.rl.config import GrpoConfig, check_rollout_strategy, resolve
 from pipeline.train.deepspeed_setup import check_deepspeed_device
 from pipeline.train.launcher import (
     Machines,
@@ -62,8 +62,9 @@ def grpo(cfg: GrpoConfig, *, accelerate_config: str | None = None, num_processes
     config_path = pick_accelerate_config(accelerate_config or cfg.accelerate_config, gpus)
     num_processes = processes_for(config_path, num_processes or cfg.num_processes, gpus)
     world = num_processes * machines.count
-    deepspeed = read_yaml(config_path).get("distributed_type") == "DEEPSPEED"
-    check_deepspeed_device(deepspeed, gpus > 0, cfg.deepspeed_on_cpu, world)  # before 8 CPU processes start
+    distributed = read_yaml(config_path).get("distributed_type")
+    check_deepspeed_device(distributed == "DEEPSPEED", gpus > 0, cfg.deepspeed_on_cpu, world)  # before 8 CPU processes start
+    check_rollout_strategy(cfg.rollout.engine, "fsdp" if distributed == "FSDP" else "other")
     plan = batch_plan(cfg, world)
     if not dry_run:
         preflight(cfg, config_path)
