@@ -152,6 +152,7 @@ def test_gemma3_gguf_resolves_loads_generates_and_matches_the_hf_folder(installe
 
     llm = TransformersLLM(LLMConfig(model="gemma3-270m", dtype="float32", max_context=200))
     assert type(llm.model).__name__ == "Gemma3ForCausalLM"
+    assert not llm.use_prefix_cache  # sliding-window layers: no shared-prefix cache (docs/scaling.md)
     out = llm.generate([GenerationRequest("Question: the answer is", stop=["\n\n\n"], max_new_tokens=4)])[0][0]
     assert out.completion_tokens == 4 or out.finish_reason == "stop"
 
@@ -195,6 +196,8 @@ def test_a_chunk_that_does_not_match_the_recorded_sha256_is_refused(installed, t
     ["generate", "teacher.model=gemma3-270m", "methods=[standard]", "limit=2", "out_dir={out}/generate"],
     ["train", "--config", str(REPO / "configs/students/gemma3-270m.yaml"), "format=react", "dataset_dir={out}/sft",
      "output_dir={out}/checkpoints", "max_steps=2"],
+    ["grpo", "--config", str(REPO / "configs/grpo/smollm2-135m.yaml"), "student=gemma3-270m",
+     "output_dir={out}/grpo"],
 ])
 def test_without_the_package_each_stage_says_how_to_install_it_and_writes_nothing(argv, tmp_path):
     out = tmp_path / "out"
