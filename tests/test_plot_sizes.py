@@ -93,11 +93,11 @@ def test_the_sizes_figure_draws_dashed_prompted_and_solid_fine_tuned_lines_with_
     from matplotlib.colors import to_hex
 
     from pipeline.report.figure import (
-        GRPO_DODGE,
         GRPO_MARKER,
-        ROUND_DODGE,
+        GRPO_STEP,
         ROUND_MARKER,
         draw_sizes_figure,
+        size_step,
     )
     from pipeline.report.references import reference_rows
     from pipeline.report.summaries import validate_row
@@ -107,23 +107,27 @@ def test_the_sizes_figure_draws_dashed_prompted_and_solid_fine_tuned_lines_with_
     for r in extra[1:]:
         r["training"] = "self-training"
     fig = draw_sizes_figure(rows, extra, reference_rows(), "t")
+    step = size_step([0.135, 0.268])  # 1/30 of the log distance between the sizes
+    assert step ** 30 == pytest.approx(0.268 / 0.135)
     ours, published = fig.axes
     react = [line for line in ours.get_lines() if to_hex(line.get_color()) == "#d62728" and line.get_marker() == "o"]
     by_style = {line.get_linestyle(): line for line in react}
     assert set(by_style) == {"--", "-"}
     assert list(by_style["--"].get_ydata()) == pytest.approx([1.6, 1.0])  # prompted, 135M then 270M
     assert list(by_style["-"].get_ydata()) == pytest.approx([4.0, 9.0])  # fine-tuned
-    assert by_style["--"].get_xdata()[0] < 0.135 < by_style["-"].get_xdata()[0] < 0.135 * 1.2
-    assert by_style["-"].get_xdata()[1] == pytest.approx(0.268 * 1.04 ** 2)  # ReAct's offset, right of the size
+    assert by_style["--"].get_xdata()[0] < 0.135 < by_style["-"].get_xdata()[0] < 0.135 * step ** 5
+    assert by_style["-"].get_xdata()[1] == pytest.approx(0.268 * step ** 2)  # ReAct's offset, right of the size
     # every point carries its 95% Wilson interval as an error bar (here: fine-tuned ReAct 45/500 at 270M)
     bars = [seg for c in ours.collections for seg in c.get_segments()
-            if abs(seg[0][0] - 0.268 * 1.04 ** 2) < 1e-9 and seg[0][0] == seg[1][0]]
+            if abs(seg[0][0] - 0.268 * step ** 2) < 1e-9 and seg[0][0] == seg[1][0]]
     assert [(round(s[0][1], 1), round(s[1][1], 1)) for s in bars] == [(6.8, 11.8)]
     triangles = [line for line in ours.get_lines() if line.get_marker() == GRPO_MARKER]
     squares = [line for line in ours.get_lines() if line.get_marker() == ROUND_MARKER]
-    assert [list(t.get_xdata()) for t in triangles] == [[0.135 * GRPO_DODGE]]
+    assert [list(t.get_xdata()) for t in triangles] == [pytest.approx([0.135 * step ** GRPO_STEP])]
     assert [(s.get_xdata()[0] / 0.135, s.get_ydata()[0]) for s in squares] == \
-        [pytest.approx((ROUND_DODGE, 5.6)), pytest.approx((ROUND_DODGE * 1.08, 9.8))]
+        [pytest.approx((step ** (GRPO_STEP + 2), 5.6)), pytest.approx((step ** (GRPO_STEP + 3), 9.8))]
+    # every point of a size stays in the third of the distance nearest to it
+    assert all(x < 0.135 * step ** 10 for line in ours.get_lines() for x in line.get_xdata() if x < 0.2)
     assert [t.get_text() for t in ours.texts] == ["round 2", "round 3"]
     assert ours.get_xscale() == "log" and [t.get_text() for t in ours.get_xticklabels()] == \
         ["135M\nsmollm2-135m", "268M\ngemma3-270m"]

@@ -160,10 +160,10 @@ GRPO_MARKER = "^"  # the third kind of point: a student of ours fine-tuned, then
 GRPO_DODGE = 1.15  # drawn just right of the fine-tuned point at its size, never joined to its line
 
 
-def _draw_grpo(ax, rows: list[dict]) -> None:
+def _draw_grpo(ax, rows: list[dict], dodge: float = GRPO_DODGE) -> None:
     """Each GRPO student's point in its method's colour, with its 95% Wilson interval as an error bar."""
     for row in rows:
-        ax.errorbar([row["params_b"] * GRPO_DODGE], [100 * row["em"]], yerr=_error_bars([row]), marker=GRPO_MARKER,
+        ax.errorbar([row["params_b"] * dodge], [100 * row["em"]], yerr=_error_bars([row]), marker=GRPO_MARKER,
                     markersize=8, color=method_spec(row["method"]).color, markeredgecolor="black",
                     linestyle="none", capsize=3, elinewidth=1, zorder=5)
 
@@ -188,7 +188,11 @@ def save_figure(fig, path: Path, fmt: str) -> None:
 # ---------------------------------------------------------------- sizes on the x axis
 
 ROUND_MARKER = "s"  # a self-training round's student (pipeline/rounds.py)
-ROUND_DODGE = 1.3  # right of the GRPO triangle; rounds further right, one step each
+# Offsets from a point's size, in steps of 1/30 of the log distance between the closest two sizes
+# (a 2x step and a 9x step look alike): the lines' +-1..4 steps (prompted left, fine-tuned right),
+# the GRPO triangle at 5.5, round k's square at 5.5 + k; each stays well inside its size's third.
+STEPS_PER_GAP = 30
+GRPO_STEP = 5.5
 PROMPTED_STYLE = {"linestyle": "--", "markerfacecolor": "white"}  # prompted: dashed, hollow
 TUNED_STYLE = {"linestyle": "-"}  # fine-tuned: solid, filled
 
@@ -210,16 +214,17 @@ def draw_sizes_figure(rows: list[dict], extra: list[dict], references: list[dict
                              gridspec_kw={"width_ratios": [2, 1][:panels]})
     ax = axes[0][0]
     ours = [r for r in rows if not r.get("released")]
-    _draw_size_lines(ax, ours)
-    _draw_released(ax, [r for r in rows if r.get("released")])
-    _draw_grpo(ax, [r for r in extra if is_grpo(r)])
-    _draw_rounds(ax, [r for r in extra if not is_grpo(r)])
     sizes = sorted({r["params_b"] for r in ours})
+    step = size_step(sizes)
+    _draw_size_lines(ax, ours, step)
+    _draw_released(ax, [r for r in rows if r.get("released")])
+    _draw_grpo(ax, [r for r in extra if is_grpo(r)], step ** GRPO_STEP)
+    _draw_rounds(ax, [r for r in extra if not is_grpo(r)], step)
     ax.set_xscale("log")
     ax.set_xticks(sizes, [f"{_tick(s)}\n{_model_at(ours, s)}" for s in sizes], fontsize=7)
     ax.minorticks_off()
     everything = sorted({*sizes, *(r["params_b"] for r in rows)})
-    ax.set_xlim(everything[0] / 1.6, everything[-1] * 2.2)
+    ax.set_xlim(everything[0] / step ** 10, everything[-1] * step ** 14)  # room for the labels on the right
     ax.set_ylim(bottom=-1.0)
     ax.set_title("this pipeline: prompted (dashed) vs fine-tuned (solid)", fontsize=10)
     ax.set_xlabel("model size (parameters, log scale)")
@@ -244,7 +249,13 @@ def draw_sizes_figure(rows: list[dict], extra: list[dict], references: list[dict
     return fig
 
 
-def _draw_size_lines(ax, rows: list[dict]) -> None:
+def size_step(sizes: list[float]) -> float:
+    """The figure's unit offset (a factor on the log x axis): 1/30 of the closest two sizes' distance."""
+    closest = min(b / a for a, b in zip(sizes, sizes[1:], strict=False))
+    return closest ** (1 / STEPS_PER_GAP)
+
+
+def _draw_size_lines(ax, rows: list[dict], step: float) -> None:
     """Per method, prompted and fine-tuned, left to right by size; a small offset per line keeps
     equal EMs and their intervals apart (prompted left of the size, fine-tuned right of it)."""
     specs = in_figure_order(r["method"] for r in rows)
@@ -253,17 +264,17 @@ def _draw_size_lines(ax, rows: list[dict]) -> None:
             line = sorted((r for r in rows if r["method"] == spec.name and r["mode"] == mode), key=lambda r: r["params_b"])
             if not line:
                 continue
-            dodge = 1.04 ** (side * (k + 1))
+            dodge = step ** (side * (k + 1))
             xs, ys = [r["params_b"] * dodge for r in line], [100 * r["em"] for r in line]
             ax.errorbar(xs, ys, yerr=_error_bars(line), marker=spec.marker, color=spec.color, capsize=3,
                         elinewidth=1, markersize=6, **(style if spec.line else {**style, "linestyle": "none"}))
 
 
-def _draw_rounds(ax, rows: list[dict]) -> None:
+def _draw_rounds(ax, rows: list[dict], step: float) -> None:
     """Each self-training round's student beside the fine-tuned point of its size, with its interval."""
     for row in rows:
         number = _round_number(row)
-        x = row["params_b"] * ROUND_DODGE * (1.08 ** (number - 2) if number else 1)
+        x = row["params_b"] * step ** (GRPO_STEP + (number or 1))
         ax.errorbar([x], [100 * row["em"]], yerr=_error_bars([row]), marker=ROUND_MARKER, markersize=6,
                     color=method_spec(row["method"]).color, markeredgecolor="black", linestyle="none", capsize=3,
                     elinewidth=1, zorder=5)
