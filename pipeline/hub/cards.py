@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 
 from pipeline.core.storage import atomic_write_text, read_manifest
+from pipeline.hub.models import licence_of
 from pipeline.tasks import Task, get_task, task_of
 
 HOTPOTQA = "HotpotQA (Yang et al. 2018): questions and answers, CC BY-SA 4.0"  # = its Task.data_line()
@@ -193,9 +194,12 @@ def model_card(manifest: dict, eval_rows: list[dict]) -> str:
         lines.append(f"- Selection: {data['rule']}.")
     else:
         lines.append("- The dataset folder is not beside this model any more: teacher and selection unknown.")
+    # an embedded base model's own terms (Gemma's) are named: they bind every model trained from it
+    terms = licence_of(cfg.get("student")) or licence_of(str(base) if base else None)
     lines += ["", "## Licence", "",
-              f"The base model's licence applies to these weights. Training data: {task.data_line()}; {WIKIPEDIA}"
-              + (f"; {FIREACT_DATA}" if data and data["fireact"] else "") + ".", "",
+              ("The base model's licence applies to these weights" + (f": the {terms}" if terms else "")
+               + f". Training data: {task.data_line()}; {WIKIPEDIA}"
+              + (f"; {FIREACT_DATA}" if data and data["fireact"] else "") + "."), "",
               "<details><summary>Full training config</summary>", "", "```json",
               json.dumps(cfg, indent=2, sort_keys=True, default=str), "```", "", "</details>", ""]
     return "\n".join(lines)

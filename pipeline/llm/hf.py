@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.errors import PipelineError
-from pipeline.hub.models import SMOLLM2, load_tokenizer, looks_like_path, resolve_model_path
+from pipeline.hub.models import EMBEDDED, load_tokenizer, looks_like_path, resolve_model_path
 from pipeline.llm.base import Completion, GenerationRequest, cut_at_stop
 from pipeline.llm.config import LLMConfig
 
@@ -51,7 +51,7 @@ def resolve_model_source(cfg: LLMConfig) -> tuple[str, dict[str, Any]]:
     """(what to pass to from_pretrained, extra kwargs) for cfg.model; PipelineError when a local
     path is named but missing."""
     model = cfg.model
-    if model == SMOLLM2:
+    if model in EMBEDDED:  # an embedded model's alias: its converted folder
         return resolve_model_path(model), {}
     path = Path(model).expanduser()
     if model.endswith(".gguf"):
@@ -67,7 +67,7 @@ def resolve_model_source(cfg: LLMConfig) -> tuple[str, dict[str, Any]]:
             raise PipelineError(f"llm.model: {model} has no config.json; it is not a transformers checkpoint")
         return str(path), {}
     if looks_like_path(model):
-        raise PipelineError(f"llm.model: model directory {model} not found; give an existing directory, a hub id, a .gguf file, or 'smollm2'")
+        raise PipelineError(f"llm.model: model directory {model} not found; give an existing directory, a hub id, a .gguf file, or an embedded model ({', '.join(EMBEDDED)})")
     return model, {}  # a hub id
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from pipeline.methods.registry import method_spec
+from pipeline.methods.registry import figure_rank, method_spec
 from pipeline.report.intervals import difference_interval
 from pipeline.report.references import ORDERINGS
 from pipeline.report.summaries import MODES, method_label, pct
@@ -169,4 +169,99 @@ def orderings_text(results: list[OrderingResult], task: Task | None = None) -> s
         caveats = f" ({'; '.join(r.caveats)})" if r.caveats else ""
         lines.append(f"{r.number}. {r.statement} -> **{r.verdict}**{caveats}")
         lines += [f"   - {d}" for d in r.details]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- across sizes
+
+
+@dataclass
+class SizeGap:
+    """One across-size comparison: a smaller model fine-tuned against a larger one prompted."""
+
+    method: str  # the fine-tuned smaller model's method (and the prompted larger one's, or "best")
+    tuned: dict  # the smaller model's fine-tuned row
+    prompted: dict  # the larger model's prompted row
+    interval: tuple[float, float] | None  # Newcombe's 95% interval of tuned - prompted (fractions)
+
+    @property
+    def gap(self) -> float:
+        return self.tuned["em"] - self.prompted["em"]
+
+    @property
+    def verdict(self) -> str:
+        """holds | fails, and whether the gap is beyond noise (its interval excludes 0)."""
+        side = "holds" if self.gap > 0 else "fails"
+        if self.interval is None:
+            return f"{side} (no question counts: noise unknown)"
+        noisy = self.interval[0] <= 0 <= self.interval[1]
+        return f"{side}, within noise" if noisy else f"{side}, beyond noise"
+
+    def to_dict(self) -> dict:
+        def point(row: dict) -> dict:
+            return {k: row.get(k) for k in ("model", "size_class", "params_b", "mode", "method", "em", "n")}
+
+        ci = self.interval
+        return {"method": self.method, "finetuned_smaller": point(self.tuned), "prompted_larger": point(self.prompted),
+                "gap_pct": round(100 * self.gap, 2),
+                "interval_pct": None if ci is None else [round(100 * ci[0], 2), round(100 * ci[1], 2)],
+                "verdict": self.verdict}
+
+    def text(self) -> str:
+        ci = self.interval
+        bounds = "" if ci is None else f" [{100 * ci[0]:+.1f}, {100 * ci[1]:+.1f}]"
+        return (f"{self.tuned['model']} ({self.tuned['size_class']}) fine-tuned {method_label(self.tuned)} "
+                f"{pct(self.tuned)} vs {self.prompted['model']} ({self.prompted['size_class']}) prompted "
+                f"{method_label(self.prompted)} {pct(self.prompted)}: gap {100 * self.gap:+.1f}{bounds} -> "
+                f"**{self.verdict}**")
+
+
+def model_sizes(rows: list[dict]) -> list[float]:
+    """The distinct sizes (billions of parameters) of our own models: rows not released elsewhere."""
+    return sorted({r["params_b"] for r in rows if not r.get("released")})
+
+
+def across_sizes(rows: list[dict]) -> list[SizeGap]:
+    """The paper's headline claim at every pair of our sizes: for each method, is the smaller model
+    fine-tuned above the larger one prompted with the same method; and is the smaller model's
+    fine-tuned ReAct above the larger one's best prompted method of the four (its figure-3 form:
+    "fine-tuned ReAct-8B beats every 62B prompting method")? Each gap with Newcombe's 95% interval.
+    `rows` are ours (no released agents, no GRPO or self-training points)."""
+    gaps = []
+    sizes = model_sizes(rows)
+    for i, small in enumerate(sizes):
+        for large in sizes[i + 1:]:
+            tuned = [r for r in rows if r["mode"] == "finetune" and r["params_b"] == small]
+            prompted = [r for r in rows if r["mode"] == "prompt" and r["params_b"] == large]
+            for t in sorted(tuned, key=lambda r: figure_rank(r["method"])):
+                gaps += [_gap(t["method"], t, p) for p in prompted if p["method"] == t["method"]]
+            four = [p for p in prompted if p["method"] in FIGURE3_METHODS]
+            for t in (r for r in tuned if r["method"] == "react"):
+                if four:
+                    gaps.append(_gap("best", t, max(four, key=lambda r: r["em"])))
+    return gaps
+
+
+def _gap(method: str, tuned: dict, prompted: dict) -> SizeGap:
+    interval = None
+    if tuned.get("n") and prompted.get("n"):
+        interval = difference_interval(round(tuned["em"] * tuned["n"]), tuned["n"],
+                                       round(prompted["em"] * prompted["n"]), prompted["n"])
+    return SizeGap(method, tuned, prompted, interval)
+
+
+def across_sizes_text(gaps: list[SizeGap]) -> str:
+    """The across-size section of orderings.md: one line per comparison, the headline ones last."""
+    lines = ["", "## Across sizes: is the smaller model fine-tuned above the larger one prompted?", "",
+             "Each gap is fine-tuned smaller minus prompted larger (EM points), with Newcombe's 95% interval; "
+             "beyond noise when the interval excludes 0. Models of different families differ in more than size.", ""]
+    if not gaps:
+        lines.append("- cannot check: no size has fine-tuned rows with prompted rows of the same method at a larger size")
+    same = [g for g in gaps if g.method != "best"]
+    best = [g for g in gaps if g.method == "best"]
+    lines += [f"- {g.text()}" for g in same]
+    if best:
+        lines += ["", "Fine-tuned ReAct of the smaller model against the larger model's best prompted method "
+                  "(of Standard, CoT, Act, ReAct: the paper's figure-3 claim):", ""]
+        lines += [f"- {g.text()}" for g in best]
     return "\n".join(lines) + "\n"

@@ -8,6 +8,7 @@ import csv
 import io
 
 from pipeline.methods.registry import figure_rank, in_figure_order
+from pipeline.report.intervals import difference_interval
 from pipeline.report.summaries import MODES, em_interval, method_label, pct, pct_ci
 from pipeline.tasks import Task, get_task
 
@@ -66,3 +67,59 @@ def results_markdown(rows: list[dict], references: list[dict], question_sets: li
 
 def _sorted(rows: list[dict]) -> list[dict]:
     return sorted(rows, key=lambda r: (r["mode"] != "prompt", r["params_b"], r["model"], figure_rank(r["method"])))
+
+
+def sizes_markdown(rows: list[dict], extra: list[dict], question_sets: list[str], task: Task | None = None) -> str:
+    """sizes.md, the table beside the figure with sizes on its x axis: one line per method, per size
+    the prompted cell, the fine-tuned cell and the gain (fine-tuned minus prompted, with Newcombe's
+    95% interval); then the GRPO and self-training points (`extra`), one line each."""
+    task = get_task(task)
+    metric = task.metric_label
+    sizes = sorted({r["params_b"] for r in rows})
+    names = {size: _models_at(rows, size) for size in sizes}
+    label = {size: next(r["size_class"] for r in rows if r["params_b"] == size) for size in sizes}
+    label |= {r["params_b"]: r["size_class"] for r in extra if r["params_b"] not in label}
+    lines = [f"# {task.title} {metric} (%) by model size, prompted and fine-tuned: {', '.join(question_sets)}", "",
+             f"Each cell: {metric} [95% Wilson interval] (n); gain: fine-tuned minus prompted at that size, "
+             "[Newcombe's 95% interval]. Models: " + "; ".join(f"{label[s]} = {names[s]}" for s in sizes)
+             + ". Models of different families differ in more than size.", "",
+             "| method | " + " | ".join(f"{label[s]} prompted | {label[s]} fine-tuned | {label[s]} gain"
+                                      for s in sizes) + " |",
+             "|---|" + "---:|" * (3 * len(sizes))]
+    for spec in in_figure_order(r["method"] for r in rows):
+        cells = []
+        for size in sizes:
+            prompted, tuned = (_cell(rows, size, mode, spec.name) for mode in MODES)
+            cells += [_pct_n(prompted), _pct_n(tuned), gap_text(tuned, prompted)]
+        lines.append(f"| {spec.label} | " + " | ".join(cells) + " |")
+    if extra:
+        lines += ["", "Beyond the grid (not on the lines, not judged):", "",
+                  f"| model | size | method | {metric} |", "|---|---|---|---:|"]
+        lines += [f"| {r['model']} | {r['size_class']} | {method_label(r)} | {_pct_n(r)} |"
+                  for r in sorted(extra, key=lambda r: (r["params_b"], r["model"]))]
+    return "\n".join(lines) + "\n"
+
+
+def _models_at(rows: list[dict], size: float) -> str:
+    """The models at one size, the prompted ones first (their names are the base models')."""
+    at = sorted({(r["mode"] != "prompt", r["model"]) for r in rows if r["params_b"] == size})
+    return ", ".join(model for _, model in at)
+
+
+def _cell(rows: list[dict], size: float, mode: str, method: str) -> dict | None:
+    return next((r for r in rows if (r["params_b"], r["mode"], r["method"]) == (size, mode, method)), None)
+
+
+def _pct_n(row: dict | None) -> str:
+    return f"{pct_ci(row)} ({row.get('n')})" if row else "–"
+
+
+def gap_text(a: dict | None, b: dict | None) -> str:
+    """a - b in EM points with Newcombe's 95% interval (when both counts are known); – if either is missing."""
+    if a is None or b is None:
+        return "–"
+    gap = f"{100 * (a['em'] - b['em']):+.1f}"
+    if not a.get("n") or not b.get("n"):
+        return gap
+    lo, hi = difference_interval(round(a["em"] * a["n"]), a["n"], round(b["em"] * b["n"]), b["n"])
+    return f"{gap} [{100 * lo:+.1f}, {100 * hi:+.1f}]"

@@ -38,6 +38,7 @@ from pipeline.core.storage import (
     require_complete,
     write_manifest,
 )
+from pipeline.hub.models import require_installed
 from pipeline.llm.config import LLMConfig
 from pipeline.llm.serving import ServeConfig
 from pipeline.methods import FORMATS_USED, MethodSettings
@@ -46,6 +47,7 @@ from pipeline.wiki.config import WikiConfig
 
 # Sizes (size class, billions of parameters) of models a config may name without saying them.
 KNOWN_SIZES = {"smollm2": ("135m", 0.135), "HuggingFaceTB/SmolLM2-135M-Instruct": ("135m", 0.135),
+               "gemma3-270m": ("270m", 0.268), "google/gemma-3-270m": ("270m", 0.268),
                "meta-llama/Llama-3.1-8B": ("8b", 8.0), "meta-llama/Llama-3.1-8B-Instruct": ("8b", 8.0),
                "Qwen/Qwen2.5-7B": ("7b", 7.6), "Qwen/Qwen2.5-7B-Instruct": ("7b", 7.6),
                "meta-llama/Llama-3.1-70B": ("70b", 70.6), "meta-llama/Llama-3.1-70B-Instruct": ("70b", 70.6),
@@ -193,6 +195,7 @@ def model_under_test(cfg: EvalConfig) -> ModelUnderTest:
         if missing:
             raise PipelineError(f"model '{cfg.model.model}': its size is not known; set "
                                 + " and ".join(f"{k}=<{SIZE_HINTS[k]}>" for k in missing))
+        require_installed(cfg.model.model)  # an embedded model's package, before anything is written
         return ModelUnderTest(cfg.model, cfg.model.label, "prompt", size_class, params_b, None)
     from pipeline.hub.models import looks_like_path
 

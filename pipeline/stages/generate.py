@@ -45,6 +45,7 @@ from pipeline.core.config import add_config_arguments, stage_config, to_dict
 from pipeline.core.errors import PipelineError
 from pipeline.core.same_run import run_keys, same_run
 from pipeline.core.storage import check_writable_dir, read_jsonl, require_complete, write_manifest
+from pipeline.hub.models import require_installed
 from pipeline.llm.config import LLMConfig
 from pipeline.llm.serving import ServeConfig
 from pipeline.methods import MethodSettings
@@ -106,6 +107,8 @@ def generate(cfg: GenerateConfig) -> dict[str, dict]:
     check_writable_dir(cfg.out_dir)  # before any model is loaded or episode run
     check_samples(cfg)
     check_oracle(cfg.oracle, cfg.serve, cfg.teacher, "teacher")
+    if cfg.oracle is None:
+        require_installed(cfg.teacher.model)  # an embedded model's package, before the wiki index is built
     if cfg.serve is None:
         return run_generation(cfg, cfg.teacher)
     from pipeline.agent.run_folder import check_resumable

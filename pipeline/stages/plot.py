@@ -20,6 +20,16 @@ beside the fine-tuned points of their size, a column of their own in the table, 
 results.csv, results.md, orderings.md, orderings.json and manifest.json into out_dir, each by an
 atomic rename.
 
+Summaries of more than one model size of ours (released agents aside) also get the figure with
+sizes on its x axis, <name>-sizes.png / .svg (pipeline.report.figure.draw_sizes_figure: per method
+a dashed prompted line and a solid fine-tuned one on one axis, the GRPO students and the
+self-training rounds (`rounds`: their summaries) beside the fine-tuned point of their size, the
+published points in a panel of their own), the table beside it, sizes.md (per size: prompted,
+fine-tuned, the gain with Newcombe's interval), and the check across sizes (for each method, the
+smaller model fine-tuned against the larger one prompted, with Newcombe's interval of the gap),
+appended to orderings.md and written as across_sizes.json. One size: none of these, and every
+other file exactly as before.
+
 The rows of a sharded eval (`shard=i/n`, pipeline.core.shards) are merged into one row per model and
 method (counts summed, rates weighted by each shard's question count); an incomplete shard set
 is refused.
@@ -38,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.core.config import add_config_arguments, stage_config, to_dict
+from pipeline.core.errors import PipelineError
 from pipeline.core.storage import (
     atomic_write_json,
     atomic_write_text,
@@ -46,8 +57,14 @@ from pipeline.core.storage import (
     remove_stale_temps,
     write_manifest,
 )
-from pipeline.report.figure import draw_figure, save_figure
-from pipeline.report.orderings import check_orderings, orderings_text
+from pipeline.report.figure import draw_figure, draw_sizes_figure, save_figure
+from pipeline.report.orderings import (
+    across_sizes,
+    across_sizes_text,
+    check_orderings,
+    model_sizes,
+    orderings_text,
+)
 from pipeline.report.references import collect_references
 from pipeline.report.summaries import (
     check_duplicates,
@@ -57,7 +74,7 @@ from pipeline.report.summaries import (
     label_precisions,
     load_summaries,
 )
-from pipeline.report.tables import results_csv, results_markdown
+from pipeline.report.tables import results_csv, results_markdown, sizes_markdown
 
 
 @dataclass
@@ -70,6 +87,10 @@ class PlotConfig:
     fireact_runs: list[str] = field(default_factory=list)  # FireAct trajs/*.json (or folder): recomputed points
     allow_mixed_question_sets: bool = False
     clear_margin: float = 0.0  # EM points by which ordering 5's "clearly below" must hold
+    # summary.json files of self-training rounds 2..N (pipeline/rounds.py): points of the figure with
+    # sizes on its x axis, beside the fine-tuned point of their size; figure 3 and its tables leave
+    # them to the rounds report (rounds.md)
+    rounds: list[str] = field(default_factory=list)
 
 
 def run_plot(cfg: PlotConfig) -> dict[str, Path]:
@@ -84,6 +105,7 @@ def run_plot(cfg: PlotConfig) -> dict[str, Path]:
     # The paper's orderings are about students trained by this recipe: released agents and GRPO students
     # are plotted, not judged; they are stated about HotpotQA only.
     ours = [r for r in rows if not r.get("released") and not is_grpo(r)]
+    extra = [r for r in rows if is_grpo(r)] + round_rows(cfg.rounds, task, question_sets)  # beside the lines
     results = check_orderings(ours, references, cfg.clear_margin) if task.states_orderings else []
     out = Path(cfg.out_dir)
     paths = {"png": out / f"{cfg.name}.png", "svg": out / f"{cfg.name}.svg", "csv": out / "results.csv",
@@ -101,6 +123,13 @@ def run_plot(cfg: PlotConfig) -> dict[str, Path]:
     atomic_write_text(paths["csv"], results_csv(rows, references))
     atomic_write_text(paths["md"], results_markdown(rows, references, question_sets, task))
     text = orderings_text(results, task)
+    if len(model_sizes(ours)) > 1:
+        paths |= write_sizes(cfg, rows, extra, references, question_sets, task)
+        gaps = across_sizes(ours)
+        text += across_sizes_text(gaps)
+        atomic_write_json(paths["across_sizes"], [g.to_dict() for g in gaps])
+    else:
+        remove_sizes_outputs(out, cfg.name)  # a multi-size plot's, from an earlier run into this folder
     atomic_write_text(paths["orderings"], text)
     atomic_write_json(paths["orderings_json"], [r.to_dict() for r in results])
     write_manifest(out / "manifest.json", stage="plot", config=to_dict(cfg), complete=True, task=task.name,
@@ -111,6 +140,47 @@ def run_plot(cfg: PlotConfig) -> dict[str, Path]:
     print(text)
     print(f"figure: {paths['png']} and {paths['svg']}; table: {paths['md']}, {paths['csv']}")
     return paths
+
+
+SIZES_OUTPUTS = {"sizes_png": "{name}-sizes.png", "sizes_svg": "{name}-sizes.svg", "sizes_md": "sizes.md",
+                 "across_sizes": "across_sizes.json"}
+
+
+def write_sizes(cfg: PlotConfig, rows: list[dict], extra: list[dict], references: list[dict],
+                question_sets: list[str], task) -> dict[str, Path]:
+    """The figure with sizes on its x axis and its table; returns every sizes output's path."""
+    out = Path(cfg.out_dir)
+    paths = {key: out / name.format(name=cfg.name) for key, name in SIZES_OUTPUTS.items()}
+    title = cfg.title or f"{task.title} {task.metric_label} by model size ({', '.join(question_sets)})"
+    fig = draw_sizes_figure([r for r in rows if not is_grpo(r)], extra, references, title, task)
+    try:
+        save_figure(fig, paths["sizes_png"], "png")
+        save_figure(fig, paths["sizes_svg"], "svg")
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+    ours = [r for r in rows if not r.get("released") and not is_grpo(r)]
+    released = [r for r in rows if r.get("released")]
+    text = sizes_markdown(ours, extra + released, question_sets, task)
+    atomic_write_text(paths["sizes_md"], text)
+    print(text)
+    return paths
+
+
+def round_rows(summaries: list[str], task, question_sets: list[str]) -> list[dict]:
+    """The self-training rounds' rows, marked as such; of the plot's task and question sets."""
+    rows = [dict(r, training="self-training") for r in load_summaries(summaries)] if summaries else []
+    for row in rows:
+        if check_task([row]).name != task.name or row["question_set"] not in question_sets:
+            raise PipelineError(f"plot: {row['origin']} (rounds) is of {row['question_set']} / {check_task([row]).name}, "
+                                f"the summaries of {', '.join(question_sets)} / {task.name}; plot them separately")
+    return rows
+
+
+def remove_sizes_outputs(out: Path, name: str) -> None:
+    for pattern in SIZES_OUTPUTS.values():
+        (out / pattern.format(name=name)).unlink(missing_ok=True)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -268,8 +268,11 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
             if method in grpo_formats(cfg, student):
                 units += grpo_units(cfg, student, ft)
     summaries = [u.config.out_dir / "summary.json" for u in units if u.title.startswith("eval")]
-    units += round_units(cfg, students, dataset_dir)  # self-training rounds 2..N and their report
-    units.append(Unit("plot: figure 3 and the table", plot_config(cfg, summaries), run_plot, "plot", "no model: CPU only"))
+    later = round_units(cfg, students, dataset_dir)  # self-training rounds 2..N and their report
+    units += later
+    rounds_evals = [u.config.out_dir / "summary.json" for u in later if u.title.startswith("eval")]
+    units.append(Unit("plot: figure 3 and the table", plot_config(cfg, summaries, rounds_evals), run_plot, "plot",
+                      "no model: CPU only"))
     order = list(PHASES)
     units = sorted(units, key=lambda u: order.index(u.phase))  # stable: the grid's order within a phase
     plan_groups(units, done=lambda unit: unit_done(unit.config, unit.precision))  # an eval's, or none
@@ -736,8 +739,12 @@ def finetuned_eval_config(cfg: RunConfig, student: Student):
     return ev
 
 
-def plot_config(cfg: RunConfig, summaries: list[Path]):
-    layers = merged(cfg.plot, {"summaries": [str(s) for s in summaries], "out_dir": str(cfg.out_dir / "plot")})
+def plot_config(cfg: RunConfig, summaries: list[Path], rounds_evals: list[Path] | None = None):
+    """The plot unit: every eval's summary, the self-training rounds' (points of the figure with
+    sizes on its x axis), into <out_dir>/plot unless the `plot` section names its own out_dir (a
+    grid that extends another's folders keeps that grid's figure: configs/small-scaling.yaml)."""
+    layers = merged({"out_dir": str(cfg.out_dir / "plot")}, cfg.plot, {
+        "summaries": [str(s) for s in summaries], "rounds": [str(s) for s in rounds_evals or []]})
     return build(PlotConfig, layers, where="plot")
 
 

@@ -103,8 +103,11 @@ def preflight(cfg, config_path: Path) -> None:
     is missing or incomplete by its manifest, an output folder that cannot be written, an
     accelerate config that is not a readable YAML file."""
     from pipeline.core.storage import check_writable_dir
+    from pipeline.hub.models import require_installed
     from pipeline.train.data import check_dataset
 
+    require_installed(cfg.student)  # an embedded model's package (the one-line install hint)
+    require_installed(cfg.tokenizer)
     read_yaml(config_path)
     check_dataset(cfg)
     check_writable_dir(cfg.output_dir, "output_dir")

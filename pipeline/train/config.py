@@ -21,7 +21,7 @@ PAPER_STEPS = {
 }
 # Open-model size classes map onto the paper's two (7B/8B -> 8b; 70B/72B -> 62b); smaller
 # demo students use the 8b schedule.
-SIZE_CLASS_SCHEDULE = {"8b": "8b", "7b": "8b", "135m": "8b", "tiny": "8b", "62b": "62b", "70b": "62b", "72b": "62b"}
+SIZE_CLASS_SCHEDULE = {"8b": "8b", "7b": "8b", "135m": "8b", "270m": "8b", "tiny": "8b", "62b": "62b", "70b": "62b", "72b": "62b"}
 
 FINAL_DIR = "final"
 
