@@ -18,7 +18,12 @@ shutdown once uvicorn runs (launchers/launcher.py), which SIGTERMs the engine co
 is still there a few seconds later, SIGKILLs its tree (v1/utils.py, kill_process_tree). The
 resource tracker ignores SIGTERM and SIGINT, exits when the last process holding its pipe exits,
 and removes the shared memory they leaked. So a server is four processes, and an orderly end
-of them all needs someone alive to send the signals.
+of them all needs someone alive to send the signals. The GPU build is the same in these respects
+(the API server sets `spawn` itself, entrypoints/serve/utils/api_utils.py cli_env_setup; with
+tensor parallelism one daemon worker per GPU, each watching the engine core's pipe), but for its
+data-parallel supervisor (launchers/dp_supervisor.py), which puts each DP server in a process
+group of its own (setpgrp): a signal to the server's group alone would miss those, its session
+does not.
 
 The guardian
 
