@@ -12,6 +12,8 @@ Faults and records for the tests, as extra flags (`serve.extra_args`):
   --standin-die-file FILE      the same, with N read from FILE when it exists (so that a test can
                                make one run die and the next not, under one config)
   --standin-ignore-sigterm     only SIGKILL stops it
+  --standin-child              start a child that, like vLLM's engine core, has no parent-death
+                               signal and outlives this process when it is killed
   --standin-record FILE        append {"argv": ..., "pid": ...} once and {"model": ...} per completion request
 """
 
@@ -44,6 +46,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--standin-die-after", type=int)
     parser.add_argument("--standin-die-file")
     parser.add_argument("--standin-ignore-sigterm", action="store_true")
+    parser.add_argument("--standin-child", action="store_true")
     parser.add_argument("--standin-record")
     args, _ = parser.parse_known_args(argv)  # vLLM's other flags (--dtype, ...) mean nothing here
     if args.standin_die_file and Path(args.standin_die_file).is_file():
@@ -74,7 +77,12 @@ class StandIn(FakeOpenAI):
             from pipeline.tasks.hotpotqa.questions import load_question_set
 
             self.replies = ScriptedTeacher(load_question_set(args.standin_questions))
-        self.record({"argv": sys.argv[1:], "pid": os.getpid()})
+        child = None
+        if args.standin_child:
+            import subprocess
+
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"]).pid
+        self.record({"argv": sys.argv[1:], "pid": os.getpid(), "child": child})
 
     def record(self, entry: dict) -> None:
         if self.args.standin_record:

@@ -283,3 +283,154 @@ def test_a_failed_servers_reason_is_the_last_error_line_of_its_log(tmp_path, tai
 
     (tmp_path / "serve.log").write_text("\n".join(tail) + "\n")
     assert ServerView("127.0.0.1", 1, tmp_path / "serve.log").failure_reason() == reason
+
+
+# -- kills and leftovers (tests/test_vllm_kills.py does the same to a real vLLM) --------------------
+
+# A STAND-IN for a server's process tree: a parent (vLLM's API server) and a child that, like
+# vLLM's engine core, has no parent-death signal and stays up when its parent is killed.
+STANDIN_TREE = ("import subprocess, sys, time; "
+                "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); time.sleep(300)")
+
+
+def start_guardian(tmp_path: Path, port: int) -> tuple:
+    """The guardian of a stand-in tree, with its records in tmp_path/servers: (guardian, the
+    stand-in's parent, its child)."""
+    import os
+    import subprocess
+    import time
+
+    from episode_testdata import child_env
+
+    read_fd, write_fd = os.pipe()
+    guardian = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.llm.guardian", "--status-fd", str(write_fd), "--log", str(tmp_path / "s.log"),
+         "--records", str(tmp_path / "servers"), "--address", "127.0.0.1", "--port", str(port), "--",
+         sys.executable, "-c", STANDIN_TREE], stdin=subprocess.PIPE, pass_fds=(write_fd,), env=child_env())
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as status:
+        server = psutil.Process(int(status.readline().split()[1]))
+    deadline = time.monotonic() + 30
+    while not server.children() or not list((tmp_path / "servers").glob("*.json")):
+        assert time.monotonic() < deadline, "the stand-in tree did not start"
+        time.sleep(0.05)
+    return guardian, server, server.children()[0]
+
+
+def kill_all(*processes: psutil.Process) -> None:
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+
+
+def test_a_server_left_by_a_killed_guardian_is_named_at_the_next_start_and_not_reused(tmp_path, question_file, index):
+    """kill -9 of the guardian itself: the kernel kills its direct child (parent-death signal),
+    but the child's own child (as vLLM's engine core) lives on, re-parented to init. The next
+    eval refuses to start in one line naming the port and PIDs left, leaves them alone, and
+    starts once they are gone."""
+    import time
+
+    records = {"REACT_PIPELINE_SERVERS": str(tmp_path / "servers")}
+    guardian, server, child = start_guardian(tmp_path, port=18099)
+    try:
+        guardian.kill()
+        guardian.wait()
+        assert psutil.wait_procs([server], timeout=5)[1] == [], "no parent-death signal reached the server"
+        time.sleep(0.5)
+        assert child.is_running() and child.ppid() != guardian.pid  # the leftover, re-parented
+        line = one_error_line(run_pipeline("eval", "--config", str(eval_config(tmp_path, question_file, index)),
+                                           env=records))
+        assert "left running by an earlier run" in line and "port 18099 on 127.0.0.1" in line, line
+        assert f"kill -9 {child.pid}" in line and str(tmp_path / "s.log") in line, line
+        assert server_log(tmp_path) == [] and child.is_running()  # nothing started, nothing stopped
+    finally:
+        kill_all(server, child)
+    psutil.wait_procs([child], timeout=5)
+    proc = run_pipeline("eval", "--config", str(eval_config(tmp_path, question_file, index)), env=records)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert list((tmp_path / "servers").glob("*.json")) == []  # the stale record went, the new one too
+
+
+def test_a_sigterm_to_the_guardian_ends_the_tree_without_waiting_out_the_grace_period(tmp_path):
+    """A scheduler's SIGTERM to the guardian (grace 60 s): the stand-in tree is gone in seconds,
+    and so is the guardian's record."""
+    import signal
+    import time
+
+    guardian, server, child = start_guardian(tmp_path, port=18098)
+    try:
+        started = time.monotonic()
+        guardian.send_signal(signal.SIGTERM)
+        guardian.wait(timeout=20)
+        assert psutil.wait_procs([server, child], timeout=1)[1] == []
+        assert time.monotonic() - started < 10
+        assert list((tmp_path / "servers").glob("*.json")) == []
+    finally:
+        kill_all(server, child)
+
+
+def test_a_sigterm_during_start_up_ends_a_server_that_ignores_it_within_seconds(tmp_path, question_file, index):
+    """vLLM's engine core ignores SIGTERM while it loads the model; with the default 60 s grace
+    the server outlived the killed eval by a minute. Now a SIGTERM'd eval's server gets seconds."""
+    import signal
+    import subprocess
+    import time
+
+    from episode_testdata import child_env
+
+    config = eval_config(tmp_path, question_file, index, "--standin-never-healthy", "--standin-ignore-sigterm",
+                         stop_grace_s=60, startup_timeout_s=120)
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "eval", "--config", str(config)],
+                            env=child_env({"REACT_PIPELINE_SERVERS": str(tmp_path / "servers")}),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not [e for e in server_log(tmp_path) if "pid" in e]:
+        assert time.monotonic() < deadline and proc.poll() is None, "the stand-in did not start"
+        time.sleep(0.05)
+    [pid] = [e["pid"] for e in server_log(tmp_path) if "pid" in e]
+    server = psutil.Process(pid)
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    try:
+        assert proc.wait(timeout=30) == 130
+        assert psutil.wait_procs([server], timeout=1)[1] == [], "the server outlived its eval"
+        assert time.monotonic() - started < 10
+    finally:
+        kill_all(server)
+
+
+def test_a_guardian_killed_under_a_running_eval_leaves_nothing_the_eval_does_not_end(tmp_path, question_file, index):
+    """kill -9 of the guardian while the eval waits for its stand-in (with a child that, like
+    vLLM's engine core, outlives its parent): the kernel kills the stand-in, the eval ends its
+    child and stops in one line; the guardian's stale record does not stop the next start."""
+    import signal
+    import subprocess
+    import time
+
+    from episode_testdata import child_env
+
+    env = child_env({"REACT_PIPELINE_SERVERS": str(tmp_path / "servers")})
+    config = eval_config(tmp_path, question_file, index, "--standin-never-healthy", "--standin-child",
+                         startup_timeout_s=120)
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "eval", "--config", str(config)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not [e for e in server_log(tmp_path) if e.get("child")]:
+        assert time.monotonic() < deadline and proc.poll() is None, "the stand-in did not start"
+        time.sleep(0.05)
+    [entry] = [e for e in server_log(tmp_path) if e.get("child")]
+    server, child = psutil.Process(entry["pid"]), psutil.Process(entry["child"])
+    [guardian] = [p for p in psutil.Process(proc.pid).children() if "pipeline.llm.guardian" in p.cmdline()]
+    try:
+        guardian.send_signal(signal.SIGKILL)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 2, err
+        [line] = err.strip().splitlines()
+        assert line.startswith("error: ") and "guardian was killed (signal 9)" in line, line
+        [ended] = [x for x in out.splitlines() if "ended what it left of the server" in x]
+        assert f"{child.pid} python" in ended and "still running" not in ended, ended
+        assert psutil.wait_procs([server, child], timeout=10)[1] == [], "the stand-in or its child was left"
+    finally:
+        kill_all(server, child)
+    proc = run_pipeline("eval", "--config", str(eval_config(tmp_path, question_file, index)), env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]

@@ -6,9 +6,9 @@ One server (started by the pipeline's own managed serve: pipeline/llm/serving.py
 serves the base model and the adapter to most tests: its greedy completions against the
 transformers backend (PEFT for the adapter), the teacher role (`generate`, continuous) against
 the round-based runner, and a slow, loaded server that must be waited for, never asked twice.
-The lifecycle tests start their own: an eval killed by SIGTERM and by SIGKILL, during start-up
-and mid-run, leaves no vLLM process behind and the next run resumes; a server that exits before
-it is healthy is one line with vLLM's own reason. On 2 cores each start-up costs 1-2 minutes.
+A lifecycle test starts its own: a server that exits before it is healthy is one line with
+vLLM's own reason (tests/test_vllm_kills.py kills evals that manage one, again and again). On 2
+cores each start-up costs 1-2 minutes.
 
     .venv/bin/python -m pytest tests/test_vllm_server.py -q
 """
@@ -18,9 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
-import sys
 import time
 import urllib.request
 from dataclasses import replace
@@ -44,7 +42,6 @@ from vllm_testdata import (
     build_lora_adapter,
     new_tag,
     require_vllm,
-    tagged_processes,
     wait_until_gone,
 )
 
@@ -241,67 +238,6 @@ def eval_config(tmp_path: Path, adapter: Path, index: Path, tag: str, **serve) -
     path = tmp_path / "eval.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
-
-
-def start_eval(config: Path, out) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "pipeline", "eval", "--config", str(config)],
-                            env=child_env(), stdout=out, stderr=subprocess.STDOUT)
-
-
-def wait_for(what: str, condition, proc: subprocess.Popen, timeout_s: float = 900) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert proc.poll() is None, f"the eval exited (code {proc.returncode}) before {what}"
-        assert time.monotonic() < deadline, f"no {what} within {timeout_s:g} s"
-        time.sleep(0.5)
-
-
-def engine_core_started(tag: str) -> bool:
-    return any("EngineCore" in p.name() for p in tagged_processes(tag))
-
-
-def records(tmp_path: Path) -> list[dict]:
-    path = tmp_path / "eval" / "react.jsonl"
-    return read_records(path) if path.exists() else []
-
-
-def test_an_eval_killed_by_sigterm_or_sigkill_in_start_up_or_mid_run_leaves_no_vllm_process_and_resumes(
-        tmp_path, adapter, index):
-    """Four runs of one eval (a managed server of the LoRA adapter), each killed: SIGTERM and
-    SIGKILL while vLLM is starting (its engine core up, not yet healthy), then SIGKILL and SIGTERM
-    mid-run once a new record is written. After each, no process of the server is left (found by
-    an environment tag they all inherit, wherever they were re-parented), and each later run
-    keeps the records before it."""
-    tag = new_tag()
-    config = eval_config(tmp_path, adapter, index, tag)
-    log = open(tmp_path / "eval.out", "ab")
-    kept: list[dict] = []
-    for sig, when in ((signal.SIGTERM, "start-up"), (signal.SIGKILL, "start-up"),
-                      (signal.SIGKILL, "mid-run"), (signal.SIGTERM, "mid-run")):
-        proc = start_eval(config, log)
-        try:
-            if when == "start-up":
-                wait_for("vLLM engine core", lambda: engine_core_started(tag), proc)
-            else:
-                before = len(kept)
-                wait_for("a new record", lambda: len(records(tmp_path)) > before, proc)  # noqa: B023 (called at once)
-            seen = tagged_processes(tag)  # the guardian, API server, engine core, worker, ...
-            assert any("EngineCore" in p.name() for p in seen), f"no engine core to leave behind ({when})"
-            proc.send_signal(sig)
-            code = proc.wait(timeout=120)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-        left = wait_until_gone(tag, 5 if sig == signal.SIGTERM else 60, seen)
-        assert left == [], f"{signal.Signals(sig).name} {when}: vLLM processes left behind: {left}"
-        if sig == signal.SIGTERM:  # the eval's own orderly stop ran before it exited
-            assert code == 130, (when, code, (tmp_path / "eval.out").read_text()[-3000:])
-        now = records(tmp_path)
-        assert now[:len(kept)] == kept and len({r["id"] for r in now}) == len(now), "records lost or repeated"
-        kept = now
-    assert len(kept) >= 2
-    text = (tmp_path / "eval.out").read_text(errors="replace")
-    assert text.count("[serve] stopped") >= 2 and "--max-lora-rank 64" in text
 
 
 def test_a_server_that_exits_before_it_is_healthy_is_one_line_with_vllms_own_reason(tmp_path, adapter, index):

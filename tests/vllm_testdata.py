@@ -15,6 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from pipeline.llm.leftovers import live
 from pipeline.llm.serving import VLLM_VENV
 
 VLLM_PYTHON = VLLM_VENV / "bin" / "python"
@@ -49,14 +50,7 @@ def tagged_processes(tag: str) -> list[psutil.Process]:
                     found[p.pid] = p
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
-    return [p for p in found.values() if _live(p)]
-
-
-def _live(process: psutil.Process) -> bool:
-    try:
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
+    return [p for p in found.values() if live(p)]
 
 
 def wait_until_gone(tag: str, timeout_s: float, seen: list[psutil.Process] = ()) -> list[str]:
@@ -65,7 +59,7 @@ def wait_until_gone(tag: str, timeout_s: float, seen: list[psutil.Process] = ())
     there after `timeout_s` (pid and name), having killed it so no test leaves a server behind."""
     deadline = time.monotonic() + timeout_s
     while True:
-        left = {p.pid: p for p in [*tagged_processes(tag), *seen] if _live(p)}
+        left = {p.pid: p for p in [*tagged_processes(tag), *seen] if live(p)}
         if not left or time.monotonic() > deadline:
             break
         time.sleep(0.5)

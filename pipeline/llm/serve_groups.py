@@ -109,10 +109,10 @@ class ServerGroup:
         self.shared = SharedServer(host=serve.host, port=port, model=base.model, name=base.label,
                                    adapters=adapters, pid=server.server_pid, log=str(log))
 
-    def stop(self) -> None:
+    def stop(self, hurry: bool = False) -> None:
         if self.server is not None:
             server, self.server, self.shared = self.server, None, None
-            server.stop()
+            server.stop(hurry=hurry)
 
 
 def served_model(config):
@@ -158,7 +158,8 @@ def plan_groups(units: list, done: Callable[[Any], bool]) -> list[ServerGroup]:
 @contextlib.contextmanager
 def running(units: list) -> Iterator[Callable[[Any], None]]:
     """Yield `after(unit)`, to call once each unit has run: it stops a group's server after its
-    last selected member. Every server still up is stopped on the way out, whatever happened."""
+    last selected member. Every server still up is stopped on the way out, whatever happened
+    (within seconds after a failure)."""
     groups = list({id(u.group): u.group for u in units if getattr(u, "group", None)}.values())
     last = {}
     for group in groups:
@@ -171,9 +172,12 @@ def running(units: list) -> Iterator[Callable[[Any], None]]:
             last[id(unit)].stop()
     try:
         yield after
-    finally:
+    except BaseException:  # a failure: nothing to drain, each server ends within seconds
         for group in groups:
-            group.stop()
+            group.stop(hurry=True)
+        raise
+    for group in groups:
+        group.stop()
 
 
 @contextlib.contextmanager

@@ -15,9 +15,14 @@ served from its `final/` folder. A server that dies mid-run stops the unit (Serv
 of letting every waiting episode be recorded as failed; the next run resumes.
 
 The server runs under a guardian process (pipeline/llm/guardian.py) that ends its whole process tree
-(vLLM's API server, engine core, workers) when the eval stops it or dies, even by SIGKILL; a
-SIGTERM to the eval runs its orderly stop. While the server's process is alive and answers
-/health, a slow request is waited for and never re-sent (pipeline/core/transport.py: still_working).
+(vLLM's API server, engine core, worker, resource tracker) when the eval stops it or dies, even by
+SIGKILL. The orderly stop at a unit's end gives the server `serve.stop_grace_s` after SIGTERM; a
+stop because of a failure or a SIGTERM to the eval, and the eval's death, give it seconds
+(guardian.HURRY_GRACE_S): vLLM's engine core ignores SIGTERM while it loads the model, and
+nobody waits for an answer. A server that a killed guardian left running is named at the next
+start, with its port and PIDs (pipeline/llm/leftovers.py). While the server's process is alive
+and answers /health, a slow request is waited for and never re-sent (pipeline/core/transport.py:
+still_working).
 """
 
 from __future__ import annotations
@@ -40,8 +45,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pipeline.core.errors import PipelineError
+from pipeline.llm import leftovers
 from pipeline.llm.base import Completion, GenerationRequest
 from pipeline.llm.config import LLMConfig
+from pipeline.llm.guardian import HURRY_GRACE_S
 
 # vLLM accepts only these values for --max-lora-rank (vllm/config LoRAConfig: possible_max_ranks;
 # older releases stop at 64 or 256, newer ones add 320 and 512).
@@ -73,7 +80,7 @@ class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 8100  # 0 = any free port
     startup_timeout_s: float = 1800.0  # loading a 70B model and capturing CUDA graphs takes minutes
-    stop_grace_s: float = 60.0  # SIGTERM, then SIGKILL after this long
+    stop_grace_s: float = 60.0  # SIGTERM, then SIGKILL after this long (the orderly stop at a unit's end)
     extra_args: list[str] = field(default_factory=list)  # more `vllm serve` flags, e.g. [--enforce-eager]
     env: dict = field(default_factory=dict)  # extra environment variables, e.g. {CUDA_VISIBLE_DEVICES: "0,1"}
 
@@ -155,7 +162,9 @@ def check_port_free(host: str, port: int) -> None:
             sock.bind((host, port))
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
-                raise PipelineError(f"serve: port {port} on {host} is already in use (another server?); "
+                holder = leftovers.port_holder(port)
+                held = f" (by {holder})" if holder else " (another server?)"
+                raise PipelineError(f"serve: port {port} on {host} is already in use{held}; "
                                     "stop it, or set serve.port to a free port (0 = any)") from None
             raise PipelineError(f"serve: cannot listen on {host}:{port} ({exc.strerror}); "
                                 "set serve.host / serve.port") from None
@@ -219,9 +228,10 @@ ERROR_LINE = re.compile(r"\bERROR\b|\berror: |^\s*(\(\w+ pid=\d+\) )?[\w.]*(Erro
 
 class ManagedServer(ServerView):
     """One server process, watched by a guardian process (pipeline/llm/guardian.py) that ends its
-    whole tree when this process closes the guardian's pipe, or dies: `start()` returns once GET
-    /health answers 200 and /v1/models lists the served names; `stop()` closes the pipe and waits
-    until the guardian (the server's tree before it) has exited."""
+    whole tree when told to on its pipe, when this process closes the pipe, or dies: `start()`
+    refuses a server left running by an earlier run, and returns once GET /health answers 200
+    and /v1/models lists the served names; `stop()` tells the guardian and waits until it (the
+    server's tree before it) has exited."""
 
     def __init__(self, cmd: list[str], host: str, port: int, served_names: list[str], log_path: Path,
                  serve: ServeConfig):
@@ -235,12 +245,17 @@ class ManagedServer(ServerView):
         self._status_lock = threading.Lock()
 
     def start(self) -> None:
+        found = leftovers.find_leftovers()
+        if found:
+            raise PipelineError(leftovers.leftover_message(found))
         check_port_free(self.host, self.port)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         print(f"[serve] starting: {' '.join(self.cmd)} (log: {self.log_path})", flush=True)
         read_fd, write_fd = os.pipe()
         guardian = [sys.executable, "-m", "pipeline.llm.guardian", "--status-fd", str(write_fd),
-                    "--log", str(self.log_path), "--grace", str(self.serve.stop_grace_s), "--", *self.cmd]
+                    "--log", str(self.log_path), "--grace", str(self.serve.stop_grace_s),
+                    "--records", str(leftovers.records_dir()), "--address", self.host, "--port", str(self.port),
+                    "--", *self.cmd]
         env = {**os.environ, **{k: str(v) for k, v in self.serve.env.items()}}
         try:
             # Its own session: a Ctrl-C or a signal to the eval's process group must not end the
@@ -254,7 +269,7 @@ class ManagedServer(ServerView):
             self._wait_started()
             self._wait_healthy()
         except BaseException:
-            self.stop()
+            self.stop(hurry=True)
             raise
 
     def _wait_started(self) -> None:
@@ -291,6 +306,9 @@ class ManagedServer(ServerView):
         deadline = started + self.serve.startup_timeout_s
         while time.monotonic() < deadline:
             if self.exit_code() is not None:
+                if self._status_fd is None and self.proc is not None and self.proc.returncode < 0:
+                    raise PipelineError(f"serve: the server's guardian was killed (signal {-self.proc.returncode}) "
+                                        "before the server was healthy; what it left was ended: re-run")
                 raise PipelineError(f"serve: the server exited with code {self._exit} before it was "
                                     f"healthy: {self.failure_reason()} (log: {self.log_path})")
             served = self._served_models() if self._get("/health")[0] == 200 else []
@@ -326,25 +344,58 @@ class ManagedServer(ServerView):
                 break
         if self._exit is None and self.proc is not None and self._status_fd is None:
             self._exit = self.proc.wait()  # the guardian itself is gone (killed)
+            self._end_orphans()
         return self._exit
 
-    def stop(self) -> None:
-        """Close the guardian's pipe: it sends SIGTERM to the server's tree, SIGKILL after
-        `stop_grace_s`, and exits once every process of it has exited (its GPU memory is free
-        only then); wait for that."""
+    def _end_orphans(self) -> None:
+        """The guardian was killed: the kernel killed the server's own process (its parent-death
+        signal), not what the server started (vLLM's engine core watches nothing and stays up).
+        End what is left of the server's session now, rather than leave it to the next start."""
+        if self.server_pid is None:
+            return
+        before = leftovers.session_members(self.server_pid)
+        left = leftovers.kill_session(self.server_pid)
+        print(f"[serve] the server's guardian is gone (code {self._exit}): ended what it left of the "
+              f"server ({', '.join(map(leftovers.describe, before)) or 'nothing'})"
+              + (f"; still running: {', '.join(map(leftovers.describe, left))}" if left else ""), flush=True)
+
+    def stop(self, hurry: bool = False) -> None:
+        """Tell the guardian to end the server's tree: SIGTERM, SIGKILL after `stop_grace_s` (or
+        after guardian.HURRY_GRACE_S when `hurry`: a failure, a SIGTERM); it exits once every
+        process of it has exited (its GPU memory is free only then); wait for that. A SIGTERM
+        meanwhile hurries it (the pipe's end) and goes on once it is done."""
         if self.proc is None:
             return
-        with contextlib.suppress(OSError):
-            self.proc.stdin.close()
+        with contextlib.suppress(OSError, ValueError):
+            self.proc.stdin.write(b"kill\n" if hurry else b"stop\n")
+            self.proc.stdin.flush()
+        grace = HURRY_GRACE_S if hurry else self.serve.stop_grace_s
         try:
-            self.proc.wait(timeout=self.serve.stop_grace_s + 60)
+            self.proc.wait(timeout=grace + 60)
         except subprocess.TimeoutExpired:
             raise PipelineError(f"serve: server process {self.server_pid} is still running; stop it by hand") from None
+        except BaseException:
+            self._hurry_and_wait()
+            raise
+        self._close()
+        print(f"[serve] stopped (exit code {self._exit})", flush=True)
+
+    def _hurry_and_wait(self) -> None:
+        """Close the guardian's pipe (it ends the tree within seconds) and wait for it a little,
+        even through another SIGTERM, so that the server is gone when this process exits."""
+        with contextlib.suppress(OSError, ValueError):
+            self.proc.stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired, KeyboardInterrupt):
+            self.proc.wait(timeout=HURRY_GRACE_S + 30)
+        self._close()
+
+    def _close(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self.proc.stdin.close()
         self.exit_code()
         if self._status_fd is not None:
             os.close(self._status_fd)
             self._status_fd = None
-        print(f"[serve] stopped (exit code {self._exit})", flush=True)
         self.proc = None
 
 
@@ -450,11 +501,13 @@ def served(llm: LLMConfig, serve: ServeConfig, log_path: Path) -> Iterator[tuple
         port = serve.port or free_port(serve.host)
         cmd = serve_command(base, serve, port, adapters)
         server = ManagedServer(cmd, serve.host, port, [base.label, *adapters], log_path, serve)
-        server.start()
         try:
+            server.start()
             yield client_config(llm, server.base_url, name), server
-        finally:
-            server.stop()
+        except BaseException:  # a failure, a SIGTERM: nothing to drain, end the server within seconds
+            server.stop(hurry=True)
+            raise
+        server.stop()
 
 
 def client_config(llm: LLMConfig, base_url: str, name: str) -> LLMConfig:
