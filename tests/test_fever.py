@@ -133,7 +133,7 @@ def test_a_prompted_react_episode_reads_the_papers_prompt_and_is_scored_by_accur
 def test_the_observed_corpus_answers_the_released_searches_as_they_were_answered(shared_data, fever_index):
     """Every released Search that hit hits here and every miss misses; in the clean style 452 of
     the 479 hits (94%) show the recorded text exactly (once the scraping's chrome is dropped)."""
-    from pipeline.methods.interactive import env_action
+    from pipeline.wiki.actions import env_action
     from pipeline.wiki.env import WikiEnv
     from pipeline.wiki.index import LocalIndex
     from pipeline.wiki.replay import SCRAPING_CHROME, read_trajectories

@@ -17,7 +17,7 @@ from pipeline.methods.base import Outcome, completion_failure
 from pipeline.methods.build_exemplars import build, check, check_questions, load_authored
 from pipeline.methods.composed import majority
 from pipeline.methods.direct import parse_direct
-from pipeline.methods.interactive import env_action, split_thought_action
+from pipeline.methods.interactive import split_thought_action
 from pipeline.methods.prompts import (
     EXEMPLAR_DIR,
     PAPER_KEYS,
@@ -25,6 +25,7 @@ from pipeline.methods.prompts import (
     load_prompt,
     paper_prefix,
 )
+from pipeline.wiki.actions import env_action
 
 
 @pytest.fixture(scope="module")

@@ -246,8 +246,8 @@ def run(cfg: GrpoConfig) -> dict:
 
 def save_policy(trainer, cfg: GrpoConfig, start: StartPoint, tokenizer, plan: BatchPlan, train_plan: TrainPlan,
                 n_questions: int, result, started: float) -> dict:
+    from pipeline.hub.cards import model_card
     from pipeline.hub.models import size_label
-    from pipeline.rl.card import grpo_card
     from pipeline.rl.curve import reward_curve, write_curve
 
     params_b = model_params_b(trainer)
@@ -274,7 +274,7 @@ def save_policy(trainer, cfg: GrpoConfig, start: StartPoint, tokenizer, plan: Ba
               "temperature": cfg.prompting.temperature, "max_steps_per_episode": cfg.prompting.max_steps,
               "reward_first_steps": curve.mean_reward(first=True), "reward_last_steps": curve.mean_reward(first=False)},
     )
-    return write_final(trainer, cfg, train_plan, tokenizer, "grpo", fields, lambda manifest: grpo_card(manifest, []),
+    return write_final(trainer, cfg, train_plan, tokenizer, "grpo", fields, lambda manifest: model_card(manifest, []),
                        label="grpo")
 
 

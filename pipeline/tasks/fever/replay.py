@@ -28,8 +28,8 @@ from pathlib import Path
 from pipeline.core.errors import PipelineError
 from pipeline.core.trajectory import FORMATS, Step, Trajectory, one_line
 from pipeline.methods.base import EpisodeContext, MethodSettings, Outcome, Program, step_env
-from pipeline.methods.interactive import env_action
 from pipeline.tasks.hotpotqa.oracle import DEFAULT_STYLE
+from pipeline.wiki.actions import env_action
 
 _LINE = re.compile(r"^(Thought|Action|Observation) (\d+): ?(.*)$")
 _FINISH = re.compile(r"^\s*[Ff]inish\[(.*)\]\s*$")
