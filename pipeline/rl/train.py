@@ -6,7 +6,7 @@
 
 Each optimizer step: `questions_per_step` training questions, `group_size` rollouts of each
 (pipeline.rl.rollout: the project's ReAct / Act loop, sampled from the current policy), the
-reward of each from the task's metric (pipeline.rl.reward), TRL's group-relative advantages and
+reward of each from the task's metric (`task:`, pipeline.rl.reward), TRL's group-relative advantages and
 clipped policy-gradient loss over the policy's own tokens (observations masked by `env_mask`).
 Checkpoints go to <output_dir>/checkpoint-N (a re-launch resumes the latest complete one, with
 the same rollouts: their sampling is seeded by step); the policy, its manifest (the fields `eval`
@@ -91,12 +91,13 @@ def training_questions(cfg: GrpoConfig) -> tuple[dict, list[dict]]:
     prompt names the question: a question whose text repeats an earlier one's is left out."""
     from pipeline.core.trajectory import question_line
     from pipeline.methods import prompt_prefixes
-    from pipeline.tasks.hotpotqa.questions import load_question_set
+    from pipeline.tasks import get_task
 
-    prefix = prompt_prefixes(cfg.format, cfg.prompting)[cfg.format].text
+    task = get_task(cfg.task)
+    prefix = prompt_prefixes(cfg.format, cfg.prompting, task)[cfg.format].text
     by_prompt: dict = {}
-    for q in load_question_set(cfg.questions, limit=cfg.limit):
-        by_prompt.setdefault(prefix + question_line(q.question), q)
+    for q in task.load_questions(cfg.questions, limit=cfg.limit):
+        by_prompt.setdefault(prefix + question_line(q.question, task.question_label), q)
     if len(by_prompt) < cfg.questions_per_step:
         raise PipelineError(f"questions: {cfg.questions} has {len(by_prompt)} distinct questions, fewer than "
                             f"questions_per_step={cfg.questions_per_step}; use more questions or fewer per step")
@@ -162,19 +163,21 @@ def build_trainer(cfg: GrpoConfig, start: StartPoint, plan: BatchPlan, layout: L
     from pipeline.rl.reward import reward_functions
     from pipeline.rl.rollout import Rollouts
     from pipeline.rl.throughput import RolloutThroughput
+    from pipeline.tasks import get_task
     from pipeline.wiki.config import open_backend
 
+    task = get_task(cfg.task)
     ft = student_settings(cfg, start)
     train_plan = plan_training(ft) if train_plan is None else train_plan
     tokenizer = load_tokenizer(ft)
     model, peft = load_policy(ft, train_plan, start, tokenizer)
     with PartialState().main_process_first():  # the first process builds a missing index, the others read it
         backend = open_backend(cfg.wiki)
-    rollouts = Rollouts(by_prompt, build_method(cfg.format, cfg.prompting), backend, seed=cfg.seed,
+    rollouts = Rollouts(by_prompt, build_method(cfg.format, cfg.prompting, task), backend, seed=cfg.seed,
                         max_batch_size=cfg.rollout.max_batch_size, max_context=cfg.rollout.max_context,
                         engine=cfg.rollout.engine,
                         log_dir=cfg.output_dir / "rollouts" if cfg.log_rollouts else None)
-    trainer = grpo_trainer_class()(model=model, reward_funcs=reward_functions(),
+    trainer = grpo_trainer_class()(model=model, reward_funcs=reward_functions(task),
                                    args=grpo_arguments(cfg, plan, train_plan),
                                    train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
                                    peft_config=peft, rollout_func=rollouts, callbacks=[layout_callback(layout)])
@@ -249,7 +252,9 @@ def save_policy(trainer, cfg: GrpoConfig, start: StartPoint, tokenizer, plan: Ba
     from pipeline.hub.cards import model_card
     from pipeline.hub.models import size_label
     from pipeline.rl.curve import reward_curve, write_curve
+    from pipeline.tasks import get_task
 
+    task = get_task(cfg.task)
     params_b = model_params_b(trainer)
     curve = reward_curve(trainer.state.log_history)
     if trainer.accelerator.is_main_process:
@@ -260,7 +265,7 @@ def save_policy(trainer, cfg: GrpoConfig, start: StartPoint, tokenizer, plan: Ba
         size_class=cfg.size_class or start.size_class or size_label(params_b),
         steps=trainer.state.global_step, max_steps=cfg.max_steps, tokenizer=".",
         tokenizer_source=cfg.tokenizer or start.tokenizer, eos_token=tokenizer.eos_token,
-        prompt_format="Question: {question}\n",
+        task=task.name, prompt_format=f"{task.question_label}: {{question}}\n",
         mask_observations=True,  # the environment's tokens are never in the GRPO loss
         params_b=params_b, global_batch_size=cfg.rollouts_per_step, per_device_batch_size=plan.per_device,
         gradient_accumulation_steps=plan.grad_accum, num_processes=plan.num_processes,
