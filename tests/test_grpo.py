@@ -295,17 +295,17 @@ def test_observation_tokens_never_receive_gradient(world, random_student, tmp_pa
     import torch
 
     from pipeline.rl import train as rl_train
+    from pipeline.rl.plan import plan_grpo
 
     cfg = world_cfg(world, random_student, tmp_path, "questions_per_step=2", "group_size=4", "max_steps=1")
-    start = rl_train.resolve_start(cfg.student, fmt=cfg.format)
-    plan = rl_train.batch_plan(cfg, 1)
-    by_prompt, rows = rl_train.training_questions(cfg)
-    layout = rl_train.Layout(1, plan.per_device, plan.grad_accum, cfg.rollouts_per_step, "plain", len(rows))
-    trainer, tokenizer = rl_train.build_trainer(cfg, start, plan, layout, by_prompt, rows)
+    plan = plan_grpo(cfg, 1)
+    layout = rl_train.Layout(1, plan.batch.per_device, plan.batch.grad_accum, cfg.rollouts_per_step, "plain",
+                             len(plan.questions.rows))
+    trainer, tokenizer = rl_train.build_trainer(plan, layout)
     scripted = ScriptedPolicy(tokenizer, world.colour)
     trainer.rollout_func.policy = lambda _trainer: contextlib.nullcontext(scripted)
     trainer.model.train()
-    trainer.current_gradient_accumulation_steps = plan.grad_accum  # what Trainer's loop sets before a step
+    trainer.current_gradient_accumulation_steps = plan.batch.grad_accum  # what Trainer's loop sets before a step
     batch = next(iter(trainer.get_train_dataloader()))
     inputs = trainer._prepare_inputs(batch)
 
