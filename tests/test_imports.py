@@ -6,6 +6,9 @@
   `pipeline.tasks.base`, never a task's own module (`pipeline.tasks.hotpotqa...`); and one task's
   folder never imports another's (what two tasks share is in tasks/base.py).
 - No circle: no module reaches itself through the modules it imports.
+- The directions of import that never happen (NEVER): the environment imports no backend, task or
+  method; a backend no environment; training no inference backend; core/ nothing above it; the
+  report no training, backend or RL; hub/ no RL; a task no stage and no episode runner.
 
 What counts as an import: every `import` / `from ... import` statement anywhere in a file, at module
 level or inside a function (a lazy import runs too, later), under `if TYPE_CHECKING:` too. An edge
@@ -112,3 +115,26 @@ def test_the_cycle_finder_finds_a_circle_and_passes_a_line():
 def test_no_module_of_the_pipeline_reaches_itself_through_its_imports():
     found = cycles(graph())
     assert not found, "circles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+LOWER = ("pipeline.core", "pipeline.sampling")
+NEVER = {  # importer -> what it never imports
+    "pipeline.wiki": ("pipeline.llm", "pipeline.tasks", "pipeline.methods", "pipeline.agent", "pipeline.stages"),
+    "pipeline.llm": ("pipeline.wiki", "pipeline.tasks", "pipeline.methods", "pipeline.agent", "pipeline.stages"),
+    "pipeline.train": ("pipeline.llm", "pipeline.agent", "pipeline.stages"),
+    "pipeline.report": ("pipeline.train", "pipeline.llm", "pipeline.rl", "pipeline.stages"),
+    "pipeline.hub": ("pipeline.rl", "pipeline.stages"),
+    "pipeline.tasks": ("pipeline.stages", "pipeline.agent"),
+    "pipeline.core": tuple(m for m in modules() if m != "pipeline" and not m.startswith(LOWER)),
+}
+
+
+def within(module: str, part: str) -> bool:
+    return module == part or module.startswith(part + ".")
+
+
+def test_no_import_runs_in_a_direction_the_design_forbids():
+    g = graph()
+    broken = [f"{m} imports {t}" for part, never in NEVER.items() for m, targets in sorted(g.items())
+              if within(m, part) for t in sorted(targets) if any(within(t, n) for n in never)]
+    assert not broken, "\n".join(broken)
