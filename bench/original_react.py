@@ -17,9 +17,10 @@ from pipeline.agent.scheduler import BackendFactory, episode_record
 from pipeline.core.trajectory import Step, Trajectory, one_line, render
 from pipeline.llm.base import LLM, Completion, GenerationRequest
 from pipeline.methods.base import Outcome, backend_errors, completion_failure
-from pipeline.methods.interactive import env_action, split_thought_action
+from pipeline.methods.interactive import split_thought_action
 from pipeline.methods.prompts import PromptPrefix
 from pipeline.tasks import get_task
+from pipeline.wiki.actions import env_action
 from pipeline.wiki.env import WikiEnv
 
 

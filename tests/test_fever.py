@@ -1,7 +1,8 @@
 """FEVER, the second task, through the task seam: its claims, labels and accuracy (as the
 original FeverWrapper scores them), the paper's 3-shot exemplars, the offline corpus rebuilt from
 ReAct's 500 released FEVER trajectories (a real SQLite index), the replay stand-in teacher, and
-generate -> filter -> train -> eval -> plot on a tiny grid made from configs/fever.yaml.
+generate -> filter -> train -> eval -> plot on a tiny grid made from configs/fever.yaml, with a
+second self-training round.
 
     .venv/bin/python -m pytest tests/test_fever.py -q
 """
@@ -133,7 +134,7 @@ def test_a_prompted_react_episode_reads_the_papers_prompt_and_is_scored_by_accur
 def test_the_observed_corpus_answers_the_released_searches_as_they_were_answered(shared_data, fever_index):
     """Every released Search that hit hits here and every miss misses; in the clean style 452 of
     the 479 hits (94%) show the recorded text exactly (once the scraping's chrome is dropped)."""
-    from pipeline.methods.interactive import env_action
+    from pipeline.wiki.actions import env_action
     from pipeline.wiki.env import WikiEnv
     from pipeline.wiki.index import LocalIndex
     from pipeline.wiki.replay import SCRAPING_CHROME, read_trajectories
@@ -242,7 +243,8 @@ def test_the_shipped_fever_config_plans_every_unit_on_fever():
 
 def tiny_fever_grid(tmp_path: Path, shared_data: Path, base: Path) -> Path:
     """configs/fever.yaml at toy scale: the tiny student, a tiny random base model prompted with
-    the paper's exemplars, a few claims, two formats."""
+    the paper's exemplars, a few claims, two formats; and a second self-training round of ReAct,
+    round 1's student sampling 2 episodes on each of 4 bootstrap claims."""
     config = yaml.safe_load((REPO / "configs" / "fever.yaml").read_text())
     config.update(out_dir=str(tmp_path / "run"), formats=["standard", "react"])
     config["wiki"] = {"index": str(tmp_path / "fever.sqlite"), "corpus": [str(shared_data / TRAJS)]}
@@ -254,13 +256,29 @@ def tiny_fever_grid(tmp_path: Path, shared_data: Path, base: Path) -> Path:
     config["students"] = [{"name": "tiny", "config": str(REPO / "configs" / "students" / "tiny.yaml"),
                            "size_class": "tiny", "params_b": 0.0032, "train": {"max_steps": 2},
                            "prompt_model": {"backend": "transformers", "model": str(base), "name": "tiny-base"}}]
+    config["self_training"] = {"rounds": 2, "formats": ["react"], "limit": 4, "samples": 2, "temperature": 1.0}
     path = tmp_path / "fever-grid.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
 
 
+def test_a_fever_grids_rounds_generate_and_eval_fever(tmp_path, shared_data):
+    """The rounds follow the grid's task: round 2's teacher answers FEVER claims, its student is
+    evaluated on FEVER."""
+    from pipeline.core.config import build, read_yaml
+    from pipeline.stages.run import RunConfig, Student, plan
+
+    cfg = build(RunConfig, read_yaml(tiny_fever_grid(tmp_path, shared_data, tmp_path / "base")))  # planned, not run
+    units = [u for u in plan(cfg, [build(Student, s) for s in cfg.students]) if u.phase == "rounds"]
+    assert [u.title.split(" (")[0] for u in units] == ["generate", "filter", "train", "eval"]
+    generate, _, _, ev = units
+    assert (generate.config.task, ev.config.task) == ("fever", "fever")
+    assert generate.config.teacher.name == "tiny round 1 (react)" and generate.config.oracle is None
+
+
 @pytest.mark.slow
-def test_fever_runs_generate_filter_train_eval_plot_on_the_offline_corpus(tmp_path, shared_data, tiny_prompt_model):
+def test_fever_runs_generate_filter_train_eval_plot_and_a_round_on_the_offline_corpus(tmp_path, shared_data,
+                                                                                       tiny_prompt_model):
     started = time.monotonic()
     proc = run_pipeline("run", "--config", str(tiny_fever_grid(tmp_path, shared_data, tiny_prompt_model)), timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -283,4 +301,21 @@ def test_fever_runs_generate_filter_train_eval_plot_on_the_offline_corpus(tmp_pa
     assert md.startswith("# FEVER accuracy (%) by model size: offline-eval")
     assert "| paper | PaLM-540B (ReAct paper) | prompt | CoT-SC→ReAct | 64.6 |" in md
     assert (run_dir / "plot" / "figure3.png").stat().st_size > 0
+    # round 2: round 1's student samples FEVER claims, scored by accuracy; filter (data: union) keeps
+    # round 1's rows and any new right ones; the round-2 student trains and is evaluated on FEVER
+    round2 = run_dir / "rounds" / "tiny-react" / "round-2"
+    generated = json.loads((round2 / "generate" / "manifest.json").read_text())
+    assert generated["task"] == "fever" and generated["teacher"] == "tiny round 1 (react)"
+    records = read_records(round2 / "generate" / "react.jsonl")
+    assert len(records) == 4 * 2 and all(r["text"].startswith("Claim: ") for r in records)
+    assert all(r["em"] == FEVER.score(r["prediction"], r["gold_answer"]) for r in records)
+    assert json.loads((round2 / "sft" / "react" / "manifest.json").read_text())["task"] == "fever"
+    rows = read_records(round2 / "sft" / "react" / "train.jsonl")
+    assert rows and all(r["prompt"].startswith("Claim: ") for r in rows)
+    final = json.loads((tmp_path / "ckpt" / "fever" / "tiny" / "react-round2" / "final" / "manifest.json").read_text())
+    assert (final["task"], final["prompt_format"]) == ("fever", "Claim: {question}\n")
+    [row] = json.loads((run_dir / "eval" / "tiny-ft-react-round2" / "summary.json").read_text())
+    assert (row["task"], row["mode"], row["n"]) == ("fever", "finetune", 3)
+    assert (run_dir / "plot" / "rounds.md").read_text().startswith("# Self-training rounds: FEVER accuracy (%) by round")
     print(f"FEVER grid: {time.monotonic() - started:.0f} s")
+

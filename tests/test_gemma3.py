@@ -213,7 +213,7 @@ def test_without_the_package_each_stage_says_how_to_install_it_and_writes_nothin
 
 
 def test_a_card_of_a_student_trained_from_gemma3_names_the_gemma_terms(tmp_path, monkeypatch):
-    from pipeline.hub.cards import model_card
+    from pipeline.hub.cards import grpo_card, model_card
     from pipeline.hub.gguf_cache import cache_root
 
     monkeypatch.setenv("REACT_PIPELINE_CACHE", str(tmp_path / "cache"))
@@ -226,6 +226,10 @@ def test_a_card_of_a_student_trained_from_gemma3_names_the_gemma_terms(tmp_path,
     smollm2 = model_card({**manifest, "student": "smollm2-135m", "base_model": str(cache_root() / "smollm2-135m-instruct"),
                           "config": {"student": "smollm2"}}, [])
     assert "The base model's licence applies to these weights. Training data:" in smollm2
+    grpo = grpo_card({"format": "react", "student": "gemma3-270m-sft-grpo", "adapter": False,
+                      "base_model": "checkpoints/x/react/final", "config": {"student": "checkpoints/x/react/final"},
+                      "origin_model": str(cache_root() / gemma3.CACHE_DIR_NAME)}, [])
+    assert "Gemma Terms of Use" in grpo  # a GRPO policy of a Gemma-trained start: its card says so too
 
 
 @pytest.mark.slow

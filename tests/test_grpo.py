@@ -226,7 +226,7 @@ def test_start_points(world, random_student, tmp_path):
     write_manifest(lora / "manifest.json", stage="train", config={}, complete=True, student="tiny-lora",
                    format="react", adapter=True, base_model=str(random_student))
     start = resolve_start(str(lora), fmt="react")
-    assert (start.model, start.adapter) == (str(random_student), str(lora))
+    assert (start.model, start.adapter, start.origin) == (str(random_student), str(lora), str(random_student))
     write_manifest(lora / "manifest.json", stage="train", config={}, complete=True, student="tiny-lora",
                    format="react", adapter=True, base_model=str(tmp_path / "gone"))
     with pytest.raises(PipelineError, match="base model .* is missing"):
@@ -310,17 +310,17 @@ def scripted_trainer(world, student: Path, tmp_path: Path, policy_class, *overri
     """The real GRPO trainer of a one-step run (2 questions x 4 rollouts), its rollouts sampled
     by a stand-in policy, ready for one step's inputs (`trainer._prepare_inputs`)."""
     from pipeline.rl import train as rl_train
+    from pipeline.rl.plan import plan_grpo
 
     cfg = world_cfg(world, student, tmp_path, "questions_per_step=2", "group_size=4", "max_steps=1", *overrides)
-    start = rl_train.resolve_start(cfg.student, fmt=cfg.format)
-    plan = rl_train.batch_plan(cfg, 1)
-    by_prompt, rows = rl_train.training_questions(cfg)
-    layout = rl_train.Layout(1, plan.per_device, plan.grad_accum, cfg.rollouts_per_step, "plain", len(rows))
-    trainer, tokenizer = rl_train.build_trainer(cfg, start, plan, layout, by_prompt, rows)
+    plan = plan_grpo(cfg, 1)
+    layout = rl_train.Layout(1, plan.batch.per_device, plan.batch.grad_accum, cfg.rollouts_per_step, "plain",
+                             len(plan.questions.rows))
+    trainer, tokenizer = rl_train.build_trainer(plan, layout)
     policy = policy_class(tokenizer, world.colour, trainer.model, cfg.prompting.temperature)
     trainer.rollout_func.policy = lambda _trainer: contextlib.nullcontext(policy)
     trainer.model.train()
-    trainer.current_gradient_accumulation_steps = plan.grad_accum  # what Trainer's loop sets before a step
+    trainer.current_gradient_accumulation_steps = plan.batch.grad_accum  # what Trainer's loop sets before a step
     return trainer, tokenizer
 
 

@@ -17,14 +17,13 @@ from pipeline.methods.base import Outcome, completion_failure
 from pipeline.methods.build_exemplars import build, check, check_questions, load_authored
 from pipeline.methods.composed import majority
 from pipeline.methods.direct import parse_direct
-from pipeline.methods.interactive import env_action, split_thought_action
-from pipeline.methods.prompts import (
-    EXEMPLAR_DIR,
-    PAPER_KEYS,
-    load_our_exemplars,
-    load_prompt,
-    paper_prefix,
-)
+from pipeline.methods.interactive import split_thought_action
+from pipeline.methods.prompts import load_our_exemplars, load_prompt, paper_prefix
+from pipeline.tasks import get_task
+from pipeline.wiki.actions import env_action
+
+HOTPOTQA = get_task("hotpotqa")
+EXEMPLAR_DIR, PAPER_KEYS = HOTPOTQA.exemplar_dir, HOTPOTQA.paper_keys
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +68,7 @@ def test_bad_exemplar_sources_fail_with_one_line(tmp_path):
 
 def test_our_exemplars_render_six_per_format_and_reparse():
     for fmt in ("standard", "cot", "act", "react"):
-        records = load_our_exemplars(fmt)
+        records = load_our_exemplars(fmt, EXEMPLAR_DIR)
         assert len(records) == 6 and len({r["id"] for r in records}) == 6
         prefix = load_prompt(fmt, "ours")
         for rec in records:
@@ -81,7 +80,7 @@ def test_our_exemplars_render_six_per_format_and_reparse():
                 assert traj.steps[-1].action == f"Finish[{rec['gold_answer']}]"
                 assert traj.steps[-1].observation == "Episode finished, reward = 1"
     # The four formats are ablations of the same six questions.
-    ids = [[r["id"] for r in load_our_exemplars(fmt)] for fmt in ("standard", "cot", "act", "react")]
+    ids = [[r["id"] for r in load_our_exemplars(fmt, EXEMPLAR_DIR)] for fmt in ("standard", "cot", "act", "react")]
     assert ids[0] == ids[1] == ids[2] == ids[3]
 
 

@@ -18,7 +18,8 @@ from pipeline.llm.scripted import ScriptedLLM
 from pipeline.methods import MethodSettings, build_method
 from pipeline.methods.base import Outcome
 from pipeline.methods.composed import no_answer
-from pipeline.methods.prompts import NOTEBOOK_INSTRUCTION, load_prompt
+from pipeline.methods.prompts import load_prompt
+from pipeline.tasks import get_task
 from pipeline.tasks.hotpotqa.questions import Question
 from pipeline.wiki.index import LocalIndex
 
@@ -92,12 +93,13 @@ def test_a_lenient_action_is_invalid_in_the_original_environment(index_path):
 
 def test_the_paper_exemplars_come_with_the_notebook_instruction_verbatim(shared_data):
     prefix = load_prompt("react", str(shared_data / "react" / "prompts_naive.json"))
-    assert prefix.instruction == NOTEBOOK_INSTRUCTION
+    notebook = get_task("hotpotqa").paper_instruction("react")  # hotpotqa.ipynb's instruction
+    assert prefix.instruction == notebook
     # sha256 of hotpotqa.ipynb's `instruction` string, computed from the notebook itself
-    assert hashlib.sha256(NOTEBOOK_INSTRUCTION.encode()).hexdigest() == (
+    assert hashlib.sha256(notebook.encode()).hexdigest() == (
         "e876b72e2e1682222edbc4277ce1a0c32317363a0067c33f43b4dd6bdb756d85")
-    assert prefix.text.startswith(NOTEBOOK_INSTRUCTION + "\nQuestion: What is the elevation range")
-    assert load_prompt("react", "ours").instruction != NOTEBOOK_INSTRUCTION
+    assert prefix.text.startswith(notebook + "\nQuestion: What is the elevation range")
+    assert load_prompt("react", "ours").instruction != notebook
 
 
 def test_an_empty_finish_counts_as_no_answer_for_the_fallback():

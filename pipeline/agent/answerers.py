@@ -15,9 +15,9 @@ from pipeline.llm.config import LLMConfig
 from pipeline.llm.factory import load_llm
 from pipeline.methods import Method, MethodSettings, build_method, prompt_prefixes
 from pipeline.tasks import Task, get_task
-from pipeline.tasks.hotpotqa.oracle import DEFAULT_STYLE, check_style
+from pipeline.tasks.base import DEFAULT_ORACLE_STYLE, check_oracle_style
 
-ORACLE = "oracle"  # the stand-in teacher's label in records and manifests (pipeline.tasks.hotpotqa.oracle)
+ORACLE = "oracle"  # the stand-in teacher's label in records and manifests (each task's Task.oracle)
 # The LLM section of each stage config that has one answering (its teacher, or its model under test)
 MODEL_SECTIONS = ("teacher", "model")
 DEFAULT_LLM = LLMConfig()
@@ -50,9 +50,9 @@ class OracleTeacher:
 
     label = ORACLE
 
-    def __init__(self, style: str = DEFAULT_STYLE, task: Task | None = None):
-        check_style(style)
-        self.style = style  # exact | agent (pipeline.tasks.hotpotqa.oracle)
+    def __init__(self, style: str = DEFAULT_ORACLE_STYLE, task: Task | None = None):
+        check_oracle_style(style)
+        self.style = style  # exact | agent (pipeline.tasks.base.ORACLE_STYLES)
         self.task = get_task(task)
 
     def check(self, methods: list[str], settings: MethodSettings) -> dict[str, dict]:
@@ -89,7 +89,7 @@ def check_oracle(oracle: str | None, serve, llm: LLMConfig, section: str) -> Non
     (fail, not ignore); how a model would be run (its free keys: device, timeouts) is let be."""
     if oracle is None:
         return
-    check_style(oracle)
+    check_oracle_style(oracle)
     unread = [f"{section}.{k}" for k in run_keys(LLMConfig) if getattr(llm, k) != getattr(DEFAULT_LLM, k)]
     if serve is not None or unread:
         what = "`serve:`" if serve is not None else ", ".join(unread)
@@ -108,7 +108,7 @@ def upgrade_oracle(config: dict) -> dict:
     config, oracle = dict(config), None
     for key in sections:
         section = dict(config[key])
-        style = section.pop("oracle_style", DEFAULT_STYLE)
+        style = section.pop("oracle_style", DEFAULT_ORACLE_STYLE)
         if section.get("backend") == ORACLE:
             section["backend"], oracle = DEFAULT_LLM.backend, style
         config[key] = section

@@ -1,13 +1,14 @@
 """Cards: the text that makes a fine-tuned model or an SFT dataset reusable by someone else.
 
-    model_card(manifest, eval_rows)      # README.md of a fine-tuned `final/` (train, run, publish)
+    model_card(manifest, eval_rows)      # README.md of a fine-tuned `final/` (train, grpo, run, publish)
     dataset_card(folders)                # README.md of a published SFT dataset (publish)
 
 A model card holds the Hugging Face metadata block (base model, library, licence note, tags), how
 the model decodes (our zero-shot format), its training config, where its data came from (teacher,
 method, counts, filter rule), and its EM / F1 table from our eval summaries. `train` writes it
 into every `final/` (no eval yet), `run` rewrites it once that model is evaluated, and
-`publish` writes the same text into the folder it uploads.
+`publish` writes the same text into the folder it uploads. A GRPO `final/` (its manifest's stage
+is grpo) gets `grpo_card`: where the policy started, its rollouts and reward instead of a dataset.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from pipeline.core.storage import atomic_write_text, read_manifest
 from pipeline.hub.models import licence_of
 from pipeline.tasks import Task, get_task, task_of
 
-HOTPOTQA = "HotpotQA (Yang et al. 2018): questions and answers, CC BY-SA 4.0"  # = its Task.data_line()
 WIKIPEDIA = "Wikipedia (2017 text via HotpotQA, or the live API): observation text, CC BY-SA"
 FIREACT_DATA = ("FireAct's released GPT-4 trajectories (github.com/anchen1011/FireAct, MIT): observations are "
                 "Google search snippets, kept verbatim; their own terms apply to that text")
@@ -145,8 +145,6 @@ def _size_category(n: int) -> str:
 def model_card(manifest: dict, eval_rows: list[dict]) -> str:
     """The card of one of our fine-tuned `final/` folders, from its manifest and eval rows."""
     if manifest.get("stage") == "grpo":  # trained in the environment, not on trajectories
-        from pipeline.rl.card import grpo_card
-
         return grpo_card(manifest, eval_rows)
     cfg = manifest.get("config") or {}
     task = get_task(task_of(manifest))
@@ -194,15 +192,64 @@ def model_card(manifest: dict, eval_rows: list[dict]) -> str:
         lines.append(f"- Selection: {data['rule']}.")
     else:
         lines.append("- The dataset folder is not beside this model any more: teacher and selection unknown.")
-    # an embedded base model's own terms (Gemma's) are named: they bind every model trained from it
-    terms = licence_of(cfg.get("student")) or licence_of(str(base) if base else None)
-    lines += ["", "## Licence", "",
-              ("The base model's licence applies to these weights" + (f": the {terms}" if terms else "")
-               + f". Training data: {task.data_line()}; {WIKIPEDIA}"
-              + (f"; {FIREACT_DATA}" if data and data["fireact"] else "") + "."), "",
-              "<details><summary>Full training config</summary>", "", "```json",
+    lines += ["", "## Licence", "", licence_line([cfg.get("student"), base], task, fireact=bool(data and data["fireact"])),
+              "", "<details><summary>Full training config</summary>", "", "```json",
               json.dumps(cfg, indent=2, sort_keys=True, default=str), "```", "", "</details>", ""]
     return "\n".join(lines)
+
+
+def grpo_card(manifest: dict, eval_rows: list[dict]) -> str:
+    """The card of a GRPO `final/` (the manifest pipeline.rl.train writes): the policy acted in the
+    environment, rewarded by its task's metric."""
+    cfg = manifest.get("config") or {}
+    task = get_task(task_of(manifest))
+    fmt = manifest.get("format", "react")
+    start = manifest.get("start") or {}
+    grpo = manifest.get("grpo") or {}
+    adapter = bool(manifest.get("adapter"))
+    base = manifest.get("base_model")
+    meta = {"base_model": None, "library_name": "peft" if adapter else "transformers",
+            "pipeline_tag": "text-generation", "license": "other",
+            "datasets": [task.hub_dataset] if task.hub_dataset else [],
+            "tags": ["react", "agents", task.name, "grpo", f"format:{fmt}"]}
+    lines = [front_matter(meta),
+             f"# {manifest.get('student', 'student')}: GRPO in the {task.title} Wikipedia environment ({fmt})", "",
+             f"{'A LoRA adapter on' if adapter else 'A full model, from'} `{base}`, trained by react-finetune-pipeline "
+             f"with GRPO (TRL's GRPOTrainer): the policy acted in the Wikipedia environment in the `{fmt}` loop, "
+             f"{grpo.get('group_size')} rollouts per question, rewarded by the task's metric ({task.metric_label}); "
+             "the environment's observations were never in the loss.", "",
+             f"Started from {start.get('kind')} `{start.get('checkpoint')}`.", "",
+             "## How it decodes", "",
+             f"Zero-shot, in the `{fmt}` format (the prompt is `{task.question_label}: "
+             f"<{task.question_label.lower()}>\\n`), as a fine-tuned student:", "",
+             f"    python -m pipeline eval finetuned=<this folder> methods=[{fmt}]", "",
+             "## Results (our eval)", ""]
+    lines += results_table(eval_rows)
+    settings = [("start", start.get("checkpoint")), ("fine-tuning", manifest.get("finetuning")),
+                ("steps", f"{manifest.get('steps')} of {manifest.get('max_steps')}"),
+                ("rollouts per step", f"{manifest.get('global_batch_size')} = {grpo.get('questions_per_step')} "
+                 f"questions x {grpo.get('group_size')}"),
+                ("reward weights", json.dumps(grpo.get("reward_weights"))),
+                ("mean reward, first / last 5 steps", f"{grpo.get('reward_first_steps')} / {grpo.get('reward_last_steps')}"),
+                ("training questions", (manifest.get("dataset") or {}).get("questions")),
+                ("learning rate", cfg.get("learning_rate")), ("KL beta", grpo.get("beta")),
+                ("loss", grpo.get("loss_type")), ("sampling temperature", grpo.get("temperature")),
+                ("precision", manifest.get("precision")), ("seed", cfg.get("seed")),
+                ("wall time (s)", manifest.get("seconds")), ("parameters (B)", manifest.get("params_b")),
+                ("code", f"git {manifest.get('git_commit')}")]
+    lines += ["", "## Training", "", "| setting | value |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in settings if v is not None]
+    lines += ["", "## Licence", "", licence_line([cfg.get("student"), manifest.get("origin_model"), base], task), "", "<details><summary>Full training config</summary>", "",
+              "```json", json.dumps(cfg, indent=2, sort_keys=True, default=str), "```", "", "</details>", ""]
+    return "\n".join(lines)
+
+
+def licence_line(models: list, task, fireact: bool = False) -> str:
+    """The card's licence sentence. An embedded base model's own terms (Gemma's) are named: they
+    bind every model trained from it, by SFT or GRPO."""
+    terms = next((t for t in (licence_of(str(m)) for m in models if m) if t), None)
+    return ("The base model's licence applies to these weights" + (f": the {terms}" if terms else "")
+            + f". Training data: {task.data_line()}; {WIKIPEDIA}" + (f"; {FIREACT_DATA}" if fireact else "") + ".")
 
 
 def results_table(rows: list[dict]) -> list[str]:

@@ -33,7 +33,7 @@ from pathlib import Path
 from pipeline.core.errors import PipelineError
 from pipeline.core.storage import atomic_write_json, atomic_write_text
 from pipeline.core.trajectory import Step, Trajectory, render
-from pipeline.tasks.hotpotqa.metric import exact_match, f1_score
+from pipeline.tasks import get_task
 
 TEACHER = "gpt-4 (FireAct release)"
 OBSERVATION_SOURCE = (
@@ -327,17 +327,19 @@ def read_fireact_eval_run(path: str | Path, *, question_set: str = "react-dev500
     if not isinstance(run, dict) or not run:
         raise PipelineError(f"{path}: expected a non-empty JSON object keyed by dev index (FireAct trajs/)")
     model, size_class, params_b = fireact_run_model(path.stem)
+    hotpotqa = get_task("hotpotqa")  # FireAct's runs answer HotpotQA's dev questions
     ems, f1s, finished, steps = [], [], 0, []
     for key, record in run.items():
         for name in ("em", "pred", "gt", "traj"):
             if name not in record:
                 raise PipelineError(f"{path}: record {key} lacks '{name}'")
-        em = exact_match(record["pred"], record["gt"])
+        scores = hotpotqa.scores(record["pred"], record["gt"])
+        em = scores["em"]
         if em != float(bool(record["em"])):
             raise PipelineError(f"{path}: record {key}: recomputed EM {em} differs from FireAct's {record['em']} "
                                 f"(pred {record['pred']!r}, gt {record['gt']!r})")
         ems.append(em)
-        f1s.append(f1_score(record["pred"], record["gt"]))
+        f1s.append(scores["f1"])
         text = record["traj"] if isinstance(record["traj"], str) else json.dumps(record["traj"])
         actions = re.findall(r"Action(?: \d+)?: (\w+)\[", text)
         steps.append(len(actions))

@@ -20,10 +20,13 @@ from pathlib import Path
 from pipeline.core.errors import PipelineError
 from pipeline.core.storage import atomic_write_json
 from pipeline.core.trajectory import FORMATS, Step, Trajectory, one_line
-from pipeline.methods.prompts import EXEMPLAR_DIR, our_exemplar_file
+from pipeline.methods.prompts import our_exemplar_file
+from pipeline.tasks import get_task
 from pipeline.wiki.backend import WikiBackend
 from pipeline.wiki.env import WikiEnv
 
+HOTPOTQA = get_task("hotpotqa")  # the task our exemplars are written for (its exemplar_dir holds them)
+EXEMPLAR_DIR = HOTPOTQA.exemplar_dir
 AUTHORED = EXEMPLAR_DIR / "authored.json"
 
 
@@ -36,9 +39,7 @@ def load_authored(path: Path = AUTHORED) -> list[dict]:
 
 def replay(item: dict, backend: WikiBackend) -> Trajectory:
     """The ReAct trajectory of one authored exemplar, with observations from the environment."""
-    from pipeline.tasks import get_task
-
-    env = WikiEnv(backend, max_steps=len(item["react"]), score=get_task("hotpotqa").scores)
+    env = WikiEnv(backend, max_steps=len(item["react"]), score=HOTPOTQA.scores)
     env.reset(item["question"], item["answer"])
     traj = Trajectory(item["question"], "react")
     for step in item["react"]:
@@ -80,9 +81,7 @@ def check(backend: WikiBackend, directory: Path = EXEMPLAR_DIR, authored: list[d
 
 def check_questions(authored: list[dict], question_set: str = "offline-bootstrap") -> list[str]:
     """Each exemplar must be a question of the bootstrap pool, with the same text and answer."""
-    from pipeline.tasks.hotpotqa.questions import load_question_set
-
-    by_id = {q.id: q for q in load_question_set(question_set)}
+    by_id = {q.id: q for q in HOTPOTQA.load_questions(question_set)}
     problems = []
     for item in authored:
         q = by_id.get(item["id"])
@@ -106,8 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         problems = check_questions(authored)
         if args.write:
             for fmt, records in build(backend, authored).items():
-                atomic_write_json(our_exemplar_file(fmt), records)
-                print(f"wrote {our_exemplar_file(fmt)} ({len(records)} exemplars)")
+                atomic_write_json(our_exemplar_file(fmt, EXEMPLAR_DIR), records)
+                print(f"wrote {our_exemplar_file(fmt, EXEMPLAR_DIR)} ({len(records)} exemplars)")
         problems += check(backend, EXEMPLAR_DIR, authored)
     except PipelineError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -41,6 +41,7 @@ from pipeline.methods.base import (
 )
 from pipeline.methods.prompts import PromptPrefix
 from pipeline.tasks import Task
+from pipeline.wiki.actions import env_action
 
 
 def split_thought_action(text: str, i: int) -> tuple[str, str | None]:
@@ -54,11 +55,6 @@ def split_thought_action(text: str, i: int) -> tuple[str, str | None]:
 
 def first_line(text: str) -> str:
     return text.strip().split("\n")[0].strip()
-
-
-def env_action(action: str) -> str:
-    """The original loop's `action[0].lower() + action[1:]`."""
-    return action[0].lower() + action[1:] if action else action
 
 
 class Interactive:

@@ -24,10 +24,6 @@ from pipeline.core.storage import read_json
 from pipeline.core.trajectory import FORMATS, Trajectory, render
 from pipeline.tasks import Task
 
-# HotpotQA's (the default task's) under their old names: our exemplars' folder, the keys of the
-# paper's, the instructions that precede them.
-from pipeline.tasks.hotpotqa import EXEMPLAR_DIR, INSTRUCTIONS, NOTEBOOK_INSTRUCTION, PAPER_KEYS  # noqa: F401
-
 
 @dataclass(frozen=True)
 class PromptPrefix:
@@ -49,12 +45,13 @@ def zero_shot(fmt: str) -> PromptPrefix:
     return PromptPrefix(fmt, "", "", "none")
 
 
-def our_exemplar_file(fmt: str, directory: Path = EXEMPLAR_DIR) -> Path:
+def our_exemplar_file(fmt: str, directory: Path) -> Path:
     return Path(directory) / f"{fmt}.json"
 
 
-def load_our_exemplars(fmt: str, directory: str | Path = EXEMPLAR_DIR) -> list[dict]:
-    """Our exemplar records: {id, gold_answer, trajectory (Trajectory.to_dict())}."""
+def load_our_exemplars(fmt: str, directory: str | Path) -> list[dict]:
+    """Our exemplar records in `directory` (a task's `exemplar_dir`): {id, gold_answer, trajectory
+    (Trajectory.to_dict())}."""
     _check_format(fmt)
     path = our_exemplar_file(fmt, Path(directory))
     if not path.is_file():

@@ -28,8 +28,8 @@ RL_FORMATS = ("react", "act")  # the interactive loops: one policy turn per envi
 class RewardSettings:
     """Weights of the reward's terms (their weighted sum is the reward; each is logged)."""
 
-    em: float = 1.0  # exact match of the Finish[...] answer with the gold answer (the task's metric)
-    f1: float = 0.0  # token F1 of the answer with the gold answer
+    em: float = 1.0  # the task's correctness of the Finish[...] answer: HotpotQA's exact match, FEVER's accuracy
+    f1: float = 0.0  # the task's partial credit: HotpotQA's token F1 (FEVER's is its accuracy: no partial credit)
     format: float = 0.0  # 1 when the episode ended with Finish[...] (any answer), else 0
 
 
@@ -72,7 +72,8 @@ class GrpoConfig:
     trust_remote_code: bool = False
     size_class: str | None = None  # e.g. 135m, 8b; default: the start's (its manifest, the registry, its config)
     format: str = "react"  # react | act: the loop the policy acts in (a fine-tuned start must have learned it)
-    questions: str = "offline-bootstrap"  # training questions (a question set or file); eval's stay apart
+    task: str = "hotpotqa"  # hotpotqa | fever (pipeline.tasks): the training questions, the question line, the reward's metric
+    questions: str = "offline-bootstrap"  # training questions: a question set of the task, or a file; eval's stay apart
     limit: int | None = None
     wiki: WikiConfig = field(default_factory=WikiConfig)
     prompting: RolloutPrompting = field(default_factory=RolloutPrompting)  # max_steps (7 on HotpotQA), max_new_tokens, loop, temperature
@@ -124,7 +125,9 @@ def resolve(cfg: GrpoConfig) -> GrpoConfig:
     """Check values and fill the defaults that depend on other keys; the start's label comes
     from the start itself (pipeline.rl.start), so a final/ of ours names its GRPO heir."""
     from pipeline.rl.start import start_label
+    from pipeline.tasks import get_task
 
+    get_task(cfg.task)  # an unknown task: one line naming the known ones
     if cfg.format not in RL_FORMATS:
         raise PipelineError(f"format: GRPO runs the interactive loops {', '.join(RL_FORMATS)}, not '{cfg.format}'")
     if cfg.prompting.style != "zero_shot":

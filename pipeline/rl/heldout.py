@@ -30,7 +30,7 @@ class HeldoutSettings:
     """The held-out curve: off unless `every` is set."""
 
     every: int = 0  # optimizer steps between points; 0 = no held-out curve
-    questions: str = "offline-eval"  # a question set or file, apart from the training questions
+    questions: str = "offline-eval"  # a set of the task's (or a file), apart from the training questions
     limit: int = 50  # the first N questions: a few minutes of greedy episodes per point on a CPU
 
 

@@ -29,6 +29,7 @@ class StartPoint:
     size_class: str | None
     kind: str  # base | ours | released
     trained_format: str | None  # what the start was fine-tuned to decode (None: a base model)
+    origin: str | None = None  # the pretrained model at the root of its lineage (whose licence binds it)
 
 
 def is_ours(student: str) -> bool:
@@ -63,7 +64,8 @@ def resolve_start(student: str, *, fmt: str, base_model: str | None = None, size
     if student != SMOLLM2 and looks_like_path(student) and not folder.is_dir():
         raise PipelineError(f"student: {student} not found; give a final/ of ours (e.g. from `train`), a model or "
                             f"adapter folder, a hub id, or '{SMOLLM2}'")
-    return StartPoint(resolve_model_path(student), None, student, model_label(student), size_class, "base", None)
+    model = resolve_model_path(student)
+    return StartPoint(model, None, student, model_label(student), size_class, "base", None, model)
 
 
 def _ours(final: Path, fmt: str) -> StartPoint:
@@ -80,8 +82,9 @@ def _ours(final: Path, fmt: str) -> StartPoint:
         if not model or looks_like_path(model) and not Path(model).expanduser().exists():
             raise PipelineError(f"{final} is a LoRA adapter whose base model '{model}' is missing; restore it "
                                 "(or edit base_model in its manifest.json)")
+    origin = manifest.get("origin_model") or manifest.get("base_model")  # a GRPO final's, or an SFT final's base
     return StartPoint(model, adapter, str(final), str(manifest.get("student") or final.name),
-                      manifest.get("size_class"), "ours", trained)
+                      manifest.get("size_class"), "ours", trained, origin)
 
 
 def _released(student: str, fmt: str, base_model: str | None, size_class: str | None) -> StartPoint:
@@ -96,4 +99,4 @@ def _released(student: str, fmt: str, base_model: str | None, size_class: str | 
     ckpt = resolve_finetuned(student, format=fmt, base_model=base_model, size_class=size_class, key="student")
     own_tokenizer = ckpt.adapter and (Path(ckpt.adapter) / "tokenizer_config.json").is_file()
     return StartPoint(ckpt.model, ckpt.adapter, ckpt.adapter if own_tokenizer else ckpt.model,
-                      model_label(student), ckpt.size_class, "released", ckpt.trained_format)
+                      model_label(student), ckpt.size_class, "released", ckpt.trained_format, ckpt.model)

@@ -4,9 +4,11 @@
         --config configs/grpo/smollm2-135m.yaml student=checkpoints/small/smollm2-135m/react/final
     python -m pipeline grpo --config ...          # picks the accelerate config and launches this
 
-Each optimizer step: `questions_per_step` training questions, `group_size` rollouts of each
+The run is resolved once into a plan (pipeline.rl.plan: task, batch split, start point, training
+questions), handed to the trainer's builder and to the final save. Each optimizer step:
+`questions_per_step` training questions, `group_size` rollouts of each
 (pipeline.rl.rollout: the project's ReAct / Act loop, sampled from the current policy), the
-reward of each from the task's metric (pipeline.rl.reward), TRL's group-relative advantages and
+reward of each from the task's metric (`task:`, pipeline.rl.reward), TRL's group-relative advantages and
 clipped policy-gradient loss over the policy's own tokens (observations masked by `env_mask`).
 Checkpoints go to <output_dir>/checkpoint-N (a re-launch resumes the latest complete one, with
 the same rollouts: their sampling is seeded by step); the policy, its manifest (the fields `eval`
@@ -18,14 +20,14 @@ from __future__ import annotations
 import math
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.core.config import to_dict
 from pipeline.core.errors import PipelineError
 from pipeline.core.storage import read_manifest
 from pipeline.rl.config import GrpoConfig, check_rollout_strategy, resolve
-from pipeline.rl.start import StartPoint, resolve_start
+from pipeline.rl.plan import BatchPlan, RlPlan, plan_grpo
+from pipeline.rl.start import StartPoint
 from pipeline.train.checkpoints import choose_resume, set_aside_incomplete
 from pipeline.train.checks import Layout, layout_callback, saved_layout
 from pipeline.train.config import FINAL_DIR, FinetuneConfig
@@ -37,41 +39,7 @@ from pipeline.train.model import load_student, peft_config
 from pipeline.train.plan import TrainPlan, plan_training
 from pipeline.train.run import check_launch
 from pipeline.train.script import script_main
-from pipeline.train.sft import split_batch
 from pipeline.train.trainer import checkpointing_arguments, device_arguments
-
-
-@dataclass
-class BatchPlan:
-    """rollouts per step = per_device x accumulation x processes (one generation per step)."""
-
-    per_device: int
-    grad_accum: int
-    num_processes: int
-
-
-def batch_plan(cfg: GrpoConfig, num_processes: int) -> BatchPlan:
-    if cfg.rollouts_per_step % num_processes:
-        raise PipelineError(f"{cfg.rollouts_per_step} rollouts per step (questions_per_step x group_size) do not divide "
-                            f"over {num_processes} processes; make questions_per_step x group_size a multiple of "
-                            f"{num_processes}")
-    per_device, accum = split_batch(cfg.rollouts_per_step, num_processes, cfg.per_device_batch_size,
-                                    cfg.max_per_device_batch_size)
-    return BatchPlan(per_device, accum, num_processes)
-
-
-def student_settings(cfg: GrpoConfig, start: StartPoint) -> FinetuneConfig:
-    """The student keys `train` and `grpo` share, as a FinetuneConfig, so the student is
-    loaded, wrapped, checked and planned (pipeline.train.plan) by the same functions as an SFT
-    student. Its batch keys are the rollouts' (padded: no micro-batch cap), so the plan's batch
-    split is batch_plan's."""
-    return FinetuneConfig(student=start.model, tokenizer=cfg.tokenizer or start.tokenizer,
-                          trust_remote_code=cfg.trust_remote_code, finetuning=cfg.finetuning, lora=cfg.lora,
-                          precision=cfg.precision, attn_implementation=cfg.attn_implementation,
-                          gradient_checkpointing=cfg.gradient_checkpointing, optim=cfg.optim, seed=cfg.seed,
-                          deepspeed_on_cpu=cfg.deepspeed_on_cpu, global_batch_size=cfg.rollouts_per_step,
-                          per_device_batch_size=cfg.per_device_batch_size,
-                          max_per_device_batch_size=cfg.max_per_device_batch_size, batching="padded")
 
 
 def load_policy(ft: FinetuneConfig, train_plan: TrainPlan, start: StartPoint, tokenizer):
@@ -84,24 +52,6 @@ def load_policy(ft: FinetuneConfig, train_plan: TrainPlan, start: StartPoint, to
 
     model = PeftModel.from_pretrained(model, start.adapter, is_trainable=ft.finetuning == "lora")
     return (model, None) if ft.finetuning == "lora" else (model.merge_and_unload(), None)
-
-
-def training_questions(cfg: GrpoConfig) -> tuple[dict, list[dict]]:
-    """({prompt: question}, dataset rows). TRL hands the rollout function prompts only, so the
-    prompt names the question: a question whose text repeats an earlier one's is left out."""
-    from pipeline.core.trajectory import question_line
-    from pipeline.methods import prompt_prefixes
-    from pipeline.tasks.hotpotqa.questions import load_question_set
-
-    prefix = prompt_prefixes(cfg.format, cfg.prompting)[cfg.format].text
-    by_prompt: dict = {}
-    for q in load_question_set(cfg.questions, limit=cfg.limit):
-        by_prompt.setdefault(prefix + question_line(q.question), q)
-    if len(by_prompt) < cfg.questions_per_step:
-        raise PipelineError(f"questions: {cfg.questions} has {len(by_prompt)} distinct questions, fewer than "
-                            f"questions_per_step={cfg.questions_per_step}; use more questions or fewer per step")
-    rows = [{"prompt": p, "answer": q.answer, "question_id": str(q.id)} for p, q in by_prompt.items()]
-    return by_prompt, rows
 
 
 def grpo_arguments(cfg: GrpoConfig, plan: BatchPlan, train_plan: TrainPlan):
@@ -152,8 +102,7 @@ def grpo_trainer_class():
     return PipelineGRPOTrainer
 
 
-def build_trainer(cfg: GrpoConfig, start: StartPoint, plan: BatchPlan, layout: Layout, by_prompt: dict,
-                  rows: list[dict], train_plan: TrainPlan | None = None):
+def build_trainer(plan: RlPlan, layout: Layout, train_plan: TrainPlan | None = None):
     """The GRPO trainer of this run; `train_plan` (default: this process's) is the student's plan."""
     import torch
     from datasets import Dataset
@@ -163,25 +112,26 @@ def build_trainer(cfg: GrpoConfig, start: StartPoint, plan: BatchPlan, layout: L
     from pipeline.rl.rollout import Rollouts
     from pipeline.rl.throughput import RolloutThroughput
 
-    ft = student_settings(cfg, start)
+    cfg, ft = plan.cfg, plan.student
     train_plan = plan_training(ft) if train_plan is None else train_plan
     tokenizer = load_tokenizer(ft)
     # The arguments first: under DeepSpeed ZeRO-3 they register the DeepSpeed config that makes
     # from_pretrained partition the policy as it loads (zero.Init) instead of each rank holding all of it
     # (TrainingArguments' __post_init__; the SFT trainer builds them first too). Kept alive: transformers
     # holds that config by a weak reference.
-    args = grpo_arguments(cfg, plan, train_plan)
-    model, peft = load_policy(ft, train_plan, start, tokenizer)
+    args = grpo_arguments(cfg, plan.batch, train_plan)
+    model, peft = load_policy(ft, train_plan, plan.start, tokenizer)
     if train_plan.launch.strategy == "zero3" and train_plan.launch.rank0:
         print(f"[grpo] ZeRO-3: {partition_line(model)}")
     backend = open_environment(cfg)
-    rollouts = Rollouts(by_prompt, build_method(cfg.format, cfg.prompting), backend, seed=cfg.seed,
+    rollouts = Rollouts(plan.questions.by_prompt, build_method(cfg.format, cfg.prompting, plan.task), backend,
+                        seed=cfg.seed,
                         max_batch_size=cfg.rollout.max_batch_size, max_context=cfg.rollout.max_context,
                         engine=cfg.rollout.engine,
                         log_dir=cfg.output_dir / "rollouts" if cfg.log_rollouts else None)
-    trainer = grpo_trainer_class()(model=model, reward_funcs=reward_functions(),
+    trainer = grpo_trainer_class()(model=model, reward_funcs=reward_functions(plan.task),
                                    args=args,
-                                   train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
+                                   train_dataset=Dataset.from_list(plan.questions.rows), processing_class=tokenizer,
                                    peft_config=peft, rollout_func=rollouts, callbacks=[layout_callback(layout)])
     from pipeline.train.flops import peak_tflops
 
@@ -192,20 +142,20 @@ def build_trainer(cfg: GrpoConfig, start: StartPoint, plan: BatchPlan, layout: L
     trainer.add_callback(trainer.throughput.callback())
     rollouts.on_counts = trainer.throughput.add
     if cfg.heldout.every:
-        trainer.add_callback(heldout_callback(trainer, cfg, backend))
+        trainer.add_callback(heldout_callback(trainer, plan, backend))
     return trainer, tokenizer
 
 
-def heldout_callback(trainer, cfg: GrpoConfig, backend):
-    """The held-out curve's callback (pipeline.rl.heldout): its questions, and the loop greedy."""
+def heldout_callback(trainer, plan: RlPlan, backend):
+    """The held-out curve's callback (pipeline.rl.heldout): the task's questions, the loop greedy."""
     from dataclasses import replace
 
     from pipeline.methods import build_method
     from pipeline.rl import heldout
-    from pipeline.tasks.hotpotqa.questions import load_question_set
 
-    questions = load_question_set(cfg.heldout.questions, limit=cfg.heldout.limit)
-    method = build_method(cfg.format, replace(cfg.prompting, temperature=0.0))
+    cfg = plan.cfg
+    questions = plan.task.load_questions(cfg.heldout.questions, limit=cfg.heldout.limit)
+    method = build_method(cfg.format, replace(cfg.prompting, temperature=0.0), plan.task)
     return heldout.heldout_callback(trainer, cfg.heldout, questions, method, backend, cfg.rollout.max_batch_size,
                                     cfg.output_dir)
 
@@ -265,32 +215,30 @@ def run(cfg: GrpoConfig) -> dict:
     """Train (or resume) and save the final policy; returns the final manifest."""
     cfg = resolve(cfg)
     deepspeed = settle_deepspeed_config()  # before anything reads the launch's strategy (SFT's run does the same)
-    start = resolve_start(cfg.student, fmt=cfg.format, base_model=cfg.base_model, size_class=cfg.size_class)
-    ft = student_settings(cfg, start)
+    launch = Launch.from_env()
+    plan = plan_grpo(cfg, launch.world_size)  # the batch split first: its refusal names the rollouts
     final = cfg.output_dir / FINAL_DIR
     done = read_manifest(final / "manifest.json") if final.is_dir() else None
-    launch = Launch.from_env()
-    plan = batch_plan(cfg, launch.world_size)  # before the plan: its refusal names the rollouts
-    train_plan = plan_training(ft, launch, deepspeed=deepspeed)
+    train_plan = plan_training(plan.student, launch, deepspeed=deepspeed)
     check_same_precision(done, train_plan.precision.precision, final)
     if done and done.get("complete") and done.get("steps") == cfg.max_steps:
         print(f"[grpo] {final} is already complete ({cfg.max_steps} steps); nothing to do")
         return done
-    check_launch(ft, train_plan)
+    check_launch(plan.student, train_plan)
     check_rollout_strategy(cfg.rollout.engine, launch.strategy)
-    by_prompt, rows = training_questions(cfg)
-    layout = Layout(plan.num_processes, plan.per_device, plan.grad_accum, cfg.rollouts_per_step, launch.strategy,
+    batch, rows = plan.batch, plan.questions.rows
+    layout = Layout(batch.num_processes, batch.per_device, batch.grad_accum, cfg.rollouts_per_step, launch.strategy,
                     len(rows))
     rank0 = launch.rank0
     if rank0:
         print(train_plan.precision.line("training"))
         if deepspeed:
             print(deepspeed_line(*deepspeed).replace("[finetune]", "[grpo]"))
-        print(f"[grpo] {cfg.format} from {start.kind} {cfg.student}: {cfg.questions_per_step} questions x "
-              f"{cfg.group_size} rollouts = {cfg.rollouts_per_step} per step = {plan.per_device} per device x "
-              f"{plan.grad_accum} accumulation x {plan.num_processes} processes; {cfg.max_steps} steps; "
+        print(f"[grpo] {cfg.format} on {plan.task.title} from {plan.start.kind} {cfg.student}: {cfg.questions_per_step} "
+              f"questions x {cfg.group_size} rollouts = {cfg.rollouts_per_step} per step = {batch.per_device} per "
+              f"device x {batch.grad_accum} accumulation x {batch.num_processes} processes; {cfg.max_steps} steps; "
               f"output {cfg.output_dir}")
-    trainer, tokenizer = build_trainer(cfg, start, plan, layout, by_prompt, rows, train_plan)
+    trainer, tokenizer = build_trainer(plan, layout, train_plan)
     if rank0:
         for path, why in set_aside_incomplete(cfg.output_dir):
             print(f"[grpo] set aside an incomplete checkpoint: {path} ({why})")
@@ -301,15 +249,15 @@ def run(cfg: GrpoConfig) -> dict:
         print(f"[grpo] {line}")
     started = time.time()
     result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
-    return save_policy(trainer, cfg, start, tokenizer, plan, train_plan, len(rows), result, started)
+    return save_policy(trainer, plan, tokenizer, train_plan, result, started)
 
 
-def save_policy(trainer, cfg: GrpoConfig, start: StartPoint, tokenizer, plan: BatchPlan, train_plan: TrainPlan,
-                n_questions: int, result, started: float) -> dict:
+def save_policy(trainer, plan: RlPlan, tokenizer, train_plan: TrainPlan, result, started: float) -> dict:
+    from pipeline.hub.cards import model_card
     from pipeline.hub.models import size_label
-    from pipeline.rl.card import grpo_card
     from pipeline.rl.curve import reward_curve, write_curve
 
+    cfg, start, task, batch = plan.cfg, plan.start, plan.task, plan.batch
     params_b = model_params_b(trainer)
     curve = reward_curve(trainer.state.log_history)
     if trainer.accelerator.is_main_process:
@@ -320,13 +268,14 @@ def save_policy(trainer, cfg: GrpoConfig, start: StartPoint, tokenizer, plan: Ba
         size_class=cfg.size_class or start.size_class or size_label(params_b),
         steps=trainer.state.global_step, max_steps=cfg.max_steps, tokenizer=".",
         tokenizer_source=cfg.tokenizer or start.tokenizer, eos_token=tokenizer.eos_token,
-        prompt_format="Question: {question}\n",
+        task=task.name, prompt_format=f"{task.question_label}: {{question}}\n",
         mask_observations=True,  # the environment's tokens are never in the GRPO loss
-        params_b=params_b, global_batch_size=cfg.rollouts_per_step, per_device_batch_size=plan.per_device,
-        gradient_accumulation_steps=plan.grad_accum, num_processes=plan.num_processes,
-        dataset={"questions": cfg.questions, "limit": cfg.limit, "distinct_questions": n_questions},
+        params_b=params_b, global_batch_size=cfg.rollouts_per_step, per_device_batch_size=batch.per_device,
+        gradient_accumulation_steps=batch.grad_accum, num_processes=batch.num_processes,
+        dataset={"questions": cfg.questions, "limit": cfg.limit, "distinct_questions": len(plan.questions.rows)},
         train_loss=getattr(result, "training_loss", None), seconds=round(time.time() - started, 1),
         precision=train_plan.precision.precision,
+        origin_model=start.origin,  # the lineage's pretrained root: its licence binds this policy (hub/cards.py)
         start={"checkpoint": cfg.student, "kind": start.kind, "trained_format": start.trained_format,
                "model": start.model, "adapter": start.adapter},
         grpo={"group_size": cfg.group_size, "questions_per_step": cfg.questions_per_step,
@@ -334,7 +283,7 @@ def save_policy(trainer, cfg: GrpoConfig, start: StartPoint, tokenizer, plan: Ba
               "temperature": cfg.prompting.temperature, "max_steps_per_episode": cfg.prompting.max_steps,
               "reward_first_steps": curve.mean_reward(first=True), "reward_last_steps": curve.mean_reward(first=False)},
     )
-    return write_final(trainer, cfg, train_plan, tokenizer, "grpo", fields, lambda manifest: grpo_card(manifest, []),
+    return write_final(trainer, cfg, train_plan, tokenizer, "grpo", fields, lambda manifest: model_card(manifest, []),
                        label="grpo")
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from pipeline.core.config import add_config_arguments, read_yaml, stage_config
 from pipeline.rl.config import GrpoConfig, check_rollout_strategy, resolve
+from pipeline.rl.plan import RlPlan
 from pipeline.train.deepspeed_setup import check_deepspeed_device
 from pipeline.train.launcher import (
     Machines,
@@ -55,7 +56,7 @@ def grpo(cfg: GrpoConfig, *, accelerate_config: str | None = None, num_processes
          dry_run: bool = False, machines: Machines | None = None) -> int:
     """Launch pipeline.rl.train under accelerate with the resolved `cfg`; return the exit code
     (a `run` phase would call this per student, after `train`)."""
-    from pipeline.rl.train import batch_plan
+    from pipeline.rl.plan import plan_grpo
 
     machines = machines_from() if machines is None else machines
     gpus = gpu_count()
@@ -65,13 +66,13 @@ def grpo(cfg: GrpoConfig, *, accelerate_config: str | None = None, num_processes
     distributed = read_yaml(config_path).get("distributed_type")
     check_deepspeed_device(distributed == "DEEPSPEED", gpus > 0, cfg.deepspeed_on_cpu, world)  # before 8 CPU processes start
     check_rollout_strategy(cfg.rollout.engine, "fsdp" if distributed == "FSDP" else "other")
-    plan = batch_plan(cfg, world)
+    plan = plan_grpo(cfg, world)  # the launched script resolves the same plan from the written config
     if not dry_run:
-        preflight(cfg, config_path)
+        preflight(plan, config_path)
     resolved = write_config_file(cfg, Path(cfg.output_dir) / RESOLVED_CONFIG, dry_run, label="grpo")
     cmd = launch_command(config_path, num_processes, resolved, gpus, machines, module=GRPO_MODULE)
     print(f"[grpo] {cfg.format} / {cfg.student_name}: {cfg.questions_per_step} questions x {cfg.group_size} rollouts "
-          f"= {plan.per_device} x {plan.grad_accum} accumulation x {world} processes, {cfg.max_steps} steps "
+          f"= {plan.batch.per_device} x {plan.batch.grad_accum} accumulation x {world} processes, {cfg.max_steps} steps "
           f"-> {cfg.output_dir}")
     print("[grpo] " + shlex.join(cmd), flush=True)
     if dry_run:
@@ -79,15 +80,12 @@ def grpo(cfg: GrpoConfig, *, accelerate_config: str | None = None, num_processes
     return launch(cmd)
 
 
-def preflight(cfg: GrpoConfig, config_path: Path) -> None:
+def preflight(plan: RlPlan, config_path: Path) -> None:
     """Refuse now what the launched child would refuse later, and build a missing index once."""
     from pipeline.core.storage import check_writable_dir
-    from pipeline.rl.start import resolve_start
-    from pipeline.rl.train import training_questions
     from pipeline.wiki.config import open_backend
 
     read_yaml(config_path)
-    check_writable_dir(cfg.output_dir, "output_dir")
-    resolve_start(cfg.student, fmt=cfg.format, base_model=cfg.base_model, size_class=cfg.size_class)
-    training_questions(cfg)
-    open_backend(cfg.wiki)
+    check_writable_dir(plan.cfg.output_dir, "output_dir")
+    plan.start, plan.questions  # noqa: B018 (resolved here, where a refusal is one line before any launch)
+    open_backend(plan.cfg.wiki)

@@ -782,10 +782,10 @@ def grpo_units(cfg: RunConfig, student: Student, ft) -> list[Unit]:
 
 def grpo_config(cfg: RunConfig, student: Student, ft):
     """The GrpoConfig of one unit: beside the student's checkpoints (its `output_root`) < the
-    section's `config` < the grid's wiki < its `settings` < this unit's start, format and names."""
+    section's `config` < the grid's task and wiki < its `settings` < this unit's start, format and names."""
     phase = cfg.grpo
     layers = merged({"output_root": str(ft.output_root)}, read_section(phase.config, "grpo") if phase.config else {},
-                    {"wiki": cfg.wiki}, phase.settings, {
+                    {"task": cfg.task, "wiki": cfg.wiki}, phase.settings, {
                         "experiment": cfg.experiment, "student": str(Path(ft.output_dir) / "final"),
                         "student_name": f"{student.name}-grpo", "format": ft.format})
     return resolve_grpo(build(GrpoConfig, layers, where=f"grpo ({student.name} on {ft.format})"))
@@ -793,8 +793,10 @@ def grpo_config(cfg: RunConfig, student: Student, ft):
 
 def launch_grpo(gr) -> None:
     """`grpo` for one fine-tuned student, unless its final policy is done with this config."""
-    final = Path(gr.output_dir) / "final"
-    if is_done(final / "manifest.json", config=to_dict(gr)):
+    final, wanted = Path(gr.output_dir) / "final", to_dict(gr)
+    older = {k: v for k, v in wanted.items() if k != "task"}  # a manifest written before GRPO configs had `task`
+    if is_done(final / "manifest.json", config=wanted) or (gr.task == DEFAULT_TASK and is_done(final / "manifest.json",
+                                                                                                config=older)):
         print(f"[run] skip: {final} is complete")
         return
     gpu_memory.check(train_gpu_need(gr))  # a launch like train's: its GPUs to itself

@@ -13,10 +13,34 @@ new task is a new subclass in its own folder plus one line in `pipeline.tasks.TA
 
 from __future__ import annotations
 
+import re
+import string
 from pathlib import Path
 from typing import Any
 
 from pipeline.core.errors import PipelineError
+
+# How the stand-in teacher searches (a stage's `oracle` key): exact (gold titles as written) or
+# agent (names as the question writes them). HotpotQA's oracle has both; FEVER's replay, exact only.
+ORACLE_STYLES = ("exact", "agent")
+DEFAULT_ORACLE_STYLE = "exact"
+_PUNCT = set(string.punctuation)
+
+
+def check_oracle_style(style: str) -> None:
+    if style not in ORACLE_STYLES:
+        raise PipelineError(f"oracle must be one of {', '.join(ORACLE_STYLES)}, not '{style}' "
+                            "(exact: gold titles as written; agent: names as the question writes them)")
+
+
+def normalize_answer(text: str) -> str:
+    """HotpotQA's official answer normalisation (`hotpot_evaluate_v1.py`), which the original
+    FeverWrapper uses for FEVER's labels too: lower-case, drop punctuation and the articles
+    a/an/the, collapse whitespace."""
+    text = (text or "").lower()
+    text = "".join(ch for ch in text if ch not in _PUNCT)
+    text = re.sub(r"\b(a|an|the)\b", " ", text)
+    return " ".join(text.split())
 
 
 class Task:
@@ -82,6 +106,11 @@ class Task:
     def oracle(self, fmt: str, settings: Any, style: str) -> Any:
         """The stand-in teacher's episode program for `fmt` (labelled `teacher: oracle`)."""
         raise PipelineError(f"the {self.title} task has no stand-in teacher; use a language model as the teacher")
+
+    def write_split(self, out: Path | None, *, questions: Path | None, corpus: Path | None, seed: int,
+                    eval_size: int) -> str:
+        """Build the task's offline eval / bootstrap split (`data split`); returns what it wrote."""
+        raise PipelineError(f"the {self.title} task has no offline split to build; its question sets are its release's")
 
     def question_facts(self, question: Any) -> dict[str, Any]:
         """What `data show` counts about a question set."""

@@ -44,3 +44,8 @@ def parse_action_original(text: str) -> Action | None:
         if action.startswith(f"{name}[") and action.endswith("]"):
             return Action(name, action[len(name) + 1:-1])
     return None
+
+
+def env_action(action: str) -> str:
+    """The original loop's `action[0].lower() + action[1:]`."""
+    return action[0].lower() + action[1:] if action else action

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.core.errors import PipelineError
+from pipeline.wiki.actions import env_action
 from pipeline.wiki.backend import WikiBackend
 from pipeline.wiki.env import WikiEnv
 
@@ -193,8 +194,6 @@ def read_trajectories(path: str | Path) -> Iterator[Recorded]:
 
 
 def replay(backend: WikiBackend, files: list[str | Path], style: str) -> Report:
-    from pipeline.methods.interactive import env_action
-
     report = Report()
     for path in files:
         for recorded in read_trajectories(path):

@@ -33,8 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.errors import PipelineError
-from pipeline.tasks.base import Task
-from pipeline.tasks.hotpotqa.metric import normalize_answer
+from pipeline.tasks.base import Task, normalize_answer
 
 LABELS = ("SUPPORTS", "REFUTES", "NOT ENOUGH INFO")
 REACT_SEED, REACT_RANGE, REACT_SAMPLE = 233, 7405, 500  # FEVER.ipynb: range(7405), Random(233), first 500

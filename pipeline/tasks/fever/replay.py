@@ -28,8 +28,8 @@ from pathlib import Path
 from pipeline.core.errors import PipelineError
 from pipeline.core.trajectory import FORMATS, Step, Trajectory, one_line
 from pipeline.methods.base import EpisodeContext, MethodSettings, Outcome, Program, step_env
-from pipeline.methods.interactive import env_action
-from pipeline.tasks.hotpotqa.oracle import DEFAULT_STYLE
+from pipeline.tasks.base import DEFAULT_ORACLE_STYLE
+from pipeline.wiki.actions import env_action
 
 _LINE = re.compile(r"^(Thought|Action|Observation) (\d+): ?(.*)$")
 _FINISH = re.compile(r"^\s*[Ff]inish\[(.*)\]\s*$")
@@ -79,12 +79,12 @@ def released_trajectories(path: Path) -> dict[int, Released]:
     return out
 
 
-def replay_method(fmt: str, settings: MethodSettings | None = None, style: str = DEFAULT_STYLE) -> ReplayTeacher:
+def replay_method(fmt: str, settings: MethodSettings | None = None, style: str = DEFAULT_ORACLE_STYLE) -> ReplayTeacher:
     if fmt not in FORMATS:
         raise PipelineError(f"the oracle teacher writes {', '.join(FORMATS)} trajectories, not '{fmt}'")
-    if style != DEFAULT_STYLE:
+    if style != DEFAULT_ORACLE_STYLE:
         raise PipelineError(f"oracle={style} is a search style of HotpotQA's oracle; FEVER's replays released "
-                            f"trajectories (set oracle: {DEFAULT_STYLE})")
+                            f"trajectories (set oracle: {DEFAULT_ORACLE_STYLE})")
     return ReplayTeacher(fmt, settings or MethodSettings())
 
 

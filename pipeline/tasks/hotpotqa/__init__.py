@@ -6,10 +6,10 @@ answers, exact match (and token F1) after the official normalisation.
     task.scores("the Eiffel Tower", "Eiffel Tower")   # {"em": 1.0, "f1": 1.0} (pipeline.tasks.hotpotqa.metric)
 
 Its instructions and the keys of the paper's exemplars are here, its other pieces beside them:
-questions.py (every file format, the named sets), metric.py (the official EM / F1;
-evaluate_metric.py wraps it for Hugging Face `evaluate`), oracle.py (the stand-in teacher that
-writes trajectories from the gold facts); our exemplars are in pipeline/methods/exemplars/. This
-class is what the rest of the pipeline sees of them.
+questions.py (every file format, the named sets), split.py (the offline split, `data split`),
+metric.py (the official EM / F1; evaluate_metric.py wraps it for Hugging Face `evaluate`),
+oracle.py (the stand-in teacher that writes trajectories from the gold facts); our exemplars are
+in pipeline/methods/exemplars/. This class is what the rest of the pipeline sees of them.
 """
 
 from __future__ import annotations
@@ -103,6 +103,12 @@ class HotpotQA(Task):
         from pipeline.tasks.hotpotqa.oracle import oracle_method
 
         return oracle_method(fmt, settings, style)
+
+    def write_split(self, out: Path | None, *, questions: Path | None, corpus: Path | None, seed: int,
+                    eval_size: int) -> str:
+        from pipeline.tasks.hotpotqa.split import write_offline_split
+
+        return write_offline_split(out, questions=questions, corpus=corpus, seed=seed, eval_size=eval_size)
 
     def question_facts(self, question: questions.Question) -> dict[str, Any]:
         return {"split": question.split, "type": question.type, "level": question.level,

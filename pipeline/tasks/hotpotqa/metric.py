@@ -1,25 +1,18 @@
 """HotpotQA's official answer metrics: normalisation, exact match, token F1, and aggregates.
 
-Mirrors `hotpot_evaluate_v1.py`: lower-case, drop punctuation, drop the articles a/an/the,
-collapse whitespace. F1 is 0 when either side normalises to yes/no/noanswer and they differ.
+Mirrors `hotpot_evaluate_v1.py`. Its normalisation (lower-case, drop punctuation and the
+articles a/an/the, collapse whitespace) is in pipeline/tasks/base.py: FEVER's wrapper uses it
+too. F1 is 0 when either side normalises to yes/no/noanswer and they differ.
 """
 
 from __future__ import annotations
 
-import re
-import string
 from collections import Counter
 from collections.abc import Iterable
 
-_PUNCT = set(string.punctuation)
+from pipeline.tasks.base import normalize_answer
+
 _SPECIAL = ("yes", "no", "noanswer")
-
-
-def normalize_answer(text: str) -> str:
-    text = (text or "").lower()
-    text = "".join(ch for ch in text if ch not in _PUNCT)
-    text = re.sub(r"\b(a|an|the)\b", " ", text)
-    return " ".join(text.split())
 
 
 def exact_match(prediction: str | None, gold: str) -> float:

@@ -45,12 +45,11 @@ from pipeline.methods.base import (
     backend_errors,
     episode_seed,
 )
+from pipeline.tasks.base import DEFAULT_ORACLE_STYLE, check_oracle_style
 from pipeline.wiki.backend import Page
 from pipeline.wiki.index import title_key
 
 TEACHER = "oracle"
-STYLES = ("exact", "agent")  # how the oracle searches (module docstring); generate's / eval's `oracle`
-DEFAULT_STYLE = "exact"
 MAX_THOUGHT_WORDS = 45
 _WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9'\-]*")
 _STOPWORDS = frozenset("""a an and are as at be been by did do does for from had has have he her his how in
@@ -58,23 +57,17 @@ into is it its of on or she that the their them they this to was were what when 
 whose why with which also than then there these those both either same other name named first""".split())
 
 
-def oracle_method(fmt: str, settings: MethodSettings | None = None, style: str = DEFAULT_STYLE) -> OracleMethod:
+def oracle_method(fmt: str, settings: MethodSettings | None = None, style: str = DEFAULT_ORACLE_STYLE) -> OracleMethod:
     if fmt not in FORMATS:
         raise PipelineError(f"the oracle teacher writes {', '.join(FORMATS)} trajectories, not '{fmt}'")
-    check_style(style)
+    check_oracle_style(style)
     return OracleMethod(fmt, settings or MethodSettings(), style)
-
-
-def check_style(style: str) -> None:
-    if style not in STYLES:
-        raise PipelineError(f"oracle must be one of {', '.join(STYLES)}, not '{style}' "
-                            "(exact: gold titles as written; agent: names as the question writes them)")
 
 
 class OracleMethod:
     """An episode program (pipeline.methods.base) that never asks a model."""
 
-    def __init__(self, fmt: str, settings: MethodSettings, style: str = DEFAULT_STYLE):
+    def __init__(self, fmt: str, settings: MethodSettings, style: str = DEFAULT_ORACLE_STYLE):
         from pipeline.tasks import get_task
 
         self.name, self.settings, self.style = fmt, settings, style
