@@ -84,6 +84,13 @@ SOURCES: dict[str, Source] = {s.name: s for s in [
 ]}
 
 
+def cache_root() -> Path:
+    """The user's cache of this project (converted models, running servers' records):
+    `REACT_PIPELINE_CACHE`, else ~/.cache/react-pipeline."""
+    root = os.environ.get("REACT_PIPELINE_CACHE")
+    return Path(root).expanduser() if root else Path.home() / ".cache" / "react-pipeline"
+
+
 def data_dir() -> Path:
     """The project's data cache (git-ignored): `REACT_PIPELINE_DATA`, else <repo>/data."""
     override = os.environ.get("REACT_PIPELINE_DATA")

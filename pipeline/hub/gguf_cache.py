@@ -18,10 +18,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-
-def cache_root() -> Path:
-    root = os.environ.get("REACT_PIPELINE_CACHE")
-    return Path(root).expanduser() if root else Path.home() / ".cache" / "react-pipeline"
+from pipeline.core.paths import cache_root
 
 
 def converted(name: str, gguf_of: Callable[[Path], Path]) -> Path:

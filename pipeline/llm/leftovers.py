@@ -46,7 +46,7 @@ def records_dir() -> Path:
     root = os.environ.get(RECORDS_ENV)
     if root:
         return Path(root).expanduser()
-    from pipeline.hub.smollm2 import cache_root
+    from pipeline.core.paths import cache_root
 
     return cache_root() / "servers"
 
