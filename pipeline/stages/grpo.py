@@ -18,9 +18,17 @@ from __future__ import annotations
 
 import argparse
 import shlex
+from dataclasses import fields
 from pathlib import Path
 
-from pipeline.core.config import add_config_arguments, read_yaml, stage_config
+from pipeline.core.config import (
+    add_config_arguments,
+    build,
+    merged,
+    read_section,
+    read_yaml,
+    stage_config,
+)
 from pipeline.rl.config import GrpoConfig, resolve
 from pipeline.train.deepspeed_setup import check_deepspeed_device
 from pipeline.train.launcher import (
@@ -46,9 +54,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    cfg = stage_config(GrpoConfig, args, section="grpo", finish=resolve)
+    cfg = stage_config(GrpoConfig, args, section="grpo", finish=resolve, read=grpo_keys)
     return grpo(cfg, accelerate_config=args.accelerate_config, num_processes=args.num_processes,
                 dry_run=args.dry_run, machines=machines_from_args(args))
+
+
+def grpo_keys(path: Path) -> dict:
+    """A YAML's GrpoConfig keys. An experiment's `grpo:` section is `run`'s (formats, config,
+    students, settings): its keys are then its `config` file's, the grid's experiment and wiki,
+    and its `settings`, as `run` layers them (pipeline.stages.run.grpo_config)."""
+    from pipeline.stages.run import GrpoPhase
+
+    data = read_yaml(path)
+    section = data.get("grpo")
+    if not isinstance(section, dict) or not section or not set(section) <= {f.name for f in fields(GrpoPhase)}:
+        return read_section(path, "grpo")
+    phase = build(GrpoPhase, section, where=f"{path} grpo")
+    own = read_section(phase.config, "grpo") if phase.config else {}
+    grid = {k: data[k] for k in ("experiment", "wiki") if k in data}
+    return merged(own, grid, phase.settings)
 
 
 def grpo(cfg: GrpoConfig, *, accelerate_config: str | None = None, num_processes: int | None = None,
@@ -65,8 +89,7 @@ def grpo(cfg: GrpoConfig, *, accelerate_config: str | None = None, num_processes
     deepspeed = read_yaml(config_path).get("distributed_type") == "DEEPSPEED"
     check_deepspeed_device(deepspeed, gpus > 0, cfg.deepspeed_on_cpu, world)  # before 8 CPU processes start
     plan = batch_plan(cfg, world)
-    if not dry_run:
-        preflight(cfg, config_path)
+    preflight(cfg, config_path, dry_run)
     resolved = write_config_file(cfg, Path(cfg.output_dir) / RESOLVED_CONFIG, dry_run, label="grpo")
     cmd = launch_command(config_path, num_processes, resolved, gpus, machines, module=GRPO_MODULE)
     print(f"[grpo] {cfg.format} / {cfg.student_name}: {cfg.questions_per_step} questions x {cfg.group_size} rollouts "
@@ -78,15 +101,27 @@ def grpo(cfg: GrpoConfig, *, accelerate_config: str | None = None, num_processes
     return launch(cmd)
 
 
-def preflight(cfg: GrpoConfig, config_path: Path) -> None:
-    """Refuse now what the launched child would refuse later, and build a missing index once."""
+def preflight(cfg: GrpoConfig, config_path: Path, dry_run: bool = False) -> None:
+    """Refuse now what the launched child would refuse later, and build a missing index once.
+    A dry run checks the same but fetches nothing, loads no question and writes nothing: a start
+    given by hub id and the question count are checked at launch, a missing index built then."""
     from pipeline.core.storage import check_writable_dir
-    from pipeline.rl.start import resolve_start
+    from pipeline.hub.models import looks_like_path
+    from pipeline.rl.start import is_ours, resolve_start
     from pipeline.rl.train import training_questions
+    from pipeline.tasks import DEFAULT_TASK, get_task
     from pipeline.wiki.config import open_backend
 
     read_yaml(config_path)
     check_writable_dir(cfg.output_dir, "output_dir")
-    resolve_start(cfg.student, fmt=cfg.format, base_model=cfg.base_model, size_class=cfg.size_class)
-    training_questions(cfg)
-    open_backend(cfg.wiki)
+    if not dry_run or is_ours(cfg.student) or looks_like_path(cfg.student):
+        resolve_start(cfg.student, fmt=cfg.format, base_model=cfg.base_model, size_class=cfg.size_class)
+    if not dry_run:
+        training_questions(cfg)
+        open_backend(cfg.wiki)
+        return
+    get_task(DEFAULT_TASK).check_question_set(cfg.questions)  # GRPO trains on HotpotQA's (pipeline.rl.train)
+    if cfg.wiki.backend == "local" and Path(cfg.wiki.index).exists():
+        from pipeline.wiki.index import LocalIndex
+
+        LocalIndex(Path(cfg.wiki.index))  # opened read-only: a folder or a broken index is refused
