@@ -79,7 +79,7 @@ class GenerateConfig:
     max_error_share: float = same_run("free", default=MAX_ERROR_SHARE)
     # Episodes per question: k > 1 samples each question k times (records `<id>#<j>`, pipeline.sampling;
     # set prompting.temperature > 0 for a model teacher), for rejection sampling
-    samples: int = same_run("identity", shard_set=True, default=1)
+    samples: int = same_run("identity", shard_set=True, default=1, metadata=bound(1))
     # Generate folders of earlier runs (e.g. earlier self-training rounds): the stats count the
     # questions solved here that none of them solved (the records do not depend on them)
     earlier_runs: list[str] = same_run("free", default_factory=list)

@@ -730,7 +730,8 @@ def train_config(cfg: RunConfig, student: Student, fmt: str, dataset_dir: Path, 
     layers = merged(read_section(student.config, "train"), cfg.train, student.train, {
         "experiment": cfg.experiment, "student_name": student.name, "format": fmt,
         "dataset_dir": str(dataset_dir), "size_class": student.size_class}, round_layer)
-    return resolve(build(FinetuneConfig, layers, where=f"{student.config} (train, {student.name} on {fmt})"))
+    where = f"train, {student.name} on {fmt} ({student.config} < the experiment's train keys and the student's)"
+    return resolve(build(FinetuneConfig, layers, where=where))
 
 
 def launch_train(ft) -> None:
