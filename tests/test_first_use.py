@@ -286,9 +286,9 @@ def test_a_grids_print_config_starts_with_the_short_plan_and_speaks_of_gpus_only
 
 
 @pytest.mark.parametrize("override, pattern", [
-    ("eval.questions=offline-evl", r"eval: smollm2-135m prompted: unknown HotpotQA question set 'offline-evl'"),
+    ("eval.questions=offline-evl", r"eval: smollm2-135m prompted: unknown question set 'offline-evl' of HotpotQA"),
     ("grpo.settings.per_device_batch_size=3", r"grpo: smollm2-135m from its react fine-tune: .* per_device_batch_size=3"),
-    ("self_training.questions=offline-bootstrp", r"generate \(round 2\).*unknown HotpotQA question set"),
+    ("self_training.questions=offline-bootstrp", r"generate \(round 2\).*unknown question set 'offline-bootstrp' of HotpotQA"),
     ("generate.methods=[reactt]", r"generate: the teacher writes trajectories: .*reactt"),
     # values that silently changed the plan: a stranger in grpo.students (no GRPO at all), a key
     # `run` sets itself (replaced by the unit's own)

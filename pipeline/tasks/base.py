@@ -54,7 +54,7 @@ class Task:
         if name in self.question_sets or any(name.startswith(p) for p in prefixes) or Path(name).expanduser().is_file():
             return
         hint = "" if Path(name).suffix == "" else f" ({name} is not a file)"
-        raise PipelineError(f"unknown {self.title} question set '{name}'{hint}; use one of "
+        raise PipelineError(f"unknown question set '{name}' of {self.title}{hint}; use one of "
                             f"{', '.join(self.question_sets)} or a path to a file of them")
 
     def normalize(self, answer: str | None) -> str:
