@@ -33,17 +33,18 @@ AT_LEAST = "at_least"  # field metadata: the least value an int key takes (check
 COMMAND_LINE = "the command line"
 
 
-def at_least(minimum: int, **field_kwargs) -> Any:
+def at_least(minimum: int, why: str = "", **field_kwargs) -> Any:
     """A dataclass field (`default=` / `default_factory=` as for `dataclasses.field`) whose
     value, when an int, must be >= `minimum`; `build` refuses a lower one in one line, before
     any stage's own code sees it (a batch bound of 0 used to end in a traceback deep inside)."""
-    metadata = {**field_kwargs.pop("metadata", {}), **bound(minimum)}
+    metadata = {**field_kwargs.pop("metadata", {}), **bound(minimum, why)}
     return dataclasses.field(metadata=metadata, **field_kwargs)
 
 
-def bound(minimum: int) -> dict[str, int]:
-    """The metadata `at_least` adds, for a field made by another helper (e.g. same_run's `metadata=`)."""
-    return {AT_LEAST: minimum}
+def bound(minimum: int, why: str = "") -> dict[str, Any]:
+    """The metadata `at_least` adds, for a field made by another helper (e.g. same_run's
+    `metadata=`); `why`: the reason the error line gives, where the bound is not obvious."""
+    return {AT_LEAST: minimum, "at_least_why": why}
 
 
 def int_bound(f: dataclasses.Field) -> int | None:
@@ -256,9 +257,10 @@ def build(cls: type[T], data: dict[str, Any], where: str = "config", prefix: str
 
 
 def check_bound(f: dataclasses.Field, value: Any, name: str, where: str) -> None:
-    bound = int_bound(f)
-    if bound is not None and isinstance(value, int) and not isinstance(value, bool) and value < bound:
-        raise PipelineError(f"{where}: '{name}' must be >= {bound}, got {value}")
+    least = int_bound(f)
+    if least is not None and isinstance(value, int) and not isinstance(value, bool) and value < least:
+        why = f.metadata.get("at_least_why")
+        raise PipelineError(f"{where}: '{name}' must be >= {least}, got {value}" + (f" ({why})" if why else ""))
 
 
 def unknown_key_hint(cls: type, key: str, prefix: str, fields) -> str:

@@ -75,7 +75,7 @@ class GrpoConfig:
     wiki: WikiConfig = field(default_factory=WikiConfig)
     prompting: RolloutPrompting = field(default_factory=RolloutPrompting)  # max_steps (7 on HotpotQA), max_new_tokens, loop, temperature
     reward: RewardSettings = field(default_factory=RewardSettings)
-    group_size: int = at_least(2, default=8)  # rollouts per question (TRL num_generations): the group its advantages compare
+    group_size: int = at_least(2, "GRPO compares the rollouts of one question", default=8)  # rollouts per question (TRL num_generations): the group its advantages compare
     questions_per_step: int = at_least(1, default=8)  # questions per optimizer step; rollouts per step = questions_per_step x group_size
     per_device_batch_size: int | None = at_least(1, default=None)  # rollouts per forward/backward; default: largest divisor <= max_per_device_batch_size
     max_per_device_batch_size: int = at_least(1, default=8)
