@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import argparse
 import shlex
-from dataclasses import fields
 from pathlib import Path
 
 from pipeline.core.config import (
     add_config_arguments,
-    build,
+    is_experiment,
     merged,
     read_section,
     read_yaml,
@@ -60,19 +59,16 @@ def main(args: argparse.Namespace) -> int:
 
 
 def grpo_keys(path: Path) -> dict:
-    """A YAML's GrpoConfig keys. An experiment's `grpo:` section is `run`'s (formats, config,
-    students, settings): its keys are then its `config` file's, the grid's experiment and wiki,
-    and its `settings`, as `run` layers them (pipeline.stages.run.grpo_config)."""
-    from pipeline.stages.run import GrpoPhase
-
+    """A YAML's GrpoConfig keys. An experiment's `grpo:` section is `run`'s (its GrpoPhase:
+    formats, config, students, settings): the keys are then its `config` file's, the grid's
+    experiment and wiki, and its `settings`, as `run` layers them (pipeline.stages.run.grpo_config)."""
     data = read_yaml(path)
     section = data.get("grpo")
-    if not isinstance(section, dict) or not section or not set(section) <= {f.name for f in fields(GrpoPhase)}:
+    if not is_experiment(data) or not isinstance(section, dict):
         return read_section(path, "grpo")
-    phase = build(GrpoPhase, section, where=f"{path} grpo")
-    own = read_section(phase.config, "grpo") if phase.config else {}
+    own = read_section(section["config"], "grpo") if section.get("config") else {}
     grid = {k: data[k] for k in ("experiment", "wiki") if k in data}
-    return merged(own, grid, phase.settings)
+    return merged(own, grid, section.get("settings") or {})
 
 
 def grpo(cfg: GrpoConfig, *, accelerate_config: str | None = None, num_processes: int | None = None,
