@@ -112,6 +112,39 @@ def test_every_integer_key_of_every_stage_declares_its_bound_and_build_refuses_b
     assert checked >= 40  # every stage's: batch sizes, steps, limits, seeds, ports ...
 
 
+def test_an_int_option_below_its_bound_is_refused_not_read_as_not_given():
+    """`--num-processes 0` was falsy, so the accelerate config's count was used without a word."""
+    proc = run_pipeline("train", "--config", TINY, "--num-processes", "0", "--dry-run")
+    refused(proc, r"^error: --num-processes must be >= 1, got 0$")
+    assert proc.stderr.count("\n") == 1  # one line: no usage block
+
+
+def stage_parsers() -> list:
+    """Every stage's parser and sub-command parser, as the CLI builds them."""
+    import argparse
+    import importlib
+
+    from pipeline.cli import STAGES
+
+    parsers = []
+    for module_name, _ in STAGES.values():
+        parser = argparse.ArgumentParser()
+        importlib.import_module(module_name).add_arguments(parser)
+        parsers.append(parser)
+    for parser in list(parsers):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                parsers += list(action.choices.values())
+    return parsers
+
+
+def test_every_int_option_of_every_stage_declares_its_bound():
+    """The class for options: no plain `type=int` (which takes 0 and -1) in any stage's parser."""
+    plain = [f"{p.prog} {a.option_strings}" for p in stage_parsers() for a in p._actions if a.type is int]
+    bounded = [a for p in stage_parsers() for a in p._actions if getattr(a.type, "__name__", "").startswith("int >=")]
+    assert not plain and len(bounded) >= 10, plain
+
+
 # -------------------------------------------------------------------------- a refusal writes nothing
 
 

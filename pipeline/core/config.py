@@ -47,6 +47,22 @@ def bound(minimum: int, why: str = "") -> dict[str, Any]:
     return {AT_LEAST: minimum, "at_least_why": why}
 
 
+def int_at_least(minimum: int, option: str) -> Callable[[str], int]:
+    """An argparse `type=` for the int `option` with a least value, the `at_least` of options:
+    `--num-processes 0` is refused in one line, exit 2 (a PipelineError passes through argparse),
+    not read as "not given"."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise PipelineError(f"{option}: {text!r} is not an integer") from None
+        if value < minimum:
+            raise PipelineError(f"{option} must be >= {minimum}, got {value}")
+        return value
+    parse.__name__ = f"int >= {minimum}"
+    return parse
+
+
 def int_bound(f: dataclasses.Field) -> int | None:
     return f.metadata.get(AT_LEAST)
 
