@@ -323,6 +323,7 @@ def test_a_grids_print_config_starts_with_the_short_plan_and_speaks_of_gpus_only
     ("grpo.settings.per_device_batch_size=3", r"grpo: smollm2-135m from its react fine-tune: .* per_device_batch_size=3"),
     ("self_training.questions=offline-bootstrp", r"generate \(round 2\).*unknown question set 'offline-bootstrp' of HotpotQA"),
     ("generate.methods=[reactt]", r"generate: the teacher writes trajectories: .*reactt"),
+    ("train.student=/nonexistent/llama", r"train: smollm2-135m on standard: student: /nonexistent/llama not found"),
     # values that silently changed the plan: a stranger in grpo.students (no GRPO at all), a key
     # `run` sets itself (replaced by the unit's own)
     ("grpo.students=[smollm2]", r"grpo.students: \['smollm2'\] are not students trained here \(smollm2-135m\)"),

@@ -284,8 +284,9 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
     order = list(PHASES)
     units = sorted(units, key=lambda u: order.index(u.phase))  # stable: the grid's order within a phase
     check_grpo_students(cfg, students)
+    made = {str(Path(u.config.output_dir) / "final") for u in units if u.action in (launch_train, launch_grpo)}
     for unit in units:
-        check_unit(unit)
+        check_unit(unit, made)
     plan_groups(units, done=lambda unit: unit_done(unit.config, unit.precision))  # an eval's, or none
     return units
 
@@ -316,12 +317,16 @@ def check_unit_keys(cfg: RunConfig, students: list[Student]) -> None:
                                 "say what runs)")
 
 
-def check_unit(unit: Unit) -> None:
+def check_unit(unit: Unit, made: set[str]) -> None:
     """What the unit's stage will refuse about its own settings when its phase starts (names it
-    refers to, question sets, the batch split, the launch), refused now, with the unit named;
-    what needs the outputs of earlier phases (a dataset, a start model) is checked then."""
+    refers to, question sets, the batch split, the launch, a model folder that is not there),
+    refused now, with the unit named; what earlier phases make (`made`: their final/ folders, a
+    dataset) is checked when its phase starts."""
     config = unit.config
     try:
+        for key, model in unit_models(config):
+            if model is not None and str(model) not in made:
+                check_model_folder(str(model), key)
         if isinstance(config, GenerateConfig):
             check_generate(config)
         elif isinstance(config, FilterConfig):
@@ -337,6 +342,27 @@ def check_unit(unit: Unit) -> None:
         failure = PipelineError(f"{unit.title}: {exc}")
         failure.exit_code = exc.exit_code
         raise failure from None
+
+
+def unit_models(config) -> list[tuple[str, str]]:
+    """(key, model) of the models a unit loads by name: a teacher, a prompted or fine-tuned
+    model, a base model and its adapter, a start."""
+    if isinstance(config, GenerateConfig) and config.oracle is None:
+        return [("teacher.model", config.teacher.model), ("teacher.adapter", config.teacher.adapter)]
+    if isinstance(config, EvalConfig) and config.oracle is None:
+        return [("model.model", config.model.model), ("model.adapter", config.model.adapter),
+                ("finetuned", config.finetuned), ("base_model", config.base_model)]
+    if isinstance(config, FinetuneConfig | GrpoConfig):
+        return [("student", config.student)]
+    return []
+
+
+def check_model_folder(model: str, key: str) -> None:
+    """A model named by a local path that is not there (a hub id is fetched when its phase starts)."""
+    from pipeline.hub.models import looks_like_path
+
+    if model and looks_like_path(model) and not Path(model).expanduser().exists():
+        raise PipelineError(f"{key}: {model} not found; give a model folder that exists, a hub id, or 'smollm2'")
 
 
 def launch_world(cfg) -> tuple[Path, int]:
