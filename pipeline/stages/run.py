@@ -284,9 +284,8 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
     order = list(PHASES)
     units = sorted(units, key=lambda u: order.index(u.phase))  # stable: the grid's order within a phase
     check_grpo_students(cfg, students)
-    made = {str(Path(u.config.output_dir) / "final") for u in units if u.action in (launch_train, launch_grpo)}
     for unit in units:
-        check_unit(unit, made)
+        check_unit(unit)
     plan_groups(units, done=lambda unit: unit_done(unit.config, unit.precision))  # an eval's, or none
     return units
 
@@ -317,16 +316,13 @@ def check_unit_keys(cfg: RunConfig, students: list[Student]) -> None:
                                 "say what runs)")
 
 
-def check_unit(unit: Unit, made: set[str]) -> None:
+def check_unit(unit: Unit) -> None:
     """What the unit's stage will refuse about its own settings when its phase starts (names it
-    refers to, question sets, the batch split, the launch, a model folder that is not there),
-    refused now, with the unit named; what earlier phases make (`made`: their final/ folders, a
-    dataset) is checked when its phase starts."""
+    refers to, question sets, the batch split), refused now, with the unit named; what earlier
+    phases make (a dataset, a final/) is checked when its phase starts, and what this machine
+    holds (model folders, GPUs) before the first selected unit (check_selected)."""
     config = unit.config
     try:
-        for key, model in unit_models(config):
-            if model is not None and str(model) not in made:
-                check_model_folder(str(model), key)
         if isinstance(config, GenerateConfig):
             check_generate(config)
         elif isinstance(config, FilterConfig):
@@ -357,12 +353,19 @@ def unit_models(config) -> list[tuple[str, str]]:
     return []
 
 
-def check_model_folder(model: str, key: str) -> None:
-    """A model named by a local path that is not there (a hub id is fetched when its phase starts)."""
+def check_model_folders(units: list[Unit]) -> None:
+    """A model the selected units load by a local path that is not there, and that no unit of
+    the grid makes (a final/), refused before the first unit; a hub id is fetched when its
+    phase starts."""
     from pipeline.hub.models import looks_like_path
 
-    if model and looks_like_path(model) and not Path(model).expanduser().exists():
-        raise PipelineError(f"{key}: {model} not found; give a model folder that exists, a hub id, or 'smollm2'")
+    made = {str(Path(u.config.output_dir) / "final") for u in units if u.action in (launch_train, launch_grpo)}
+    for unit in (u for u in units if u.selected):
+        for key, model in unit_models(unit.config):
+            model = None if model is None else str(model)
+            if model and model not in made and looks_like_path(model) and not Path(model).expanduser().exists():
+                raise PipelineError(f"{unit.title}: {key}: {model} not found; give a model folder that exists, "
+                                    "a hub id, or 'smollm2'")
 
 
 def launch_world(cfg) -> tuple[Path, int]:
@@ -550,9 +553,10 @@ def show_plan(units: list[Unit], prefix: str = "[run]") -> None:
 
 def check_selected(cfg: RunConfig, units: list[Unit]) -> None:
     """What depends on this machine and on earlier results, for the units selected to run here:
-    writable folders, each launch's devices, the precision of results already there."""
+    writable folders, model folders, each launch's devices, the precision of results already there."""
     selected = [u for u in units if u.selected]
     check_outputs(cfg, selected)
+    check_model_folders(units)
     check_launch_devices(selected)
     check_precisions(selected)
 
