@@ -342,12 +342,13 @@ def check_unit(unit: Unit) -> None:
 
 def unit_models(config) -> list[tuple[str, str]]:
     """(key, model) of the models a unit loads by name: a teacher, a prompted or fine-tuned
-    model, a base model and its adapter, a start."""
-    if isinstance(config, GenerateConfig) and config.oracle is None:
+    model, a base model and its adapter, a start (a model an endpoint serves is its name there)."""
+    if isinstance(config, GenerateConfig) and config.oracle is None and config.teacher.backend != "openai":
         return [("teacher.model", config.teacher.model), ("teacher.adapter", config.teacher.adapter)]
     if isinstance(config, EvalConfig) and config.oracle is None:
-        return [("model.model", config.model.model), ("model.adapter", config.model.adapter),
-                ("finetuned", config.finetuned), ("base_model", config.base_model)]
+        loaded = [] if config.model.backend == "openai" else [("model.model", config.model.model),
+                                                               ("model.adapter", config.model.adapter)]
+        return loaded + [("finetuned", config.finetuned), ("base_model", config.base_model)]
     if isinstance(config, FinetuneConfig | GrpoConfig):
         return [("student", config.student)]
     return []
