@@ -328,9 +328,11 @@ def test_a_grids_print_config_starts_with_the_short_plan_and_speaks_of_gpus_only
     # `run` sets itself (replaced by the unit's own)
     ("grpo.students=[smollm2]", r"grpo.students: \['smollm2'\] are not students trained here \(smollm2-135m\)"),
     ("eval.methods=[react]", r"eval: methods is set by `run` for each unit"),
+    ("--only=rounds", r"this grid has no unit in phase rounds; its phases: teacher, filter, train, eval, plot"),
 ])
 def test_run_print_config_refuses_what_a_phase_would_refuse_hours_later(override, pattern):
-    refused(run_pipeline("run", "--config", "configs/small-rounds.yaml", override, "--print-config"), pattern)
+    config = "configs/demo.yaml" if override.startswith("--only") else "configs/small-rounds.yaml"
+    refused(run_pipeline("run", "--config", config, override, "--print-config"), pattern)
 
 
 def test_grpo_dry_run_refuses_a_start_that_does_not_exist(tmp_path):

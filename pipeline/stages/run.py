@@ -477,8 +477,13 @@ def check_adapter_reachable(ev, ft) -> None:
 
 
 def select(units: list[Unit], phases: list[str]) -> list[Unit]:
+    """Mark the units of `phases`; a selection with no unit of this grid (`--only grpo` without
+    a grpo section) is refused rather than run as nothing."""
     for unit in units:
         unit.selected = unit.phase in phases
+    if not any(unit.selected for unit in units):
+        present = [p for p in PHASES if any(u.phase == p for u in units)]
+        raise PipelineError(f"this grid has no unit in phase {', '.join(phases)}; its phases: {', '.join(present)}")
     return units
 
 
