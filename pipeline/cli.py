@@ -22,7 +22,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "grpo": ("pipeline.stages.grpo", "reinforcement learning (GRPO) of a student acting in the environment"),
     "eval": ("pipeline.stages.eval", "run prompted or fine-tuned models through the environment -> EM/F1"),
     "plot": ("pipeline.stages.plot", "summaries -> the paper's figure 3 (prompting vs fine-tuning) and a table"),
-    "run": ("pipeline.stages.run", "chain generate -> filter -> train -> eval -> plot for an experiment grid"),
+    "run": ("pipeline.stages.run", "an experiment grid in phases: generate -> filter -> train -> grpo -> eval -> rounds -> plot"),
     "publish": ("pipeline.stages.publish", "package an SFT dataset or a checkpoint with its card; upload it to the hub"),
 }
 
@@ -72,5 +72,12 @@ def run_stage(argv: list[str] | None) -> int:
         raise
     stage_parser = argparse.ArgumentParser(prog=f"python -m pipeline {stage}", description=help_text)
     module.add_arguments(stage_parser)
-    args = stage_parser.parse_args(rest)
-    return int(module.main(args) or 0)
+    return int(module.main(parse_stage_args(stage_parser, rest)) or 0)
+
+
+def parse_stage_args(parser: argparse.ArgumentParser, rest: list[str]) -> argparse.Namespace:
+    """Flags and key=value overrides in any order, as users type them (`max_steps=2 --dry-run
+    limit=4`); a stage with sub-commands (`wiki build`, `data split`) parses as argparse does."""
+    if any(isinstance(a, argparse._SubParsersAction) for a in parser._actions):
+        return parser.parse_args(rest)
+    return parser.parse_intermixed_args(rest)

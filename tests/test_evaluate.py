@@ -220,7 +220,7 @@ def test_the_embedded_default_model_needs_no_size_keys():
 @pytest.mark.parametrize("overrides,message", [
     (["model.model=some/unknown-model"], "its size is not known; set size_class=<e.g. 8b> and params_b=<billions"),
     (["model.model=some/unknown-model", "size_class=8b"], "set params_b=<billions"),
-    (["size_class=135m", "limit=0"], "is empty: nothing to evaluate"),
+    (["size_class=135m", "limit=0"], "'limit' must be >= 1, got 0"),  # was "is empty: nothing to evaluate" (issue 39)
     (["size_class=135m", "questions={empty}"], "file is empty; expected HotpotQA questions"),
     (["size_class=135m", "methods=[]"], "methods is empty"),
     (["size_class=135m", "methods=[react,sc]"], "unknown method 'sc'"),

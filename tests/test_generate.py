@@ -159,8 +159,8 @@ def closed_port() -> int:
     (["teacher.backend=openai", "teacher.base_url=http://127.0.0.1:{port}/v1"], "endpoint unavailable"),
     (["wiki.backend=cloud"], "wiki.backend 'cloud' is unknown"),
     (["questions=no-such-set"], "unknown question set 'no-such-set'"),
-    (["limit=-1"], "limit must be >= 0"),
-    (["limit=0"], "is empty"),
+    (["limit=-1"], "'limit' must be >= 1, got -1"),
+    (["limit=0"], "'limit' must be >= 1, got 0"),  # was "question set ... is empty" (issue 39)
     (["max_in_flight=zero"], "'max_in_flight' must be int"),
 ])
 def test_bad_config_exits_2_with_one_line_and_writes_nothing(tmp_path, index, overrides, message):

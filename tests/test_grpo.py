@@ -156,7 +156,7 @@ def test_config_refusals_are_one_line(world, random_student, tmp_path, capsys):
     cases = [
         (["format=cot"], "GRPO runs the interactive loops react, act"),
         (["prompting.temperature=0"], "prompting.temperature: GRPO samples"),
-        (["group_size=1"], "group_size must be >= 2"),
+        (["group_size=1"], "'group_size' must be >= 2, got 1 (GRPO compares the rollouts of one question)"),
         (["prompting.style=prompt"], "GRPO trains zero-shot"),
         (["reward.em=0"], "not all 0"),
         (["rollout.engine=vllm", "rollout.vllm_mode=server"], "needs the `trl vllm-serve` URL"),

@@ -239,7 +239,7 @@ def test_a_rounds_eval_and_the_next_rounds_generate_share_one_server_and_no_trai
     ({"methods": ["react"]}, "unknown key 'self_training.methods'; it was renamed: use 'self_training.formats'"),
     ({"students": ["big"]}, "students ['big'] are not students trained here"),
     ({"temperature": 0.0}, "would draw 2 identical episodes"),
-    ({"rounds": 0}, "rounds must be >= 1"),
+    ({"rounds": 0}, "'self_training.rounds' must be >= 1, got 0"),
     ({"init": "again"}, "'self_training.init' must be one of"),
     ({"rouds": 2}, "did you mean 'self_training.rounds'"),
 ])

@@ -53,6 +53,10 @@ def test_the_plan_says_which_model_each_unit_needs_served_where(monkeypatch, gpu
     assert needs["train: llama-3.1-8b on react"] == (f"launches accelerate with {processes} processes "
                                                      f"(deepspeed_zero2; this node has {gpus} GPU(s))")
     served = needs["eval: llama-3.1-70b fine-tuned on react"]
+    if not gpus:  # no GPU share to speak of on this node: vLLM's CPU build would serve them
+        assert not [need for need in needs.values() if "of each GPU's memory" in need]
+        assert "vLLM's CPU build: this node has no GPU" in needs["eval: llama-3.1-8b fine-tuned on react"]
+        return
     assert "vllm" in served and "tensor parallel 8" in served  # the 70B's own eval settings
     assert "tensor parallel 1" in needs["eval: llama-3.1-8b fine-tuned on react"]
 
@@ -140,9 +144,10 @@ def test_a_bad_grpo_section_fails_at_plan_time(section, message):
         plan(*demo_with_grpo(**section))
 
 
-def test_without_a_grpo_section_or_for_other_students_there_is_no_grpo_unit():
+def test_without_a_grpo_section_there_is_no_grpo_unit_and_a_stranger_in_its_students_is_refused():
     assert not [u for u in grid_units("demo.yaml") if u.phase == "grpo"]
-    assert not [u for u in plan(*demo_with_grpo(formats=["react"], students=["someone-else"])) if u.phase == "grpo"]
+    with pytest.raises(PipelineError, match=r"grpo.students: \['someone-else'\] are not students trained here"):
+        plan(*demo_with_grpo(formats=["react"], students=["someone-else"]))  # it used to drop GRPO silently
 
 
 def test_a_grpo_unit_whose_final_is_complete_with_its_config_is_skipped(tmp_path, monkeypatch, capsys):

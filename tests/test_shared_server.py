@@ -55,7 +55,8 @@ def test_the_plan_shows_which_units_share_which_server(tmp_path, index, question
     config = grid_config(tmp_path, index, questions, {"backend": "vllm"}, standin_serve(tmp_path, questions, "x"))
     proc = run_pipeline("run", "--config", str(config), "--print-config")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    lines = [line for line in proc.stdout.splitlines() if "shared server #1" in line]
+    short_plan = proc.stdout.split("units' configs follow")[0]  # the plan comes first, then each unit's config
+    lines = [line for line in short_plan.splitlines() if "shared server #1" in line]
     assert len(lines) == 3 and "(units 5, 6, 7; 2 LoRA adapter(s) by name)" in lines[0], proc.stdout[:3000]
 
 

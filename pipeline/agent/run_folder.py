@@ -18,7 +18,12 @@ from pipeline.core.config import to_dict, upgrade_keys
 from pipeline.core.errors import PipelineError
 from pipeline.core.same_run import run_keys
 from pipeline.core.shards import parse_shard, shard_questions
-from pipeline.core.storage import read_manifest, remove_stale_temps, write_manifest
+from pipeline.core.storage import (
+    atomic_write_bytes,
+    read_manifest,
+    remove_stale_temps,
+    write_manifest,
+)
 from pipeline.llm.base import LLM
 from pipeline.llm.config import LLMConfig
 from pipeline.methods import MethodSettings
@@ -45,7 +50,10 @@ def run_lock(out_dir: Path) -> Iterator[None]:
         fh.write(str(os.getpid()))
         fh.flush()
         remove_stale_temps(out_dir)  # a killed run's half-written manifest or summary
-        yield
+        try:
+            yield
+        finally:
+            fh.truncate(0)  # no pid left behind: a refused run leaves the folder's bytes as they were
 
 
 # Operational knobs of an LLM section that do not change what it writes (`base_url`: where the
@@ -95,8 +103,7 @@ def start_run(cfg: Any, stage: str, who: Answerer, settings: MethodSettings,
     is written, then open the page source and the model: (questions, backend, llm, exemplar sources).
     `methods` replaces cfg.methods (eval's default for a checkpoint); `check` is the stage's own
     extra refusal (e.g. eval's precision), run with the resume check."""
-    check_error_share(cfg.max_error_share)
-    sources = who.check(cfg.methods if methods is None else methods, settings)
+    sources = check_settings(cfg, who, settings, methods)
     questions = who.task.load_questions(cfg.questions, limit=cfg.limit)
     if not questions:
         raise PipelineError(f"question set '{cfg.questions}' is empty: nothing to "
@@ -106,6 +113,19 @@ def start_run(cfg: Any, stage: str, who: Answerer, settings: MethodSettings,
     if check is not None:
         check()
     return questions, open_backend(cfg.wiki), who.open(), sources
+
+
+def check_settings(cfg: Any, who: Answerer, settings: MethodSettings,
+                   methods: list[str] | None = None) -> dict[str, dict]:
+    """What a generate or eval run refuses about its own settings, reading no earlier output,
+    loading no model and no question: the error share, the methods and their exemplars, the
+    question set's name, the shard. `start_run` calls it, and `run` for every unit of its plan,
+    so a typo fails when the plan is made, not when its phase starts. Returns exemplar sources."""
+    check_error_share(cfg.max_error_share)
+    sources = who.check(cfg.methods if methods is None else methods, settings)
+    who.task.check_question_set(cfg.questions)
+    parse_shard(cfg.shard)
+    return sources
 
 
 @contextlib.contextmanager
@@ -118,5 +138,26 @@ def writing_run(cfg: Any, keys: tuple[str, ...], manifest: dict,
         if check is not None:
             check()
         path = cfg.out_dir / "manifest.json"
+        before, old = records_state(cfg.out_dir), path.read_bytes() if path.is_file() else None
         write_manifest(path, complete=False, **manifest)
-        yield path
+        try:
+            yield path
+        except PipelineError:
+            if records_state(cfg.out_dir) == before:  # refused before a record was written
+                put_back(path, old)
+            raise
+
+
+def records_state(out_dir: Path) -> dict[str, tuple[int, int]]:
+    """(size, mtime) of every file in the folder but its manifest and lock: whether a run wrote
+    anything between two looks."""
+    return {str(f.relative_to(out_dir)): (f.stat().st_size, f.stat().st_mtime_ns) for f in out_dir.rglob("*")
+            if f.is_file() and f.name not in ("manifest.json", LOCK_NAME)}
+
+
+def put_back(path: Path, old: bytes | None) -> None:
+    """A refusal writes nothing: the manifest as it was (a finished run's stats kept), or none."""
+    if old is None:
+        path.unlink(missing_ok=True)
+    else:
+        atomic_write_bytes(path, old)

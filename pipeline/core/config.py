@@ -1,6 +1,8 @@
 """Typed stage configs: dataclass defaults < YAML file < `key=value` overrides on the CLI.
 
-Unknown keys fail with a did-you-mean, wrong types fail naming the key; both exit with code 2.
+Unknown keys fail with a did-you-mean, wrong types fail naming the key, an integer below the
+least value its field declares (`at_least`, in the field's metadata) fails naming the bound; all
+exit with code 2, and name where the bad key came from (the YAML file or the command line).
 A YAML file may hold one stage's keys at top level, or a whole experiment with one section
 per stage (`generate:`, `filter:`, ...): a stage reads its own section.
 """
@@ -27,29 +29,78 @@ from pipeline.core.errors import PipelineError, os_error_message
 
 T = TypeVar("T")
 
+AT_LEAST = "at_least"  # field metadata: the least value an int key takes (checked by build)
+COMMAND_LINE = "the command line"
 
-def add_config_arguments(parser: argparse.ArgumentParser, cls: type | None = None) -> None:
-    """--config, key=value overrides and --print-config; `--help` then lists every key of `cls`."""
+
+def at_least(minimum: int, why: str = "", **field_kwargs) -> Any:
+    """A dataclass field (`default=` / `default_factory=` as for `dataclasses.field`) whose
+    value, when an int, must be >= `minimum`; `build` refuses a lower one in one line, before
+    any stage's own code sees it (a batch bound of 0 used to end in a traceback deep inside)."""
+    metadata = {**field_kwargs.pop("metadata", {}), **bound(minimum, why)}
+    return dataclasses.field(metadata=metadata, **field_kwargs)
+
+
+def bound(minimum: int, why: str = "") -> dict[str, Any]:
+    """The metadata `at_least` adds, for a field made by another helper (e.g. same_run's
+    `metadata=`); `why`: the reason the error line gives, where the bound is not obvious."""
+    return {AT_LEAST: minimum, "at_least_why": why}
+
+
+def int_at_least(minimum: int, option: str) -> Callable[[str], int]:
+    """An argparse `type=` for the int `option` with a least value, the `at_least` of options:
+    `--num-processes 0` is refused in one line, exit 2 (a PipelineError passes through argparse),
+    not read as "not given"."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise PipelineError(f"{option}: {text!r} is not an integer") from None
+        if value < minimum:
+            raise PipelineError(f"{option} must be >= {minimum}, got {value}")
+        return value
+    parse.__name__ = f"int >= {minimum}"
+    return parse
+
+
+def int_bound(f: dataclasses.Field) -> int | None:
+    return f.metadata.get(AT_LEAST)
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
+    """--config, key=value overrides and --print-config; `--help` then lists every key of `cls`
+    (every stage's does, as the README says) and an override example of one of them."""
     parser.add_argument("--config", type=Path, help="YAML file (a stage's keys, or an experiment with a section per stage)")
-    parser.add_argument("overrides", nargs="*", metavar="key=value", help="override a config key, e.g. limit=8 llm.temperature=0.7")
+    parser.add_argument("overrides", nargs="*", metavar="key=value",
+                        help=f"override a config key, e.g. {example_override(cls)}")
     parser.add_argument("--print-config", action="store_true",
                         help="print the effective config (defaults < YAML < overrides) as YAML and exit")
-    if cls is not None:
-        parser.formatter_class = argparse.RawDescriptionHelpFormatter
-        parser.epilog = config_help(cls)
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = config_help(cls)
 
 
 def stage_config(cls: type[T], args: argparse.Namespace, section: str | None = None,
-                 finish: Callable[[T], T] | None = None) -> T:
+                 finish: Callable[[T], T] | None = None, read: Callable[[Path], dict] | None = None) -> T:
     """The stage's config from `--config` and overrides (then `finish`, e.g. resolving defaults
     that depend on other keys); with `--print-config`, print it and exit without running."""
-    cfg = load_config(cls, args.config, args.overrides, section=section)
+    cfg = load_config(cls, args.config, args.overrides, section=section, read=read)
     if finish is not None:
         cfg = finish(cfg)
     if getattr(args, "print_config", False):
         print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
         raise SystemExit(0)
     return cfg
+
+
+def example_override(cls: type) -> str:
+    """`key=value` of a key `cls` has (`--help` used to show `llm.temperature`, which no stage has)."""
+    rows = {key: default for key, _, default, _ in config_keys(cls)}
+    for key in ("limit", "max_steps"):
+        if key in rows:
+            return f"{key}=8"
+    plain = [k for k, default in rows.items() if default not in ("null", "[]", "{}", "(required)")]
+    key = next((k for k in ("experiment", "out_dir") if k in plain), plain[0] if plain else next(iter(rows)))
+    return f"{key}={rows[key]}"
 
 
 def config_help(cls: type) -> str:
@@ -125,22 +176,40 @@ def own_field_source(cls: type) -> dict[str, tuple[str, str]]:
 
 
 def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None,
-                section: str | None = None) -> T:
-    data = read_section(path, section) if path is not None else {}
+                section: str | None = None, read: Callable[[Path], dict] | None = None) -> T:
+    """`cls` from the YAML file at `path` (its `section`, or what `read` makes of the file), then
+    the overrides."""
+    read = read or (lambda p: read_section(p, section))
+    data = read(path) if path is not None else {}
+    given = set()
     for item in overrides or []:
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise PipelineError(f"override '{item}' is not key=value (e.g. limit=8)")
         set_dotted(data, key.strip(), parse_value(key.strip(), raw))
-    return build(cls, data, where=str(path) if path else "config")
+        given.add(key.strip())
+    return build(cls, data, where=str(path) if path else "config", given=frozenset(given))
+
+
+# The sections of an experiment YAML (`run`'s): a file with `students:` or two of these is one
+EXPERIMENT_SECTIONS = ("generate", "filter", "train", "grpo", "eval", "plot", "self_training")
 
 
 def read_section(path: str | Path, section: str | None) -> dict[str, Any]:
-    """A YAML file's keys for one stage: its `section` when it has one, else the whole file."""
+    """A YAML file's keys for one stage: its `section` when it has one, else the whole file;
+    an experiment without that section is refused by name (not by its first other key)."""
     data = read_yaml(path)
     if section and isinstance(data.get(section), dict):
         return data[section]
+    if section and is_experiment(data):
+        raise PipelineError(f"{path} is an experiment (a section per stage) with no `{section}:` section; "
+                            f"add one, or give --config a YAML of {section}'s own keys")
     return data
+
+
+def is_experiment(data: dict[str, Any]) -> bool:
+    sections = [k for k in EXPERIMENT_SECTIONS if isinstance(data.get(k), dict)]
+    return "students" in data or len(sections) >= 2
 
 
 def parse_value(key: str, raw: str):
@@ -182,21 +251,32 @@ def set_dotted(data: dict, key: str, value: Any) -> None:
     data[parts[-1]] = value
 
 
-def build(cls: type[T], data: dict[str, Any], where: str = "config", prefix: str = "") -> T:
-    """Instantiate dataclass `cls` from a mapping, checking every key and type."""
+def build(cls: type[T], data: dict[str, Any], where: str = "config", prefix: str = "",
+          given: frozenset[str] = frozenset()) -> T:
+    """Instantiate dataclass `cls` from a mapping, checking every key, type and declared bound.
+    `given`: the dotted keys set on the command line, whose errors name it instead of `where`."""
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     kwargs = {}
     for key, value in data.items():
         name = f"{prefix}{key}"
+        source = COMMAND_LINE if name in given else where
         if key not in fields:
-            raise PipelineError(f"{where}: unknown key '{name}'{unknown_key_hint(cls, key, prefix, fields)}")
-        kwargs[key] = coerce(value, hints[key], name, where)
+            raise PipelineError(f"{source}: unknown key '{name}'{unknown_key_hint(cls, key, prefix, fields)}")
+        kwargs[key] = coerce(value, hints[key], name, source, given)
+        check_bound(fields[key], kwargs[key], name, source)
     try:
         obj = cls(**kwargs)
     except (TypeError, ValueError) as exc:
         raise PipelineError(f"{where}: {exc}") from None
     return obj
+
+
+def check_bound(f: dataclasses.Field, value: Any, name: str, where: str) -> None:
+    least = int_bound(f)
+    if least is not None and isinstance(value, int) and not isinstance(value, bool) and value < least:
+        why = f.metadata.get("at_least_why")
+        raise PipelineError(f"{where}: '{name}' must be >= {least}, got {value}" + (f" ({why})" if why else ""))
 
 
 def unknown_key_hint(cls: type, key: str, prefix: str, fields) -> str:
@@ -238,7 +318,7 @@ def nested_dataclass(annotation: Any) -> Any:
     return None
 
 
-def coerce(value: Any, annotation: Any, name: str, where: str) -> Any:
+def coerce(value: Any, annotation: Any, name: str, where: str, given: frozenset[str] = frozenset()) -> Any:
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
     if origin in (typing.Union, types.UnionType):
@@ -247,14 +327,14 @@ def coerce(value: Any, annotation: Any, name: str, where: str) -> Any:
         errors = []
         for arg in (a for a in args if a is not type(None)):
             try:
-                return coerce(value, arg, name, where)
+                return coerce(value, arg, name, where, given)
             except PipelineError as exc:
                 errors.append(str(exc))
         raise PipelineError(errors[0] if errors else f"{where}: '{name}' must not be null")
     if dataclasses.is_dataclass(annotation):
         if not isinstance(value, dict):
             raise PipelineError(f"{where}: '{name}' must be a mapping")
-        return build(annotation, value, where, prefix=f"{name}.")
+        return build(annotation, value, where, prefix=f"{name}.", given=given)
     if origin in (list, tuple):
         if isinstance(value, str | int | float):
             value = [value]  # `methods=react` on the command line means a one-item list

@@ -25,11 +25,12 @@ KEY = "same_run"
 
 
 def same_run(kind: str, *, shard_set: bool = False, **field_kwargs) -> Any:
-    """A dataclass field (`default=` / `default_factory=` as for `dataclasses.field`) that says
-    what its change does to a run."""
+    """A dataclass field (`default=` / `default_factory=` / `metadata=` as for `dataclasses.field`)
+    that says what its change does to a run; e.g. `metadata=bound(1)` (pipeline.core.config)."""
     if kind not in KINDS:
         raise ValueError(f"same_run: '{kind}' is not one of {', '.join(KINDS)}")
-    return dataclasses.field(metadata={KEY: kind, "shard_set": shard_set}, **field_kwargs)
+    metadata = {**field_kwargs.pop("metadata", {}), KEY: kind, "shard_set": shard_set}
+    return dataclasses.field(metadata=metadata, **field_kwargs)
 
 
 def run_keys(cls: type, *kinds: str) -> tuple[str, ...]:

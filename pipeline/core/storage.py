@@ -60,6 +60,11 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             tmp_path.unlink()
 
 
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
@@ -76,10 +81,11 @@ def read_jsonl(path: str | os.PathLike, *, tolerate_torn_tail: bool = True) -> l
     if not path.exists():
         raise PipelineError(f"{path}: file not found")
     records = []
-    with open(path, encoding="utf-8") as fh:
-        text = fh.read()
+    text = read_utf8(path)
     if tolerate_torn_tail and text and not text.endswith("\n"):
+        torn = text[text.rfind("\n") + 1:]
         text = text[: text.rfind("\n") + 1]  # a last line without its newline is torn, even if it parses
+        say_torn(path, torn)
     lines = text.split("\n")
     last = len(lines) - 1
     while last >= 0 and not lines[last].strip():
@@ -97,6 +103,43 @@ def read_jsonl(path: str | os.PathLike, *, tolerate_torn_tail: bool = True) -> l
             raise PipelineError(f"{path}:{i + 1}: expected a JSON object per line")
         records.append(record)
     return records
+
+
+_TORN_SAID: set[Path] = set()
+
+
+def say_torn(path: Path, torn: str) -> None:
+    """Say once per file and process that its torn last line is skipped (it used to go unsaid)."""
+    if path.resolve() in _TORN_SAID:
+        return
+    _TORN_SAID.add(path.resolve())
+    print(f"note: {path}: skipped 1 torn last line ({len(torn.encode('utf-8'))} bytes without a newline: "
+          "a writer was stopped mid-line); a resumed run writes that record again", file=sys.stderr)
+
+
+def read_utf8(path: str | os.PathLike) -> str:
+    """A text file of ours, refused in one line (file, line, byte) when it is not UTF-8."""
+    raw = Path(path).read_bytes()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise not_utf8(path, raw[: exc.start].count(b"\n") + 1, raw[exc.start]) from None
+
+
+def utf8_lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
+    """(line number, line) of a text file read as it streams; a line that is not UTF-8 is
+    refused in one line naming the file and line."""
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            try:
+                yield lineno, raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise not_utf8(path, lineno, raw[exc.start]) from None
+
+
+def not_utf8(path: str | os.PathLike, lineno: int, byte: int) -> PipelineError:
+    return PipelineError(f"{path}:{lineno}: not UTF-8 text (byte {byte:#04x}); give the JSONL file the "
+                         "pipeline wrote, or re-save this one as UTF-8")
 
 
 def jsonl_line(record: dict) -> str:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.core.errors import PipelineError
-from pipeline.core.storage import atomic_write_json, atomic_write_text
+from pipeline.core.storage import atomic_write_json, atomic_write_text, read_utf8
 from pipeline.core.trajectory import Step, Trajectory, render
 from pipeline.tasks import get_task
 
@@ -125,9 +125,9 @@ def _read_pairs(path: Path) -> list[tuple[str | None, str]]:
     """(question, trajectory text in FireAct's line format) per record, for either layout."""
     try:
         if path.suffix == ".jsonl":
-            rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+            rows = [json.loads(line) for line in read_utf8(path).splitlines() if line.strip()]
             return [_gpt_pair(row, path, i) for i, row in enumerate(rows, 1)]
-        rows = json.loads(path.read_text(encoding="utf-8"))
+        rows = json.loads(read_utf8(path))
     except json.JSONDecodeError as exc:
         raise PipelineError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
     if not isinstance(rows, list):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from pipeline.core.config import bound
 from pipeline.core.same_run import same_run
 
 
@@ -24,19 +25,19 @@ class LLMConfig:
     name: str | None = same_run("identity", default=None)  # label in outputs; defaults to the model
     dtype: str = same_run("identity", default="auto")  # auto | float32 | bfloat16 | float16
     device: str = same_run("free", default="auto")  # auto | cpu | cuda
-    max_batch_size: int = same_run("free", default=16)  # transformers: sequences per generate() call
-    max_context: int | None = same_run("identity", default=None)  # tokens; None = the model's own limit
+    max_batch_size: int = same_run("free", default=16, metadata=bound(1))  # transformers: sequences per generate() call
+    max_context: int | None = same_run("identity", default=None, metadata=bound(1))  # tokens; None = the model's own limit
     trust_remote_code: bool = same_run("identity", default=False)  # only when asked: it executes code shipped with the model
     # vllm
-    tensor_parallel_size: int = same_run("identity", default=1)
+    tensor_parallel_size: int = same_run("identity", default=1, metadata=bound(1))
     gpu_memory_utilization: float = same_run("identity", default=0.9)
     # openai-compatible HTTP (vllm serve, TGI, hosted endpoints)
     base_url: str | list[str] = same_run("free", default="http://127.0.0.1:8000/v1")  # or a list: replicas of one model
     api_key_env: str = same_run("identity", default="OPENAI_API_KEY")  # the key is read from this variable, never from config
     api: str = same_run("identity", default="completions")  # completions | chat: the server's endpoint
-    max_concurrency: int = same_run("free", default=8)  # requests in flight at once, per replica
+    max_concurrency: int = same_run("free", default=8, metadata=bound(1))  # requests in flight at once, per replica
     timeout_s: float = same_run("free", default=60.0)
-    max_retries: int = same_run("free", default=5)
+    max_retries: int = same_run("free", default=5, metadata=bound(0))
     extra: dict = same_run("identity", default_factory=dict)  # backend-specific passthrough (e.g. vllm kwargs)
 
     def __post_init__(self):

@@ -44,6 +44,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from pipeline.core.config import at_least
 from pipeline.core.errors import PipelineError
 from pipeline.llm import leftovers
 from pipeline.llm.base import Completion, GenerationRequest
@@ -78,7 +79,7 @@ class ServeConfig:
     # e.g. [/opt/vllm/bin/vllm, serve].
     command: list[str] = field(default_factory=default_serve_command)
     host: str = "127.0.0.1"
-    port: int = 8100  # 0 = any free port
+    port: int = at_least(0, default=8100)  # 0 = any free port
     startup_timeout_s: float = 1800.0  # loading a 70B model and capturing CUDA graphs takes minutes
     stop_grace_s: float = 60.0  # SIGTERM, then SIGKILL after this long (the orderly stop at a unit's end)
     extra_args: list[str] = field(default_factory=list)  # more `vllm serve` flags, e.g. [--enforce-eager]

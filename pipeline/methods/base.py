@@ -18,6 +18,7 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
+from pipeline.core.config import at_least
 from pipeline.core.errors import BackendFailure
 from pipeline.core.trajectory import Trajectory, one_line
 from pipeline.llm.base import Completion, GenerationRequest
@@ -34,15 +35,15 @@ class MethodSettings:
 
     style: str = "prompt"  # prompt (instruction + exemplars + question) | zero_shot (question alone) | fireact
     exemplars: str = "ours"  # ours | paper | a prompts_naive.json path | a folder of ours
-    max_steps: int = 7  # Act / ReAct step limit (the paper's: 7; its FEVER hybrids use 5, pipeline.tasks)
-    max_new_tokens: int = 256  # per generation (the original notebook: 100)
+    max_steps: int = at_least(1, default=7)  # Act / ReAct step limit (the paper's: 7; its FEVER hybrids use 5, pipeline.tasks)
+    max_new_tokens: int = at_least(1, default=256)  # per generation (the original notebook: 100)
     # ours | original. original: the notebook's webthink loop, rule for rule (see
     # pipeline/methods/interactive.py); pair it with wiki.observation_style=original
     loop: str = "ours"
     temperature: float = 0.0  # greedy, as in the paper (CoT-SC samples use cot_sc_temperature)
-    cot_sc_samples: int = 21
+    cot_sc_samples: int = at_least(1, default=21)
     cot_sc_temperature: float = 0.7
-    seed: int = 0  # mixed with each question id into the request seed (sampling only)
+    seed: int = at_least(0, default=0)  # mixed with each question id into the request seed (sampling only)
 
 
 @dataclass

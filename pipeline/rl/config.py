@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from pipeline.core.config import at_least
 from pipeline.core.errors import PipelineError
 from pipeline.methods import MethodSettings
 from pipeline.rl.heldout import HeldoutSettings
@@ -40,14 +41,15 @@ class RolloutSettings:
     (GPUs only; not run here)."""
 
     engine: Literal["transformers", "vllm"] = "transformers"
-    max_batch_size: int = 16  # transformers: sequences per decoding batch
+    max_batch_size: int = at_least(1, default=16)  # transformers: sequences per decoding batch
     # tokens an episode may reach; None = the model's own limit (longer episodes end context_exceeded). vLLM
     # colocated needs it (its vllm_max_model_length): it reserves KV cache for one sequence of this length.
-    max_context: int | None = None
+    max_context: int | None = at_least(1, default=None)
     vllm_mode: Literal["colocate", "server"] = "colocate"  # TRL's vllm_mode
     vllm_server_base_url: str | None = None  # server mode: the `trl vllm-serve` URL (TRL's vllm_server_base_url)
     vllm_gpu_memory_utilization: float = 0.3  # colocate mode: the GPU share vLLM takes beside training
-    vllm_tensor_parallel_size: int = 1  # colocate mode; only 1 (each process's own episodes go to its own engine)
+    # colocate mode; only 1 (each process's own episodes go to its own engine)
+    vllm_tensor_parallel_size: int = at_least(1, default=1)
     vllm_extra: dict = field(default_factory=dict)  # other GRPOConfig vllm_* keys, passed as they are
 
 
@@ -56,7 +58,7 @@ class RolloutPrompting(MethodSettings):
     """How the rollouts prompt: the method settings `eval` uses, with GRPO's defaults."""
 
     style: str = "zero_shot"  # the question line alone, as `eval` prompts a fine-tuned student (the only style here)
-    max_new_tokens: int = 100  # per step (the original ReAct code's cap)
+    max_new_tokens: int = at_least(1, default=100)  # per step (the original ReAct code's cap)
     temperature: float = 1.0  # samples the rollouts (> 0); the loss's log-probabilities use it too
 
 
@@ -74,15 +76,15 @@ class GrpoConfig:
     format: str = "react"  # react | act: the loop the policy acts in (a fine-tuned start must have learned it)
     task: str = "hotpotqa"  # hotpotqa | fever (pipeline.tasks): the training questions, the question line, the reward's metric
     questions: str = "offline-bootstrap"  # training questions: a question set of the task, or a file; eval's stay apart
-    limit: int | None = None
+    limit: int | None = at_least(1, default=None)
     wiki: WikiConfig = field(default_factory=WikiConfig)
     prompting: RolloutPrompting = field(default_factory=RolloutPrompting)  # max_steps (7 on HotpotQA), max_new_tokens, loop, temperature
     reward: RewardSettings = field(default_factory=RewardSettings)
-    group_size: int = 8  # rollouts per question (TRL num_generations): the group its advantages compare
-    questions_per_step: int = 8  # questions per optimizer step; rollouts per step = questions_per_step x group_size
-    per_device_batch_size: int | None = None  # rollouts per forward/backward; default: largest divisor <= max_per_device_batch_size
-    max_per_device_batch_size: int = 8
-    max_steps: int = 100
+    group_size: int = at_least(2, "GRPO compares the rollouts of one question", default=8)  # rollouts per question (TRL num_generations): the group its advantages compare
+    questions_per_step: int = at_least(1, default=8)  # questions per optimizer step; rollouts per step = questions_per_step x group_size
+    per_device_batch_size: int | None = at_least(1, default=None)  # rollouts per forward/backward; default: largest divisor <= max_per_device_batch_size
+    max_per_device_batch_size: int = at_least(1, default=8)
+    max_steps: int = at_least(1, default=100)
     learning_rate: float = 1e-6
     lr_scheduler: str = "constant"
     warmup_ratio: float = 0.0
@@ -93,7 +95,7 @@ class GrpoConfig:
     epsilon: float = 0.2  # PPO clip range
     loss_type: str = "dapo"  # TRL's loss_type (dapo: tokens normalised over the accumulated batch)
     scale_rewards: str = "group"  # group | batch | none (TRL's scale_rewards)
-    num_iterations: int = 1  # optimisation passes per batch of rollouts (GRPO's mu)
+    num_iterations: int = at_least(1, default=1)  # optimisation passes per batch of rollouts (GRPO's mu)
     finetuning: Literal["full", "lora"] = "full"  # lora: a new adapter on a full start, or the start's own adapter trained on
     lora: LoraSettings = field(default_factory=LoraSettings)
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"  # auto: bf16 on a bf16 GPU or CPU, else fp32
@@ -105,15 +107,15 @@ class GrpoConfig:
     output_root: Path = Path("checkpoints")
     output_dir: Path | None = None  # default: <output_root>/<experiment>/<student_name>/<format>
     accelerate_config: str = "auto"  # auto | cpu | cpu_ddp | multi_gpu | deepspeed_zero2 | ... | a path
-    num_processes: int | None = None  # override the accelerate config's process count
+    num_processes: int | None = at_least(1, default=None)  # override the accelerate config's process count
     deepspeed_on_cpu: bool = False  # true: run a deepspeed_* accelerate config on CPU processes on purpose (tests; fp32 only)
-    save_steps: int = 50
-    save_total_limit: int | None = 3
+    save_steps: int = at_least(1, default=50)
+    save_total_limit: int | None = at_least(1, default=3)
     keep_checkpoints: bool = True  # false: delete checkpoint-*/ once final/ is complete
-    logging_steps: int = 1
+    logging_steps: int = at_least(1, default=1)
     report_to: str = "none"  # tensorboard: event files under <output_dir>/runs
     log_rollouts: bool = True  # every rollout's record, per step: <output_dir>/rollouts/step-N.rank-R.jsonl
-    seed: int = 0  # also seeds every rollout's sampling (by step and place), so a resume re-samples the same
+    seed: int = at_least(0, default=0)  # also seeds every rollout's sampling (by step and place), so a resume re-samples the same
     resume: str = "latest"  # latest (complete checkpoint, if any) | none | a checkpoint path
 
     @property
@@ -136,9 +138,6 @@ def resolve(cfg: GrpoConfig) -> GrpoConfig:
     if cfg.prompting.temperature <= 0:
         raise PipelineError(f"prompting.temperature: GRPO samples its rollouts (a group of greedy rollouts is one "
                             f"rollout {cfg.group_size} times, with no advantage to learn from); set it > 0, e.g. 1.0")
-    if cfg.heldout.every < 0 or cfg.heldout.limit < 1:
-        raise PipelineError(f"heldout: every must be >= 0 (0: off) and limit >= 1, got every={cfg.heldout.every}, "
-                            f"limit={cfg.heldout.limit}")
     for key in ("group_size", "questions_per_step", "max_steps", "save_steps", "logging_steps"):
         if getattr(cfg, key) < (2 if key == "group_size" else 1):
             raise PipelineError(f"{key} must be >= {2 if key == 'group_size' else 1}, got {getattr(cfg, key)}"

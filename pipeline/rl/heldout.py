@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.core.config import at_least
 from pipeline.core.storage import atomic_write_text
 
 FILE, FIGURE = "heldout.jsonl", "heldout_curve.png"
@@ -29,9 +30,9 @@ FILE, FIGURE = "heldout.jsonl", "heldout_curve.png"
 class HeldoutSettings:
     """The held-out curve: off unless `every` is set."""
 
-    every: int = 0  # optimizer steps between points; 0 = no held-out curve
+    every: int = at_least(0, default=0)  # optimizer steps between points; 0 = no held-out curve
     questions: str = "offline-eval"  # a set of the task's (or a file), apart from the training questions
-    limit: int = 50  # the first N questions: a few minutes of greedy episodes per point on a CPU
+    limit: int = at_least(1, default=50)  # the first N questions: a few minutes of greedy episodes per point on a CPU
 
 
 def heldout_point(trainer: Any, questions: list, method, backend, max_batch_size: int, step: int) -> dict:

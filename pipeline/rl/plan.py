@@ -45,7 +45,7 @@ def batch_plan(cfg: GrpoConfig, num_processes: int) -> BatchPlan:
                             f"over {num_processes} processes; make questions_per_step x group_size a multiple of "
                             f"{num_processes}")
     per_device, accum = split_batch(cfg.rollouts_per_step, num_processes, cfg.per_device_batch_size,
-                                    cfg.max_per_device_batch_size)
+                                    cfg.max_per_device_batch_size, batch_name="questions_per_step x group_size")
     return BatchPlan(per_device, accum, num_processes)
 
 

@@ -18,6 +18,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from pipeline.core.config import int_at_least
 from pipeline.core.errors import PipelineError
 
 FETCH_SOURCES = {
@@ -57,15 +58,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       "hf:distractor:validation, or a path to a HotpotQA file (with --task fever: "
                       "paper-dev, react-dev500, dev-bootstrap, offline-eval, offline-bootstrap, a FEVER .jsonl)")
     show.add_argument("--task", default="hotpotqa", help="the task whose question set it is: hotpotqa (default) or fever")
-    show.add_argument("--limit", type=int, default=None, help="only the first N questions")
-    show.add_argument("--sample", type=int, default=3, help="how many questions to print (default 3)")
+    show.add_argument("--limit", type=int_at_least(1, "--limit"), default=None, help="only the first N questions")
+    show.add_argument("--sample", type=int_at_least(1, "--sample"), default=3, help="how many questions to print (default 3)")
 
     split = sub.add_parser("split", help="build the offline eval / bootstrap id lists",
                            description="Seeded offline benchmark split of with_context.jsonl: an eval "
                            "set of dev questions whose gold paragraphs are all in the corpus, and a "
                            "disjoint bootstrap pool (train + remaining dev, minus react-dev500).")
-    split.add_argument("--seed", type=int, default=0, help="shuffle seed (default 0)")
-    split.add_argument("--eval-size", type=int, default=500, help="eval questions (default 500)")
+    split.add_argument("--seed", type=int_at_least(0, "--seed"), default=0, help="shuffle seed (default 0)")
+    split.add_argument("--eval-size", type=int_at_least(1, "--eval-size"), default=500, help="eval questions (default 500)")
     split.add_argument("--questions", type=Path, default=None,
                        help="with_context.jsonl (default: data/ cache, then the mirror)")
     split.add_argument("--corpus", type=Path, default=None,

@@ -28,7 +28,8 @@ from typing import ClassVar
 from pipeline.agent.answerers import ORACLE, answerer, check_oracle, upgrade_oracle
 from pipeline.agent.episodes import MAX_ERROR_SHARE, run_methods
 from pipeline.agent.run_folder import check_resumable, start_run, writing_run
-from pipeline.core.config import add_config_arguments, stage_config, to_dict
+from pipeline.agent.run_folder import check_settings as check_run_settings
+from pipeline.core.config import add_config_arguments, bound, stage_config, to_dict
 from pipeline.core.errors import PipelineError
 from pipeline.core.same_run import run_keys, same_run
 from pipeline.core.shards import parse_shard
@@ -71,11 +72,11 @@ class EvalConfig:
     params_b: float | None = same_run("free", default=None)  # billions of parameters (the figure's x axis)
     methods: list[str] = same_run("free", default_factory=lambda: ["standard", "cot", "act", "react"])
     questions: str = same_run("identity", default="offline-eval")  # a set of the task's; react-dev500 needs wiki.backend=live or a full local index
-    limit: int | None = same_run("free", default=None)
+    limit: int | None = same_run("free", default=None, metadata=bound(1))
     out_dir: Path = same_run("free", default=Path("runs/eval/default"))
     prompting: MethodSettings = same_run("identity", default_factory=MethodSettings)  # style is set from the model (prompt | zero_shot)
     wiki: WikiConfig = same_run("identity", default_factory=WikiConfig)
-    max_in_flight: int = same_run("free", default=16)
+    max_in_flight: int = same_run("free", default=16, metadata=bound(1))
     shard: str | None = same_run("identity", default=None)  # i/n: this job's share of the questions, for N jobs (pipeline.core.shards)
     # Stop, with no summary, once more than this share of a method's episodes end in a model or
     # page-source error (end_reason llm_error / backend_error); a re-run runs those episodes again
@@ -113,6 +114,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     evaluate(stage_config(EvalConfig, args, section="eval"))
     return 0
+
+
+def check_settings(cfg: EvalConfig) -> None:
+    """What eval refuses about its own settings, reading no model and no question (`run` checks
+    every eval unit's when it makes its plan; a fine-tuned model's own format is checked when
+    the model is read)."""
+    check_oracle(cfg.oracle, cfg.serve, cfg.model, "model")
+    style = "zero_shot" if cfg.finetuned else "prompt"  # a released model's own style is read with it
+    check_run_settings(cfg, answerer(cfg.model, cfg.task, cfg.oracle), replace(cfg.prompting, style=style))
 
 
 def evaluate(cfg: EvalConfig) -> list[dict]:

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pipeline.core.config import add_config_arguments, stage_config, to_dict
+from pipeline.core.config import add_config_arguments, bound, stage_config, to_dict
 from pipeline.core.errors import PipelineError
 from pipeline.core.same_run import run_keys, same_run
 from pipeline.core.storage import (
@@ -88,11 +88,11 @@ class FilterConfig:
     formats: list[str] = same_run("free", default_factory=list)  # the training formats to build; empty: every one the inputs hold
     min_f1: float | None = same_run("identity", default=None)  # also require F1 >= this (EM = 1 is always required)
     require_finished: bool = same_run("identity", default=True)
-    max_per_method: int = same_run("identity", default=3000)
+    max_per_method: int = same_run("identity", default=3000, metadata=bound(1))
     # Correct trajectories kept per question (k samples of one question, pipeline.sampling):
     # null = every distinct one; 1 = the first
-    per_question: int | None = same_run("identity", default=None)
-    seed: int = same_run("identity", default=0)
+    per_question: int | None = same_run("identity", default=None, metadata=bound(1))
+    seed: int = same_run("identity", default=0, metadata=bound(0))
     shuffle: bool = same_run("identity", default=True)  # the written order: seeded shuffle (True) or input order
     tokenizer: str | None = same_run("identity", default=None)  # "smollm2", a local folder or a hub id: token-length stats
     force: bool = same_run("free", default=False)
@@ -526,10 +526,9 @@ def is_up_to_date(folder: Path, inputs: list[dict], cfg: FilterConfig) -> bool:
 # ---------------------------------------------------------------- the stage
 
 
-def run_filter(cfg: FilterConfig, allow_empty: bool = False) -> dict:
-    """Build every method's dataset; returns {method: stats} (stats of skipped methods are re-read).
-    A method that keeps nothing gets no dataset; when none keeps anything that is an error, unless
-    `allow_empty` (a self-training round whose student solved nothing: pipeline/rounds.py)."""
+def check_settings(cfg: FilterConfig) -> None:
+    """What filter refuses about its own settings, reading nothing (`run` checks every filter
+    unit's when it makes its plan)."""
     if not cfg.inputs and not cfg.fireact:
         raise PipelineError("filter: nothing to read; set inputs=[<generate output folder>] or pass --from-fireact PATH")
     if cfg.max_per_method < 1:
@@ -537,6 +536,13 @@ def run_filter(cfg: FilterConfig, allow_empty: bool = False) -> dict:
     unknown = [m for m in cfg.formats if m not in FORMATS]
     if unknown:
         raise PipelineError(f"filter: formats {unknown} are not training formats; choose from {list(FORMATS)}")
+
+
+def run_filter(cfg: FilterConfig, allow_empty: bool = False) -> dict:
+    """Build every method's dataset; returns {method: stats} (stats of skipped methods are re-read).
+    A method that keeps nothing gets no dataset; when none keeps anything that is an error, unless
+    `allow_empty` (a self-training round whose student solved nothing: pipeline/rounds.py)."""
+    check_settings(cfg)
     check_writable_dir(cfg.out_dir)
     remove_stale_temps(cfg.out_dir)  # a killed run's half-written dataset folders and manifest
     episodes = collect_episodes(cfg)

@@ -40,8 +40,9 @@ from typing import ClassVar
 
 from pipeline.agent.answerers import answerer, check_oracle, upgrade_oracle
 from pipeline.agent.episodes import MAX_ERROR_SHARE, method_stats, run_methods, set_aside_errors
+from pipeline.agent.run_folder import check_settings as check_run_settings
 from pipeline.agent.run_folder import start_run, writing_run
-from pipeline.core.config import add_config_arguments, stage_config, to_dict
+from pipeline.core.config import add_config_arguments, bound, stage_config, to_dict
 from pipeline.core.errors import PipelineError
 from pipeline.core.same_run import run_keys, same_run
 from pipeline.core.storage import check_writable_dir, read_jsonl, require_complete, write_manifest
@@ -66,20 +67,20 @@ class GenerateConfig:
     oracle: str | None = same_run("identity", shard_set=True, default=None)
     methods: list[str] = same_run("free", default_factory=lambda: ["standard", "cot", "act", "react"])
     questions: str = same_run("identity", shard_set=True, default="offline-bootstrap")  # a question-set name of the task (pipeline.tasks) or a file
-    limit: int | None = same_run("free", shard_set=True, default=None)  # the first N questions of the set
+    limit: int | None = same_run("free", shard_set=True, default=None, metadata=bound(1))  # the first N questions of the set
     out_dir: Path = same_run("free", default=Path("runs/generate/default"))
     prompting: MethodSettings = same_run("identity", shard_set=True, default_factory=MethodSettings)  # how the teacher is prompted
     wiki: WikiConfig = same_run("identity", shard_set=True, default_factory=WikiConfig)
-    max_in_flight: int = same_run("free", default=16)  # episodes run at once (in rounds, or continuously against a server: pipeline.agent.scheduler)
-    target_correct: int | None = same_run("free", default=None)  # target mode: draw questions until each method has N correct
-    order_seed: int = same_run("target", default=0)  # target mode: the seed of the order in which questions are drawn
+    max_in_flight: int = same_run("free", default=16, metadata=bound(1))  # episodes run at once (in rounds, or continuously against a server: pipeline.agent.scheduler)
+    target_correct: int | None = same_run("free", default=None, metadata=bound(1))  # target mode: draw questions until each method has N correct
+    order_seed: int = same_run("target", default=0, metadata=bound(0))  # target mode: the seed of the order in which questions are drawn
     shard: str | None = same_run("identity", default=None)  # i/n: this job's share of the questions, for N jobs (pipeline.core.shards)
     # Stop, the run left incomplete, once more than this share of a method's episodes (of a target
     # mode batch) end in a model or page-source error; a re-run runs those episodes again
     max_error_share: float = same_run("free", default=MAX_ERROR_SHARE)
     # Episodes per question: k > 1 samples each question k times (records `<id>#<j>`, pipeline.sampling;
     # set prompting.temperature > 0 for a model teacher), for rejection sampling
-    samples: int = same_run("identity", shard_set=True, default=1)
+    samples: int = same_run("identity", shard_set=True, default=1, metadata=bound(1))
     # Generate folders of earlier runs (e.g. earlier self-training rounds): the stats count the
     # questions solved here that none of them solved (the records do not depend on them)
     earlier_runs: list[str] = same_run("free", default_factory=list)
@@ -105,8 +106,7 @@ def main(args: argparse.Namespace) -> int:
 def generate(cfg: GenerateConfig) -> dict[str, dict]:
     """Run every method; return per-method stats. Validates everything before writing."""
     check_writable_dir(cfg.out_dir)  # before any model is loaded or episode run
-    check_samples(cfg)
-    check_oracle(cfg.oracle, cfg.serve, cfg.teacher, "teacher")
+    check_settings(cfg)
     if cfg.oracle is None:
         require_installed(cfg.teacher.model)  # an embedded model's package, before the wiki index is built
     if cfg.serve is None:
@@ -124,6 +124,14 @@ def generate(cfg: GenerateConfig) -> dict[str, dict]:
 
 def identity_keys(cfg: GenerateConfig) -> tuple[str, ...]:
     return IDENTITY_KEYS if cfg.target_correct is None else (*IDENTITY_KEYS, *run_keys(GenerateConfig, "target"))
+
+
+def check_settings(cfg: GenerateConfig) -> None:
+    """What generate refuses about its own settings, reading and loading nothing (`run` checks
+    every generate unit's when it makes its plan)."""
+    check_samples(cfg)
+    check_oracle(cfg.oracle, cfg.serve, cfg.teacher, "teacher")
+    check_run_settings(cfg, answerer(cfg.teacher, cfg.task, cfg.oracle), cfg.prompting)
 
 
 def check_samples(cfg: GenerateConfig) -> None:

@@ -20,7 +20,14 @@ import argparse
 import shlex
 from pathlib import Path
 
-from pipeline.core.config import add_config_arguments, read_yaml, stage_config
+from pipeline.core.config import (
+    add_config_arguments,
+    is_experiment,
+    merged,
+    read_section,
+    read_yaml,
+    stage_config,
+)
 from pipeline.rl.config import GrpoConfig, check_rollout_strategy, resolve
 from pipeline.rl.plan import RlPlan
 from pipeline.train.deepspeed_setup import check_deepspeed_device
@@ -47,9 +54,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    cfg = stage_config(GrpoConfig, args, section="grpo", finish=resolve)
+    cfg = stage_config(GrpoConfig, args, section="grpo", finish=resolve, read=grpo_keys)
     return grpo(cfg, accelerate_config=args.accelerate_config, num_processes=args.num_processes,
                 dry_run=args.dry_run, machines=machines_from_args(args))
+
+
+def grpo_keys(path: Path) -> dict:
+    """A YAML's GrpoConfig keys. An experiment's `grpo:` section is `run`'s (its GrpoPhase:
+    formats, config, students, settings): the keys are then its `config` file's, the grid's
+    experiment and wiki, and its `settings`, as `run` layers them (pipeline.stages.run.grpo_config)."""
+    data = read_yaml(path)
+    section = data.get("grpo")
+    if not is_experiment(data) or not isinstance(section, dict):
+        return read_section(path, "grpo")
+    own = read_section(section["config"], "grpo") if section.get("config") else {}
+    grid = {k: data[k] for k in ("experiment", "wiki") if k in data}
+    return merged(own, grid, section.get("settings") or {})
 
 
 def grpo(cfg: GrpoConfig, *, accelerate_config: str | None = None, num_processes: int | None = None,
@@ -67,8 +87,7 @@ def grpo(cfg: GrpoConfig, *, accelerate_config: str | None = None, num_processes
     check_deepspeed_device(distributed == "DEEPSPEED", gpus > 0, cfg.deepspeed_on_cpu, world)  # before 8 CPU processes start
     check_rollout_strategy(cfg.rollout.engine, "fsdp" if distributed == "FSDP" else "other")
     plan = plan_grpo(cfg, world)  # the launched script resolves the same plan from the written config
-    if not dry_run:
-        preflight(plan, config_path)
+    preflight(plan, config_path, dry_run)
     resolved = write_config_file(cfg, Path(cfg.output_dir) / RESOLVED_CONFIG, dry_run, label="grpo")
     cmd = launch_command(config_path, num_processes, resolved, gpus, machines, module=GRPO_MODULE)
     print(f"[grpo] {cfg.format} / {cfg.student_name}: {cfg.questions_per_step} questions x {cfg.group_size} rollouts "
@@ -80,12 +99,26 @@ def grpo(cfg: GrpoConfig, *, accelerate_config: str | None = None, num_processes
     return launch(cmd)
 
 
-def preflight(plan: RlPlan, config_path: Path) -> None:
-    """Refuse now what the launched child would refuse later, and build a missing index once."""
+def preflight(plan: RlPlan, config_path: Path, dry_run: bool = False) -> None:
+    """Refuse now what the launched child would refuse later, and build a missing index once.
+    A dry run checks the same but fetches nothing, loads no question and writes nothing: a start
+    given by hub id and the question count are checked at launch, a missing index built then."""
     from pipeline.core.storage import check_writable_dir
+    from pipeline.hub.models import looks_like_path
+    from pipeline.rl.start import is_ours
     from pipeline.wiki.config import open_backend
 
+    cfg = plan.cfg
     read_yaml(config_path)
-    check_writable_dir(plan.cfg.output_dir, "output_dir")
-    plan.start, plan.questions  # noqa: B018 (resolved here, where a refusal is one line before any launch)
-    open_backend(plan.cfg.wiki)
+    check_writable_dir(cfg.output_dir, "output_dir")
+    if not dry_run or is_ours(cfg.student) or looks_like_path(cfg.student):
+        plan.start  # noqa: B018 (resolved here, where a refusal is one line before any launch)
+    if not dry_run:
+        plan.questions  # noqa: B018
+        open_backend(cfg.wiki)
+        return
+    plan.task.check_question_set(cfg.questions)
+    if cfg.wiki.backend == "local" and Path(cfg.wiki.index).exists():
+        from pipeline.wiki.index import LocalIndex
+
+        LocalIndex(Path(cfg.wiki.index))  # opened read-only: a folder or a broken index is refused

@@ -26,7 +26,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.core.config import add_config_arguments, load_config
+from pipeline.core.config import add_config_arguments, stage_config
 from pipeline.core.errors import PipelineError
 from pipeline.core.storage import require_complete
 
@@ -44,11 +44,11 @@ class PublishConfig:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_arguments(parser)
+    add_config_arguments(parser, PublishConfig)
 
 
 def main(args: argparse.Namespace) -> int:
-    publish(load_config(PublishConfig, args.config, args.overrides, section="publish"))
+    publish(stage_config(PublishConfig, args, section="publish"))
     return 0
 
 

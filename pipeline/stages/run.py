@@ -1,4 +1,4 @@
-"""`run`: one experiment grid end to end: generate -> filter -> train -> eval -> plot.
+"""`run`: one experiment grid end to end, in phases: generate -> filter -> train -> grpo -> eval -> rounds -> plot.
 
     python -m pipeline run --config configs/demo.yaml          # the CPU demo (scripts/demo.sh)
     python -m pipeline run --config configs/paper.yaml         # the full-scale grid (GPUs)
@@ -64,17 +64,23 @@ from pipeline.core.relay import pieces
 from pipeline.core.storage import check_writable_dir, is_done, read_manifest
 from pipeline.llm.serve_groups import plan_groups, running
 from pipeline.report.rounds import RoundsReport, write_rounds_report
+from pipeline.rl.heldout import HeldoutSettings
 from pipeline.rounds import SelfTrainingConfig
 from pipeline.stages.eval import EvalConfig, model_under_test, precision_record
+from pipeline.stages.eval import check_settings as check_eval
 from pipeline.stages.filter import FilterConfig, run_filter
+from pipeline.stages.filter import check_settings as check_filter
 from pipeline.stages.generate import GenerateConfig, generate
+from pipeline.stages.generate import check_settings as check_generate
 from pipeline.stages.grpo import GrpoConfig, grpo
 from pipeline.stages.grpo import resolve as resolve_grpo
 from pipeline.stages.plot import PlotConfig, run_plot
 from pipeline.stages.train import gpu_count, pick_accelerate_config, processes_for, train
-from pipeline.tasks import DEFAULT_TASK
+from pipeline.tasks import DEFAULT_TASK, get_task
 from pipeline.train.config import FinetuneConfig, resolve
+from pipeline.train.deepspeed_setup import check_deepspeed_device
 from pipeline.train.plan import foreseen
+from pipeline.train.sft import split_batch
 
 
 @dataclass
@@ -166,7 +172,9 @@ def main(args: argparse.Namespace) -> int:
     cfg = load_config(RunConfig, args.config, args.overrides)
     students = [build(Student, s, where=f"{args.config} students[{i}]") for i, s in enumerate(cfg.students)]
     if args.print_config:
-        print_plan(select(plan(cfg, students), phases))
+        units = select(plan(cfg, students), phases)
+        print_plan(units)
+        check_selected(cfg, units)  # what the real run refuses before its first unit: exit 2 here too
         return 0
     run(cfg, students, phases)
     return 0
@@ -196,7 +204,10 @@ def check_phase(name: str, option: str) -> str:
 
 
 def print_plan(units: list[Unit]) -> None:
-    """Each unit's title and the config it would run with, as YAML (nothing runs)."""
+    """The short plan the real run prints first, then each unit's title and the config it would
+    run with, as YAML (nothing runs)."""
+    show_plan(units, prefix="#")
+    print(f"# the {len(units)} units' configs follow\n")
     for i, unit in enumerate(units, start=1):
         status = "" if unit.selected else " (not selected)"
         print(f"# [{i}/{len(units)}] {unit.phase}: {unit.title}{status}")
@@ -229,6 +240,7 @@ class Unit:
 def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
     """Build and check every unit's config before anything runs, so a typo in the eval section
     fails in a second, not after hours of training; return them in phase order."""
+    check_unit_keys(cfg, students)
     dataset_dir = cfg.out_dir / "sft"
     units = []
     teacher = None
@@ -275,8 +287,116 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
                       "no model: CPU only"))
     order = list(PHASES)
     units = sorted(units, key=lambda u: order.index(u.phase))  # stable: the grid's order within a phase
+    check_grpo_students(cfg, students)
+    for unit in units:
+        check_unit(unit)
     plan_groups(units, done=lambda unit: unit_done(unit.config, unit.precision))  # an eval's, or none
     return units
+
+
+# The keys `run` sets on every unit of a kind itself (its folders, names, model and formats):
+# given in a section, they would be replaced without a word.
+UNIT_KEYS = {
+    "generate": ("out_dir",),
+    "filter": ("inputs", "out_dir"),
+    "train": ("experiment", "student_name", "format", "dataset_dir", "size_class"),
+    "eval": ("finetuned", "methods", "format", "size_class", "params_b", "out_dir"),
+    "plot": ("summaries", "rounds"),  # its out_dir may be given (plot_config)
+    "grpo.settings": ("experiment", "student", "student_name", "format"),
+}
+
+
+def check_unit_keys(cfg: RunConfig, students: list[Student]) -> None:
+    sections = {name: getattr(cfg, name) for name in ("generate", "filter", "train", "eval", "plot")}
+    sections["grpo.settings"] = cfg.grpo.settings
+    for i, student in enumerate(students):
+        sections[f"students[{i}].train"], sections[f"students[{i}].eval"] = student.train, student.eval
+    for name, section in sections.items():
+        given = [k for k in UNIT_KEYS[name.split(".")[-1] if name.startswith("students") else name] if k in section]
+        if given:
+            raise PipelineError(f"{name}: {', '.join(given)} {'is' if len(given) == 1 else 'are'} set by `run` for "
+                                "each unit (its folders, names, formats and model); remove "
+                                f"{'it' if len(given) == 1 else 'them'} (the grid's `formats:` and `students:` "
+                                "say what runs)")
+
+
+def check_unit(unit: Unit) -> None:
+    """What the unit's stage will refuse about its own settings when its phase starts (names it
+    refers to, question sets, the batch split), refused now, with the unit named; what earlier
+    phases make (a dataset, a final/) is checked when its phase starts, and what this machine
+    holds (model folders, GPUs) before the first selected unit (check_selected)."""
+    config = unit.config
+    try:
+        if isinstance(config, GenerateConfig):
+            check_generate(config)
+        elif isinstance(config, FilterConfig):
+            check_filter(config)
+        elif isinstance(config, EvalConfig):
+            check_eval(config)
+        elif isinstance(config, FinetuneConfig):
+            split_batch(config.global_batch_size, launch_world(config)[1], config.per_device_batch_size,
+                        config.max_per_device_batch_size)
+        elif isinstance(config, GrpoConfig):
+            check_grpo(config)
+    except PipelineError as exc:
+        failure = PipelineError(f"{unit.title}: {exc}")
+        failure.exit_code = exc.exit_code
+        raise failure from None
+
+
+def unit_models(config) -> list[tuple[str, str]]:
+    """(key, model) of the models a unit loads by name: a teacher, a prompted or fine-tuned
+    model, a base model and its adapter, a start (a model an endpoint serves is its name there)."""
+    if isinstance(config, GenerateConfig) and config.oracle is None and config.teacher.backend != "openai":
+        return [("teacher.model", config.teacher.model), ("teacher.adapter", config.teacher.adapter)]
+    if isinstance(config, EvalConfig) and config.oracle is None:
+        loaded = [] if config.model.backend == "openai" else [("model.model", config.model.model),
+                                                               ("model.adapter", config.model.adapter)]
+        return loaded + [("finetuned", config.finetuned), ("base_model", config.base_model)]
+    if isinstance(config, FinetuneConfig | GrpoConfig):
+        return [("student", config.student)]
+    return []
+
+
+def check_model_folders(units: list[Unit]) -> None:
+    """A model the selected units load by a local path that is not there, and that no unit of
+    the grid makes (a final/), refused before the first unit; a hub id is fetched when its
+    phase starts."""
+    from pipeline.hub.models import looks_like_path
+
+    made = {str(Path(u.config.output_dir) / "final") for u in units if u.action in (launch_train, launch_grpo)}
+    for unit in (u for u in units if u.selected):
+        for key, model in unit_models(unit.config):
+            model = None if model is None else str(model)
+            if model and model not in made and looks_like_path(model) and not Path(model).expanduser().exists():
+                raise PipelineError(f"{unit.title}: {key}: {model} not found; give a model folder that exists, "
+                                    "a hub id, or 'smollm2'")
+
+
+def launch_world(cfg) -> tuple[Path, int]:
+    """(accelerate config, processes) of a train or grpo unit's launch on this machine."""
+    gpus = gpu_count()
+    config = pick_accelerate_config(cfg.accelerate_config, gpus)
+    return config, processes_for(config, cfg.num_processes, gpus)
+
+
+def check_grpo(gr) -> None:
+    """A grpo unit's batch split over its launch, and its training question set's name."""
+    from pipeline.rl.plan import batch_plan
+
+    batch_plan(gr, launch_world(gr)[1])
+    get_task(gr.task).check_question_set(gr.questions)
+
+
+def check_grpo_students(cfg: RunConfig, students: list[Student]) -> None:
+    """A `grpo.students` name that is no student trained here would silently drop its GRPO."""
+    if cfg.grpo.students is None:
+        return
+    trained = [s.name for s in students if s.finetune and not s.finetuned]
+    strangers = [name for name in cfg.grpo.students if name not in trained]
+    if strangers:
+        raise PipelineError(f"grpo.students: {strangers} are not students trained here ({', '.join(trained) or 'none'}); "
+                            "GRPO continues a student fine-tuned in this grid")
 
 
 def served_as(ft, final: Path) -> tuple[str, str | None]:
@@ -361,8 +481,13 @@ def check_adapter_reachable(ev, ft) -> None:
 
 
 def select(units: list[Unit], phases: list[str]) -> list[Unit]:
+    """Mark the units of `phases`; a selection with no unit of this grid (`--only grpo` without
+    a grpo section) is refused rather than run as nothing."""
     for unit in units:
         unit.selected = unit.phase in phases
+    if not any(unit.selected for unit in units):
+        present = [p for p in PHASES if any(u.phase == p for u in units)]
+        raise PipelineError(f"this grid has no unit in phase {', '.join(phases)}; its phases: {', '.join(present)}")
     return units
 
 
@@ -376,7 +501,8 @@ def same_model(a, b) -> bool:
 def needs_model(llm, serve=None, what: str | None = None, oracle: str | None = None) -> str:
     """What a unit needs running, and where, for the plan: one line."""
     what = what or llm.model
-    gpus = f"tensor parallel {llm.tensor_parallel_size}, {llm.gpu_memory_utilization:g} of each GPU's memory"
+    gpus = (f"tensor parallel {llm.tensor_parallel_size}, {llm.gpu_memory_utilization:g} of each GPU's memory"
+            if gpu_count() else "vLLM's CPU build: this node has no GPU")
     if oracle is not None:
         return "no model: the oracle stand-in teacher (gold facts)"
     if serve is not None:
@@ -408,8 +534,7 @@ def needs_train(ft) -> str:
 def run(cfg: RunConfig, students: list[Student], phases: list[str] | None = None) -> dict:
     started = time.monotonic()
     units = select(plan(cfg, students), phases or list(PHASES))
-    check_outputs(cfg, [u for u in units if u.selected])
-    check_precisions([u for u in units if u.selected])
+    check_selected(cfg, units)
     show_plan(units)
     outputs: dict = {}
     with running(units) as after:  # the servers units share (pipeline/llm/serve_groups.py)
@@ -427,13 +552,36 @@ def run(cfg: RunConfig, students: list[Student], phases: list[str] | None = None
     return outputs
 
 
-def show_plan(units: list[Unit]) -> None:
+def show_plan(units: list[Unit], prefix: str = "[run]") -> None:
     """Before any work: every unit, its phase, what it needs served where, and whether it runs."""
-    print("[run] plan (phases run in the order " + " -> ".join(PHASES) + "):", flush=True)
+    print(f"{prefix} plan (phases run in the order " + " -> ".join(PHASES) + "):", flush=True)
     for i, unit in enumerate(units, start=1):
         status = "" if unit.selected else "  -- not selected"
-        print(f"[run]  {i:>3}. {unit.phase:<8} {unit.title}{status}\n[run]       {unit.needs}")
+        print(f"{prefix}  {i:>3}. {unit.phase:<8} {unit.title}{status}\n{prefix}       {unit.needs}")
     sys.stdout.flush()
+
+
+def check_selected(cfg: RunConfig, units: list[Unit]) -> None:
+    """What depends on this machine and on earlier results, for the units selected to run here:
+    writable folders, model folders, each launch's devices, the precision of results already there."""
+    selected = [u for u in units if u.selected]
+    check_outputs(cfg, selected)
+    check_model_folders(units)
+    check_launch_devices(selected)
+    check_precisions(selected)
+
+
+def check_launch_devices(units: list[Unit]) -> None:
+    """A DeepSpeed launch that sees no GPU is refused by `train` and `grpo` when their phase
+    starts; refused here before the first phase instead."""
+    for unit in units:
+        if unit.action in (launch_train, launch_grpo):
+            config, world = launch_world(unit.config)
+            deepspeed = read_yaml(config).get("distributed_type") == "DEEPSPEED"
+            try:
+                check_deepspeed_device(deepspeed, gpu_count() > 0, unit.config.deepspeed_on_cpu, world)
+            except PipelineError as exc:
+                raise PipelineError(f"{unit.title}: {exc}") from None
 
 
 def check_outputs(cfg: RunConfig, units: list[Unit]) -> None:
@@ -622,7 +770,8 @@ def train_config(cfg: RunConfig, student: Student, fmt: str, dataset_dir: Path, 
     layers = merged(read_section(student.config, "train"), cfg.train, student.train, {
         "experiment": cfg.experiment, "student_name": student.name, "format": fmt,
         "dataset_dir": str(dataset_dir), "size_class": student.size_class}, round_layer)
-    return resolve(build(FinetuneConfig, layers, where=f"{student.config} (train, {student.name} on {fmt})"))
+    where = f"train, {student.name} on {fmt} ({student.config} < the experiment's train keys and the student's)"
+    return resolve(build(FinetuneConfig, layers, where=where))
 
 
 def launch_train(ft) -> None:
@@ -794,9 +943,10 @@ def grpo_config(cfg: RunConfig, student: Student, ft):
 def launch_grpo(gr) -> None:
     """`grpo` for one fine-tuned student, unless its final policy is done with this config."""
     final, wanted = Path(gr.output_dir) / "final", to_dict(gr)
-    older = {k: v for k, v in wanted.items() if k != "task"}  # a manifest written before GRPO configs had `task`
-    if is_done(final / "manifest.json", config=wanted) or (gr.task == DEFAULT_TASK and is_done(final / "manifest.json",
-                                                                                                config=older)):
+    # a manifest written before GRPO configs had these keys, at the value that means what it did then
+    added_later = {"task": DEFAULT_TASK, "heldout": to_dict(HeldoutSettings())}
+    older = {k: v for k, v in wanted.items() if not (k in added_later and v == added_later[k])}
+    if is_done(final / "manifest.json", config=wanted) or is_done(final / "manifest.json", config=older):
         print(f"[run] skip: {final} is complete")
         return
     gpu_memory.check(train_gpu_need(gr))  # a launch like train's: its GPUs to itself

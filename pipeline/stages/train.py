@@ -86,8 +86,7 @@ def train(cfg: FinetuneConfig, *, accelerate_config: str | None = None, num_proc
     deepspeed = accelerate.get("distributed_type") == "DEEPSPEED"
     check_deepspeed_device(deepspeed, gpus > 0, cfg.deepspeed_on_cpu, world)  # before 8 CPU processes start
     per_device, accum, _ = foreseen(cfg, accelerate, world, gpus).batch
-    if not dry_run:
-        preflight(cfg, config_path)  # before the resolved config is written into output_dir
+    preflight(cfg, config_path)  # before the resolved config is written into output_dir; a dry run too
     cmd = launch_command(config_path, num_processes, write_resolved_config(cfg, dry_run), gpus, machines)
     where = "" if machines.count == 1 else f" ({num_processes} here, {machines.describe()})"
     print(f"[train] {cfg.format} / {cfg.student_name}: batch {cfg.global_batch_size} = {per_device} x {accum} "

@@ -22,6 +22,7 @@ import json
 import sys
 from pathlib import Path
 
+from pipeline.core.config import int_at_least
 from pipeline.core.errors import PipelineError
 from pipeline.methods.base import MethodSettings
 from pipeline.wiki.config import WikiConfig, resolve_corpus
@@ -49,14 +50,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     step.add_argument("--question", default="", help="the question (only echoed by reset)")
     step.add_argument("--answer", default=None, help="gold answer: Finish[...] then scores it (the task's metric)")
     step.add_argument("--task", default="hotpotqa", help="whose metric scores a Finish: hotpotqa (EM/F1, default) or fever")
-    step.add_argument("--max-steps", type=int, default=MethodSettings.max_steps, help="step limit (default 7)")
+    step.add_argument("--max-steps", type=int_at_least(1, "--max-steps"), default=MethodSettings.max_steps, help="step limit (default 7)")
     step.add_argument("--style", choices=["clean", "original"], default=DEFAULTS.observation_style,
                       help="observation style (default clean; original = wikienv.py's text and rules)")
 
     search = sub.add_parser("search", help="look a title up; on a miss list similar titles")
     _add_index(search)
     search.add_argument("query")
-    search.add_argument("-k", type=int, default=5, help="similar titles to list (default 5)")
+    search.add_argument("-k", type=int_at_least(1, "-k"), default=5, help="similar titles to list (default 5)")
 
     info = sub.add_parser("info", help="print the index's meta data (sources, counts, build time)")
     _add_index(info)
@@ -105,8 +106,6 @@ def step(args: argparse.Namespace) -> int:
     from pipeline.wiki.env import WikiEnv
     from pipeline.wiki.index import LocalIndex
 
-    if args.max_steps < 1:
-        raise PipelineError(f"--max-steps must be at least 1, got {args.max_steps}")
     score = get_task(args.task).scores
     with LocalIndex(args.index) as index:
         env = WikiEnv(index, max_steps=args.max_steps, style=args.style, score=score)

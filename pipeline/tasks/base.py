@@ -70,6 +70,17 @@ class Task:
         """A named question set (or a file): objects with `id`, `question`, `answer`."""
         raise NotImplementedError
 
+    def check_question_set(self, name: str) -> None:
+        """Refuse a question set this task does not know (not one of `question_sets`, a pattern
+        such as `hf:<...>` included, nor a file) without reading or downloading it: a plan
+        checks this before its phases run; `load_questions` then reads the set."""
+        prefixes = [s.split("<", 1)[0] for s in self.question_sets if "<" in s]
+        if name in self.question_sets or any(name.startswith(p) for p in prefixes) or Path(name).expanduser().is_file():
+            return
+        hint = "" if Path(name).suffix == "" else f" ({name} is not a file)"
+        raise PipelineError(f"unknown question set '{name}' of {self.title}{hint}; use one of "
+                            f"{', '.join(self.question_sets)} or a path to a file of them")
+
     def normalize(self, answer: str | None) -> str:
         """The form in which two answers are compared (the CoT-SC vote too)."""
         raise NotImplementedError

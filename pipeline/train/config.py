@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Literal
 
+from pipeline.core.config import at_least
 from pipeline.core.errors import PipelineError
 from pipeline.core.trajectory import FORMATS
 from pipeline.hub.models import model_label
@@ -28,8 +29,8 @@ FINAL_DIR = "final"
 
 @dataclass
 class LoraSettings:
-    r: int = 16
-    alpha: int = 32
+    r: int = at_least(1, default=16)
+    alpha: int = at_least(1, default=32)
     dropout: float = 0.05
     target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
                                                                "gate_proj", "up_proj", "down_proj"])
@@ -52,12 +53,12 @@ class FinetuneConfig:
     output_root: Path = Path("checkpoints")
     output_dir: Path | None = None  # default: <output_root>/<experiment>/<student_name>/<format>
     accelerate_config: str = "auto"  # for `python -m pipeline train`: auto | cpu | cpu_ddp | multi_gpu | ... | a path
-    num_processes: int | None = None  # for `train`: override the accelerate config's process count
+    num_processes: int | None = at_least(1, default=None)  # for `train`: override the accelerate config's process count
     deepspeed_on_cpu: bool = False  # true: run a deepspeed_* accelerate config on CPU processes on purpose (tests; fp32 only)
-    global_batch_size: int = 64
-    per_device_batch_size: int | None = None  # default: the largest divisor <= max_per_device_batch_size (1 for padding_free without a varlen flash kernel: pipeline/train/speed.py)
-    max_per_device_batch_size: int = 8
-    max_steps: int | None = None  # default: PAPER_STEPS[size class][format]
+    global_batch_size: int = at_least(1, default=64)
+    per_device_batch_size: int | None = at_least(1, default=None)  # default: the largest divisor <= max_per_device_batch_size (1 for padding_free without a varlen flash kernel: pipeline/train/speed.py)
+    max_per_device_batch_size: int = at_least(1, default=8)
+    max_steps: int | None = at_least(1, default=None)  # default: PAPER_STEPS[size class][format]
     learning_rate: float = 2e-5
     lr_scheduler: str = "cosine"
     warmup_ratio: float = 0.03
@@ -73,17 +74,17 @@ class FinetuneConfig:
     gradient_checkpointing: bool = False
     batching: Literal["padding_free", "packing", "padded"] = "padding_free"  # all: global_batch_size trajectories per step
     mask_observations: bool = False  # False = the paper: observations are in the loss
-    max_length: int | None = None  # None: sized from the data (nothing truncated)
+    max_length: int | None = at_least(1, default=None)  # None: sized from the data (nothing truncated)
     long_examples: Literal["drop", "error"] = "drop"  # with max_length: drop (reported) or refuse
-    max_examples: int | None = None  # use the first N records (smoke runs)
-    save_steps: int = 500
-    save_total_limit: int | None = 3
+    max_examples: int | None = at_least(1, default=None)  # use the first N records (smoke runs)
+    save_steps: int = at_least(1, default=500)
+    save_total_limit: int | None = at_least(1, default=3)
     keep_checkpoints: bool = True  # false: delete checkpoint-*/ (optimizer state: ~128 GB each at 8B) once final/ is complete
-    logging_steps: int = 10
+    logging_steps: int = at_least(1, default=10)
     report_to: str = "tensorboard"  # offline event files under <output_dir>/runs; "none" to disable
-    seed: int = 0
+    seed: int = at_least(0, default=0)
     resume: str = "latest"  # latest (complete checkpoint, if any) | none | a checkpoint path
-    dataloader_num_workers: int = 0
+    dataloader_num_workers: int = at_least(0, default=0)
 
 
 def resolve(cfg: FinetuneConfig) -> FinetuneConfig:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.core.config import read_yaml, to_dict
+from pipeline.core.config import int_at_least, read_yaml, to_dict
 from pipeline.core.errors import PipelineError
 from pipeline.core.relay import pieces
 from pipeline.core.storage import atomic_write_text
@@ -37,13 +37,13 @@ NODELIST_HINT = 'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELI
 def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
     """--accelerate-config, --num-processes, --dry-run and the several-machines group."""
     parser.add_argument("--accelerate-config", help="name under accelerate_configs/ or a YAML path (default: the config's accelerate_config)")
-    parser.add_argument("--num-processes", type=int, help="override the accelerate config's process count")
+    parser.add_argument("--num-processes", type=int_at_least(1, "--num-processes"), help="override the accelerate config's process count")
     parser.add_argument("--dry-run", action="store_true", help="print the launch command and exit")
     machines = parser.add_argument_group("several machines (default: from SLURM and MASTER_ADDR/MASTER_PORT)")
-    machines.add_argument("--num-machines", type=int, help="machines in this training run (SLURM_NNODES)")
-    machines.add_argument("--machine-rank", type=int, help="this machine's rank, 0 .. num-machines - 1 (SLURM_NODEID)")
+    machines.add_argument("--num-machines", type=int_at_least(1, "--num-machines"), help="machines in this training run (SLURM_NNODES)")
+    machines.add_argument("--machine-rank", type=int_at_least(0, "--machine-rank"), help="this machine's rank, 0 .. num-machines - 1 (SLURM_NODEID)")
     machines.add_argument("--main-process-ip", help="address of machine 0, reachable from all (MASTER_ADDR)")
-    machines.add_argument("--main-process-port", type=int, help=f"a free port on machine 0 (MASTER_PORT; default {DEFAULT_PORT})")
+    machines.add_argument("--main-process-port", type=int_at_least(1, "--main-process-port"), help=f"a free port on machine 0 (MASTER_PORT; default {DEFAULT_PORT})")
 
 
 def machines_from_args(args: argparse.Namespace) -> Machines:

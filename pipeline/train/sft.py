@@ -129,16 +129,18 @@ def tokenize_records(records: Iterable[dict], tokenizer: Any, *, mask_observatio
 
 
 def split_batch(global_batch_size: int, num_processes: int, per_device_batch_size: int | None = None,
-                max_per_device_batch_size: int = 8) -> tuple[int, int]:
+                max_per_device_batch_size: int = 8, batch_name: str = "global_batch_size") -> tuple[int, int]:
     """global = per_device x grad_accum x processes -> (per_device, grad_accum).
 
     With `per_device_batch_size=None` the largest divisor of global/processes that is at most
-    `max_per_device_batch_size` is taken (fewest accumulation steps that fit in memory)."""
-    if global_batch_size < 1 or num_processes < 1:
-        raise PipelineError(f"global_batch_size ({global_batch_size}) and the number of processes ({num_processes}) must be >= 1")
+    `max_per_device_batch_size` is taken (fewest accumulation steps that fit in memory).
+    `batch_name`: what the caller's config calls the global batch, for the error lines."""
+    if global_batch_size < 1 or num_processes < 1 or max_per_device_batch_size < 1:
+        raise PipelineError(f"{batch_name} ({global_batch_size}), the number of processes ({num_processes}) and "
+                            f"max_per_device_batch_size ({max_per_device_batch_size}) must be >= 1")
     if global_batch_size % num_processes:
         raise PipelineError(
-            f"global_batch_size={global_batch_size} does not divide over {num_processes} processes "
+            f"{batch_name}={global_batch_size} does not divide over {num_processes} processes "
             f"({global_batch_size}/{num_processes} = {global_batch_size / num_processes:g}); use a multiple of {num_processes}")
     per_process = global_batch_size // num_processes
     if per_device_batch_size is None:
@@ -146,7 +148,7 @@ def split_batch(global_batch_size: int, num_processes: int, per_device_batch_siz
                                     if per_process % d == 0)
     if per_device_batch_size < 1 or per_process % per_device_batch_size:
         raise PipelineError(
-            f"global_batch_size={global_batch_size} = per_device_batch_size x gradient accumulation x {num_processes} processes "
+            f"{batch_name}={global_batch_size} = per_device_batch_size x gradient accumulation x {num_processes} processes "
             f"is impossible with per_device_batch_size={per_device_batch_size} ({per_process} per process is not a multiple "
             f"of {per_device_batch_size}); pick a divisor of {per_process}")
     return per_device_batch_size, per_process // per_device_batch_size

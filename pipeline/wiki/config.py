@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+from pipeline.core.config import at_least
 from pipeline.core.errors import PipelineError
 from pipeline.wiki.backend import WikiBackend
 
@@ -24,7 +25,7 @@ class WikiConfig:
     api_url: str = "https://en.wikipedia.org/w/api.php"
     cache: Path = Path("data/wiki/live-cache.sqlite")
     timeout_s: float = 20.0
-    max_retries: int = 5
+    max_retries: int = at_least(0, default=5)
     # clean | original: the text and rules of the environment's observations (pipeline/wiki/env.py;
     # "original" is wikienv.py's own, `..` and all; docs/environment.md compares them side by side)
     observation_style: str = "clean"

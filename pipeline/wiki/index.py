@@ -382,6 +382,9 @@ class LocalIndex:
         self.df_floor = int(self.meta["df_floor"])
 
     def _open(self) -> sqlite3.Connection:
+        if self.path.is_dir():
+            raise PipelineError(f"{self.path} is a folder, not a wiki index; give the index file (e.g. "
+                                f"wiki.index={self.path / 'hotpotqa-local.sqlite'}), or build one with `{BUILD_HINT}`")
         if not self.path.is_file():
             raise PipelineError(f"{self.path}: wiki index not found; build it with `{BUILD_HINT}` "
                                 f"(e.g. python -m pipeline wiki build --out {self.path})")

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from pipeline.core.errors import PipelineError
+from pipeline.core.storage import utf8_lines
 from pipeline.wiki.replay import SCRAPING_CHROME, parse_numbered
 
 _SEARCH = re.compile(r"^\s*[Ss]earch\[(.+)\]\s*$")
@@ -54,16 +55,15 @@ def observed_pages(path: str | Path, stats=None) -> Iterator[tuple[str, list[lis
     """(title, [sentences]) for every page the trajectories of `path` saw, in first-seen order."""
     pages: dict[str, list[str]] = {}
     records = 0
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                text = json.loads(line)["traj"]
-            except (json.JSONDecodeError, KeyError, TypeError) as exc:
-                raise PipelineError(f"{path}:{lineno}: not a released trajectory with 'traj' ({exc})") from None
-            records += 1
-            add_observed(pages, text)
+    for lineno, line in utf8_lines(path):
+        if not line.strip():
+            continue
+        try:
+            text = json.loads(line)["traj"]
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise PipelineError(f"{path}:{lineno}: not a released trajectory with 'traj' ({exc})") from None
+        records += 1
+        add_observed(pages, text)
     if stats is not None:
         stats.records, stats.pages = records, len(pages)
     for title, sentences in pages.items():

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.core.errors import PipelineError
+from pipeline.core.storage import utf8_lines
 from pipeline.wiki.actions import env_action
 from pipeline.wiki.backend import WikiBackend
 from pipeline.wiki.env import WikiEnv
@@ -162,17 +163,16 @@ def read_trajectories(path: str | Path) -> Iterator[Recorded]:
         raise PipelineError(f"{path}: trajectory file not found")
     name = path.name
     if path.suffix == ".jsonl":
-        with open(path, encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise PipelineError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
-                if "traj" not in record:
-                    raise PipelineError(f"{path}:{lineno}: no 'traj' field (expected ReAct's FEVER trajectories)")
-                yield Recorded(name, record.get("claim") or record.get("question", ""), parse_numbered(record["traj"]))
+        for lineno, line in utf8_lines(path):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise PipelineError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+            if "traj" not in record:
+                raise PipelineError(f"{path}:{lineno}: no 'traj' field (expected ReAct's FEVER trajectories)")
+            yield Recorded(name, record.get("claim") or record.get("question", ""), parse_numbered(record["traj"]))
         return
     try:
         data = json.loads(path.read_text(encoding="utf-8"))

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.core.errors import PipelineError
+from pipeline.core.storage import utf8_lines
 from pipeline.core.trajectory import FORMATS, Step, Trajectory, one_line
 from pipeline.methods.base import EpisodeContext, MethodSettings, Outcome, Program, step_env
 from pipeline.tasks.base import DEFAULT_ORACLE_STYLE
@@ -67,15 +68,14 @@ def parse_released(text: str) -> Released:
 def released_trajectories(path: Path) -> dict[int, Released]:
     """The released trajectories of `path` by claim line (`question_idx`)."""
     out = {}
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                out[int(row["question_idx"])] = parse_released(row["traj"])
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-                raise PipelineError(f"{path}:{lineno}: not a released FEVER trajectory ({exc})") from None
+    for lineno, line in utf8_lines(path):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            out[int(row["question_idx"])] = parse_released(row["traj"])
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise PipelineError(f"{path}:{lineno}: not a released FEVER trajectory ({exc})") from None
     return out
 
 

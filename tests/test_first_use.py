@@ -1,0 +1,342 @@
+"""The newest parts as a new user meets them (issue 39): a bad input is one line and exit 2 in
+every stage, a refusal writes nothing, a plan is checked when it is made, and the messages and
+`--help` say what is true. Each case runs the real CLI (`python -m pipeline ...`) where the
+issue saw it; the class checks (every int key's bound, every trajectory reader) run in process.
+
+    .venv/bin/python -m pytest tests/test_first_use.py -n 0 -q
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import re
+import shutil
+import typing
+from pathlib import Path
+
+import pytest
+from episode_testdata import CORPUS, run_pipeline
+from sft_testdata import write_dataset
+
+from pipeline.core.config import build, nested_dataclass
+from pipeline.core.errors import PipelineError
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = "configs/students/tiny.yaml"
+GRPO_YAML = "configs/grpo/smollm2-135m.yaml"
+
+
+def last_line(proc) -> str:
+    lines = (proc.stderr or proc.stdout).strip().splitlines()
+    return lines[-1] if lines else ""
+
+
+def refused(proc, pattern: str) -> None:
+    """Exit 2 with one `error:` line matching `pattern` (the last line), and no traceback."""
+    assert proc.returncode == 2, (proc.stdout[-2000:], proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert re.search(pattern, last_line(proc)), last_line(proc)
+    assert last_line(proc).startswith("error: ")
+
+
+# -------------------------------------------------------------------------- integer bounds
+
+
+@pytest.mark.parametrize("args, key, value", [
+    (["train", "--config", TINY, "max_per_device_batch_size=0", "--dry-run"], "max_per_device_batch_size", 0),
+    (["grpo", "--config", GRPO_YAML, "per_device_batch_size=null", "max_per_device_batch_size=0", "--dry-run"],
+     "max_per_device_batch_size", 0),
+    (["run", "--config", "configs/demo.yaml", "train.max_per_device_batch_size=-1", "--print-config"],
+     "max_per_device_batch_size", -1),
+    (["grpo", "--config", GRPO_YAML, "limit=0", "--dry-run"], "limit", 0),  # was "0 distinct questions"
+    (["eval", "oracle=exact", "limit=0"], "limit", 0),  # was "question set ... is empty"
+])
+def test_an_integer_below_its_bound_is_one_line_naming_the_key(args, key, value):
+    """A per-device batch bound of 0 ended in `ValueError: max() arg is an empty sequence`."""
+    proc = run_pipeline(*args)
+    refused(proc, rf"'{re.escape(key)}' must be >= 1, got {value}$")
+    assert "the command line" in last_line(proc) or args[0] == "run"
+
+
+def stage_configs() -> list[type]:
+    """Every config a stage builds from YAML and the command line, nested sections included."""
+    from pipeline.rounds import SelfTrainingConfig
+    from pipeline.stages.eval import EvalConfig
+    from pipeline.stages.filter import FilterConfig
+    from pipeline.stages.generate import GenerateConfig
+    from pipeline.stages.grpo import GrpoConfig
+    from pipeline.stages.plot import PlotConfig
+    from pipeline.stages.publish import PublishConfig
+    from pipeline.stages.run import GrpoPhase, RunConfig, Student
+    from pipeline.train.config import FinetuneConfig
+
+    found: list[type] = []
+
+    def walk(cls: type) -> None:
+        if cls in found:
+            return
+        found.append(cls)
+        for hint in typing.get_type_hints(cls).values():
+            nested = nested_dataclass(hint)
+            if nested is not None:
+                walk(nested)
+
+    for cls in (GenerateConfig, FilterConfig, FinetuneConfig, GrpoConfig, EvalConfig, PlotConfig, PublishConfig,
+                RunConfig, Student, GrpoPhase, SelfTrainingConfig):
+        walk(cls)
+    return found
+
+
+def int_fields(cls: type) -> list[dataclasses.Field]:
+    hints = typing.get_type_hints(cls)
+    return [f for f in dataclasses.fields(cls) if f.init and int in (hints[f.name], *typing.get_args(hints[f.name]))]
+
+
+def test_every_integer_key_of_every_stage_declares_its_bound_and_build_refuses_below_it():
+    """The class of the max() traceback: no int key without a declared least value, and the
+    value under it is refused by the config builder itself, naming the key, for every one."""
+    from pipeline.core.config import AT_LEAST
+
+    undeclared, checked = [], 0
+    for cls in stage_configs():
+        for f in int_fields(cls):
+            bound = f.metadata.get(AT_LEAST)
+            if bound is None:
+                undeclared.append(f"{cls.__name__}.{f.name}")
+                continue
+            with pytest.raises(PipelineError, match=rf"'{f.name}' must be >= {bound}, got {bound - 1}( \(.+\))?$"):
+                build(cls, {f.name: bound - 1})
+            checked += 1
+    assert not undeclared, f"int keys without at_least/bound (pipeline.core.config): {undeclared}"
+    assert checked >= 40  # every stage's: batch sizes, steps, limits, seeds, ports ...
+
+
+def test_an_int_option_below_its_bound_is_refused_not_read_as_not_given():
+    """`--num-processes 0` was falsy, so the accelerate config's count was used without a word."""
+    proc = run_pipeline("train", "--config", TINY, "--num-processes", "0", "--dry-run")
+    refused(proc, r"^error: --num-processes must be >= 1, got 0$")
+    assert proc.stderr.count("\n") == 1  # one line: no usage block
+
+
+def stage_parsers() -> list:
+    """Every stage's parser and sub-command parser, as the CLI builds them."""
+    import argparse
+    import importlib
+
+    from pipeline.cli import STAGES
+
+    parsers = []
+    for module_name, _ in STAGES.values():
+        parser = argparse.ArgumentParser()
+        importlib.import_module(module_name).add_arguments(parser)
+        parsers.append(parser)
+    for parser in list(parsers):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                parsers += list(action.choices.values())
+    return parsers
+
+
+def test_every_int_option_of_every_stage_declares_its_bound():
+    """The class for options: no plain `type=int` (which takes 0 and -1) in any stage's parser."""
+    plain = [f"{p.prog} {a.option_strings}" for p in stage_parsers() for a in p._actions if a.type is int]
+    bounded = [a for p in stage_parsers() for a in p._actions if getattr(a.type, "__name__", "").startswith("int >=")]
+    assert not plain and len(bounded) >= 10, plain
+
+
+# -------------------------------------------------------------------------- a refusal writes nothing
+
+
+def folder_bytes(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def finished_generate(tmp_path_factory, index) -> tuple[Path, list[str]]:
+    """A complete generate folder (the stand-in teacher, 3 questions, ReAct) and its arguments."""
+    folder = tmp_path_factory.mktemp("gen") / "generate"
+    args = ["generate", "oracle=exact", "questions=offline-eval", "limit=3", f"wiki.index={index}",
+            f"out_dir={folder}", "methods=[react]", "max_in_flight=2"]
+    proc = run_pipeline(*args)
+    assert proc.returncode == 0, proc.stderr
+    return folder, args
+
+
+pytestmark_corpus = pytest.mark.skipif(not CORPUS.is_file(), reason=f"offline corpus not found at {CORPUS}")
+
+
+@pytestmark_corpus
+def test_a_refusal_into_a_finished_generate_folder_leaves_its_files_byte_for_byte(finished_generate, tmp_path):
+    """`target_correct=0` into a finished folder rewrote its manifest (stats gone, complete:
+    false) before refusing, so `filter` then refused the folder."""
+    from pipeline.agent.run_folder import writing_run
+    from pipeline.core.config import load_config, to_dict
+    from pipeline.stages.generate import GenerateConfig, identity_keys
+
+    source, args = finished_generate
+    folder = tmp_path / "generate"
+    shutil.copytree(source, folder)
+    args = [a if not a.startswith("out_dir=") else f"out_dir={folder}" for a in args]
+    before = folder_bytes(folder)
+    refused(run_pipeline(*args, "target_correct=0"), r"target_correct'? must be >= 1, got 0$")
+    assert folder_bytes(folder) == before
+    # the class: any refusal raised inside the held run folder, before a record is written,
+    # puts the finished manifest back (the stage's own later refusals included)
+    cfg = load_config(GenerateConfig, None, args[1:])
+    with pytest.raises(PipelineError, match="refused late"):
+        with writing_run(cfg, identity_keys(cfg), dict(stage="generate", config=to_dict(cfg))):
+            raise PipelineError("refused late")
+    assert folder_bytes(folder) == before
+    proc = run_pipeline("filter", f"inputs=[{folder}]", f"out_dir={tmp_path / 'sft'}", "formats=[react]")
+    assert proc.returncode == 0, proc.stderr  # the folder is still complete
+
+
+# -------------------------------------------------------------------------- trajectory files
+
+
+@pytestmark_corpus
+def test_filter_refuses_a_trajectory_file_that_is_not_utf8_in_one_line(finished_generate, tmp_path):
+    folder = tmp_path / "generate"
+    shutil.copytree(finished_generate[0], folder)
+    with open(folder / "react.jsonl", "ab") as fh:
+        fh.write(b'{"id": "x", "question": "caf\xe9"}\n')  # Latin-1, as an editor might save it
+    proc = run_pipeline("filter", f"inputs=[{folder}]", f"out_dir={tmp_path / 'sft'}", "formats=[react]")
+    refused(proc, r"react\.jsonl:4: not UTF-8 text \(byte 0xe9\)")
+
+
+@pytestmark_corpus
+def test_a_torn_last_line_is_skipped_and_said_once_with_its_count(finished_generate, tmp_path):
+    folder = tmp_path / "generate"
+    shutil.copytree(finished_generate[0], folder)
+    with open(folder / "react.jsonl", "a", encoding="utf-8") as fh:
+        fh.write('{"id": "torn", "quest')  # a writer killed mid-line
+    proc = run_pipeline("filter", f"inputs=[{folder}]", f"out_dir={tmp_path / 'sft'}", "formats=[react]")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("skipped 1 torn last line") == 1, proc.stderr
+
+
+@pytest.mark.parametrize("reader", ["observed_pages", "read_trajectories", "released_trajectories", "_read_pairs"])
+def test_every_reader_of_a_trajectory_file_refuses_non_utf8_naming_file_and_line(reader, tmp_path):
+    """The class: each reader of a JSONL trajectory file, not only filter's."""
+    from pipeline.hub.importers import _read_pairs
+    from pipeline.tasks.fever.replay import released_trajectories
+    from pipeline.wiki.observed import observed_pages
+    from pipeline.wiki.replay import read_trajectories
+
+    path = tmp_path / "trajectories.jsonl"
+    path.write_bytes(b'{"traj": "Question: a", "question_idx": 0}\n{"traj": "\xff"}\n')
+    read = {"observed_pages": lambda p: list(observed_pages(p)), "read_trajectories": lambda p: list(read_trajectories(p)),
+            "released_trajectories": released_trajectories.__wrapped__, "_read_pairs": _read_pairs}[reader]
+    with pytest.raises(PipelineError, match=rf"{re.escape(str(path))}:2: not UTF-8 text \(byte 0xff\)"):
+        read(path)
+
+
+# -------------------------------------------------------------------------- messages that mislead
+
+
+def test_flags_and_overrides_in_any_order(tmp_path):
+    """`--dry-run` between two overrides was 'unrecognized arguments: max_per_device_batch_size=4'."""
+    write_dataset(tmp_path, "react", [])
+    proc = run_pipeline("train", "--config", TINY, "max_steps=2", "--dry-run", "max_per_device_batch_size=4",
+                        f"dataset_dir={tmp_path}", f"output_root={tmp_path / 'ck'}")
+    assert proc.returncode == 0, proc.stderr
+    assert "2 steps" in proc.stdout
+
+
+def test_an_unknown_key_on_the_command_line_is_blamed_on_the_command_line():
+    refused(run_pipeline("train", "--config", TINY, "max_stpes=2"),
+            r"^error: the command line: unknown key 'max_stpes'; did you mean 'max_steps'\?$")
+
+
+def test_grpo_reads_an_experiment_yamls_own_grpo_section_and_names_a_missing_one():
+    proc = run_pipeline("grpo", "--config", "configs/small-rounds.yaml", "--print-config")
+    assert proc.returncode == 0, proc.stderr  # was: unknown key 'formats'
+    assert "experiment: small-rounds" in proc.stdout and "group_size: 8" in proc.stdout
+    refused(run_pipeline("grpo", "--config", "configs/demo.yaml", "--print-config"),
+            r"configs/demo\.yaml is an experiment \(a section per stage\) with no `grpo:` section")
+
+
+def test_grpos_batch_message_names_its_own_keys():
+    proc = run_pipeline("grpo", "--config", GRPO_YAML, "per_device_batch_size=3", "--dry-run")
+    refused(proc, r"questions_per_step x group_size=8 = per_device_batch_size x gradient accumulation")
+    assert "global_batch_size" not in last_line(proc)
+
+
+def test_a_folder_given_as_the_wiki_index_is_called_a_folder(tmp_path):
+    proc = run_pipeline("eval", "oracle=exact", "size_class=oracle", "params_b=1", "limit=1",
+                        f"wiki.index={tmp_path}", f"out_dir={tmp_path / 'eval'}")
+    refused(proc, rf"{re.escape(str(tmp_path))} is a folder, not a wiki index; give the index file")
+
+
+# -------------------------------------------------------------------------- what a newcomer reads
+
+
+def stage_help(stage: str, capsys) -> str:
+    from pipeline.cli import main
+
+    with pytest.raises(SystemExit):
+        main([stage, "--help"])
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("stage", ["generate", "filter", "train", "grpo", "eval", "plot", "run", "publish"])
+def test_every_stages_help_lists_its_keys_and_an_example_of_one_of_them(stage, capsys):
+    text = stage_help(stage, capsys)
+    keys = set(re.findall(r"^  ([a-z_][\w.\[\]]*)\s+\S.* = ", text, flags=re.M))
+    example = re.search(r"e\.g\.\s+([\w.]+)=", text)
+    assert keys and example and example.group(1) in keys, text[-3000:]
+    assert "llm.temperature" not in text
+
+
+def test_run_help_names_every_phase():
+    proc = run_pipeline("run", "--help")
+    assert proc.returncode == 0
+    description = proc.stdout.split("\n\n")[1]
+    assert all(phase in description for phase in ("grpo", "rounds", "eval", "plot")), description
+
+
+def test_configs_name_only_scripts_that_exist():
+    named = {m for path in REPO.glob("configs/**/*.yaml")
+             for m in re.findall(r"scripts/[\w./-]+\.(?:py|sh)", path.read_text(encoding="utf-8"))}
+    assert named and not [m for m in named if not (REPO / m).is_file()]
+
+
+def test_a_grids_print_config_starts_with_the_short_plan_and_speaks_of_gpus_only_where_there_are():
+    from pipeline.stages.train import gpu_count
+
+    proc = run_pipeline("run", "--config", "configs/small-rounds.yaml", "--print-config")
+    assert proc.returncode == 0, proc.stderr
+    head = proc.stdout.splitlines()[:3]
+    assert head[0].startswith("# plan (phases run in the order teacher -> filter -> train"), head
+    assert head[1].startswith("#    1. teacher  generate")
+    if gpu_count() == 0:
+        assert "of each GPU's memory" not in proc.stdout and "vLLM's CPU build: this node has no GPU" in proc.stdout
+
+
+# -------------------------------------------------------------------------- plans checked when made
+
+
+@pytest.mark.parametrize("override, pattern", [
+    ("eval.questions=offline-evl", r"eval: smollm2-135m prompted: unknown question set 'offline-evl' of HotpotQA"),
+    ("grpo.settings.per_device_batch_size=3", r"grpo: smollm2-135m from its react fine-tune: .* per_device_batch_size=3"),
+    ("self_training.questions=offline-bootstrp", r"generate \(round 2\).*unknown question set 'offline-bootstrp' of HotpotQA"),
+    ("generate.methods=[reactt]", r"generate: the teacher writes trajectories: .*reactt"),
+    ("train.student=/nonexistent/llama", r"train: smollm2-135m on standard: student: /nonexistent/llama not found"),
+    # values that silently changed the plan: a stranger in grpo.students (no GRPO at all), a key
+    # `run` sets itself (replaced by the unit's own)
+    ("grpo.students=[smollm2]", r"grpo.students: \['smollm2'\] are not students trained here \(smollm2-135m\)"),
+    ("eval.methods=[react]", r"eval: methods is set by `run` for each unit"),
+    ("--only=rounds", r"this grid has no unit in phase rounds; its phases: teacher, filter, train, eval, plot"),
+])
+def test_run_print_config_refuses_what_a_phase_would_refuse_hours_later(override, pattern):
+    config = "configs/demo.yaml" if override.startswith("--only") else "configs/small-rounds.yaml"
+    refused(run_pipeline("run", "--config", config, override, "--print-config"), pattern)
+
+
+def test_grpo_dry_run_refuses_a_start_that_does_not_exist(tmp_path):
+    """A dry run exit 0 means the real one starts: the start is checked without loading it."""
+    proc = run_pipeline("grpo", "--config", GRPO_YAML, f"student={tmp_path / 'nope' / 'final'}",
+                        f"output_root={tmp_path}", "--dry-run")
+    refused(proc, r"student: .*nope/final not found")
