@@ -672,8 +672,18 @@ def unit_done(config, identity=None) -> bool:
         return False
     was = unread_model_dropped(upgrade_keys(type(config), (read_manifest(manifest) or {}).get("config") or {}))
     wanted = unread_model_dropped(wanted)
-    older = {k: v for k, v in wanted.items() if k != "task"}
-    return was == wanted or (wanted.get("task") == DEFAULT_TASK and was == older)
+    return was in (wanted, without_added_later(wanted))
+
+
+# Keys a stage config gained after runs were made, each with the value that means what a manifest
+# written without it did: such a finished run is still this config's (task: HotpotQA's before
+# configs named one; heldout: GRPO without a held-out curve).
+ADDED_LATER = {"task": DEFAULT_TASK, "heldout": to_dict(HeldoutSettings())}
+
+
+def without_added_later(config: dict) -> dict:
+    """`config` as a manifest written before ADDED_LATER's keys existed holds it."""
+    return {k: v for k, v in config.items() if not (k in ADDED_LATER and v == ADDED_LATER[k])}
 
 
 def with_model_card(final: Path, action):
@@ -943,10 +953,7 @@ def grpo_config(cfg: RunConfig, student: Student, ft):
 def launch_grpo(gr) -> None:
     """`grpo` for one fine-tuned student, unless its final policy is done with this config."""
     final, wanted = Path(gr.output_dir) / "final", to_dict(gr)
-    # a manifest written before GRPO configs had these keys, at the value that means what it did then
-    added_later = {"task": DEFAULT_TASK, "heldout": to_dict(HeldoutSettings())}
-    older = {k: v for k, v in wanted.items() if not (k in added_later and v == added_later[k])}
-    if is_done(final / "manifest.json", config=wanted) or is_done(final / "manifest.json", config=older):
+    if any(is_done(final / "manifest.json", config=c) for c in (wanted, without_added_later(wanted))):
         print(f"[run] skip: {final} is complete")
         return
     gpu_memory.check(train_gpu_need(gr))  # a launch like train's: its GPUs to itself
