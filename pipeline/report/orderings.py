@@ -12,9 +12,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from pipeline.methods.registry import figure_rank, method_spec
-from pipeline.report.intervals import difference_interval
 from pipeline.report.references import ORDERINGS
-from pipeline.report.summaries import MODES, method_label, pct
+from pipeline.report.summaries import MODES, em_gap_interval, method_label, pct
 from pipeline.tasks import Task, get_task
 
 FIGURE3_METHODS = ("standard", "cot", "act", "react")  # the four the paper's orderings compare
@@ -151,10 +150,8 @@ def _verdict(outcomes: list[bool]) -> str:
 def _noise(a: dict, b: dict) -> str:
     """Flag a gap whose 95% interval (Newcombe's, from the two Wilson intervals the table and the
     figure show) contains 0, when both question counts are known."""
-    if not a.get("n") or not b.get("n"):
-        return ""
-    ci = difference_interval(round(a["em"] * a["n"]), a["n"], round(b["em"] * b["n"]), b["n"])
-    if not ci[0] <= 0 <= ci[1]:
+    ci = em_gap_interval(a, b)
+    if ci is None or not ci[0] <= 0 <= ci[1]:
         return ""
     return (f" [within noise: gap {100 * (a['em'] - b['em']):+.1f} pts, 95% interval "
             f"{100 * ci[0]:+.1f} to {100 * ci[1]:+.1f}]")
@@ -243,11 +240,7 @@ def across_sizes(rows: list[dict]) -> list[SizeGap]:
 
 
 def _gap(method: str, tuned: dict, prompted: dict) -> SizeGap:
-    interval = None
-    if tuned.get("n") and prompted.get("n"):
-        interval = difference_interval(round(tuned["em"] * tuned["n"]), tuned["n"],
-                                       round(prompted["em"] * prompted["n"]), prompted["n"])
-    return SizeGap(method, tuned, prompted, interval)
+    return SizeGap(method, tuned, prompted, em_gap_interval(tuned, prompted))
 
 
 def across_sizes_text(gaps: list[SizeGap]) -> str:

@@ -16,7 +16,7 @@ from pipeline.core.errors import PipelineError
 from pipeline.core.storage import read_json, require_complete
 from pipeline.hub.models import size_label
 from pipeline.methods.registry import method_spec
-from pipeline.report.intervals import rate_interval
+from pipeline.report.intervals import difference_interval, rate_interval
 from pipeline.tasks import Task, get_task, task_of
 
 MODES = {"prompt": "Prompting", "finetune": "Fine-tuning"}  # mode -> its panel and table section
@@ -176,6 +176,14 @@ def em_interval(row: dict) -> tuple[float, float] | None:
     """The row's EM 95% Wilson interval as fractions, or None when its question count is unknown."""
     n = row.get("n")
     return rate_interval(row["em"], n) if isinstance(n, int) and n > 0 else None
+
+
+def em_gap_interval(a: dict, b: dict) -> tuple[float, float] | None:
+    """Newcombe's 95% interval of a's EM minus b's (fractions), from the two rows' counts; None
+    when either question count is unknown."""
+    if not a.get("n") or not b.get("n"):
+        return None
+    return difference_interval(round(a["em"] * a["n"]), a["n"], round(b["em"] * b["n"]), b["n"])
 
 
 def pct(row: dict) -> str:

@@ -8,8 +8,7 @@ import csv
 import io
 
 from pipeline.methods.registry import figure_rank, in_figure_order
-from pipeline.report.intervals import difference_interval
-from pipeline.report.summaries import MODES, em_interval, method_label, pct, pct_ci
+from pipeline.report.summaries import MODES, em_gap_interval, em_interval, method_label, pct, pct_ci
 from pipeline.tasks import Task, get_task
 
 CSV_COLUMNS = ("source", "mode", "model", "size_class", "params_b", "method", "question_set", "n",
@@ -118,8 +117,5 @@ def gap_text(a: dict | None, b: dict | None) -> str:
     """a - b in EM points with Newcombe's 95% interval (when both counts are known); – if either is missing."""
     if a is None or b is None:
         return "–"
-    gap = f"{100 * (a['em'] - b['em']):+.1f}"
-    if not a.get("n") or not b.get("n"):
-        return gap
-    lo, hi = difference_interval(round(a["em"] * a["n"]), a["n"], round(b["em"] * b["n"]), b["n"])
-    return f"{gap} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+    gap, ci = f"{100 * (a['em'] - b['em']):+.1f}", em_gap_interval(a, b)
+    return gap if ci is None else f"{gap} [{100 * ci[0]:+.1f}, {100 * ci[1]:+.1f}]"
