@@ -27,6 +27,8 @@ from pathlib import Path
 
 import psutil
 
+from pipeline.core.storage import atomic_write_text
+
 RECORDS_ENV = "REACT_PIPELINE_SERVERS"
 
 
@@ -57,10 +59,7 @@ def record_path(directory: Path, guardian_pid: int) -> Path:
 
 def write_record(path: Path, record: ServerRecord) -> None:
     """Write whole or not at all (a reader never sees half a record)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(asdict(record)), encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(asdict(record)))
 
 
 def read_records(directory: Path) -> list[tuple[Path, ServerRecord]]:
