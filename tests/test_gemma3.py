@@ -213,8 +213,8 @@ def test_without_the_package_each_stage_says_how_to_install_it_and_writes_nothin
 
 
 def test_a_card_of_a_student_trained_from_gemma3_names_the_gemma_terms(tmp_path, monkeypatch):
+    from pipeline.core.paths import cache_root
     from pipeline.hub.cards import grpo_card, model_card
-    from pipeline.hub.gguf_cache import cache_root
 
     monkeypatch.setenv("REACT_PIPELINE_CACHE", str(tmp_path / "cache"))
     manifest = {"format": "react", "student": "gemma3-270m", "finetuning": "full",

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.core.errors import PipelineError
+from pipeline.core.paths import cache_root
 from pipeline.hub import gemma3, smollm2
-from pipeline.hub.gguf_cache import cache_root, is_complete
+from pipeline.hub.gguf_cache import is_complete
 
 SMOLLM2 = "smollm2"  # the alias of the embedded SmolLM2-135M-Instruct (pipeline.hub.smollm2)
 SMOLLM2_LABEL = "smollm2-135m-instruct"

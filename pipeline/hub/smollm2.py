@@ -12,9 +12,9 @@ import importlib.util
 from pathlib import Path
 
 from pipeline.core.errors import PipelineError
-from pipeline.hub.gguf_cache import cache_root, converted
+from pipeline.hub.gguf_cache import converted
 
-__all__ = ["CACHE_DIR_NAME", "GGUF_NAME", "INSTALL_HINT", "cache_root", "gguf_path", "local_smollm2_dir"]
+__all__ = ["CACHE_DIR_NAME", "GGUF_NAME", "INSTALL_HINT", "gguf_path", "local_smollm2_dir"]
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE_DIR_NAME = "smollm2-135m-instruct"
