@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -32,8 +33,13 @@ WORDS = ["\u2581", "\u2581the", "\u2581answer", "\u2581is", "Question", ":", "\n
 
 
 def vocabulary() -> list[str]:
+    """Gemma's layout in small: specials, words, then its 256 byte-fallback tokens, so any text
+    round-trips through the tokenizer as through the real one (GRPO's trace needs that)."""
     letters = [chr(c) for c in range(ord("a"), ord("z") + 1)] + [chr(c) for c in range(ord("A"), ord("Z") + 1)]
-    return SPECIAL + WORDS + letters + [f"\u2581{c}" for c in letters]
+    return SPECIAL + WORDS + letters + [f"\u2581{c}" for c in letters] + BYTES
+
+
+BYTES = [f"<0x{b:02X}>" for b in range(256)]
 
 
 def tiny_gemma3(vocab_size: int):
@@ -78,7 +84,8 @@ def write_gguf(model, tokens: list[str], path: Path) -> None:
     writer.add_token_list(tokens)
     writer.add_token_scores([0.0] * len(tokens))
     control = gguf.TokenType.CONTROL
-    writer.add_token_types([control if t in SPECIAL else gguf.TokenType.NORMAL for t in tokens])
+    writer.add_token_types([control if t in SPECIAL else gguf.TokenType.BYTE if t in BYTES else gguf.TokenType.NORMAL
+                            for t in tokens])
     writer.add_bos_token_id(2)
     writer.add_eos_token_id(1)
     writer.add_unk_token_id(3)
@@ -255,3 +262,33 @@ def test_gemma3_trains_as_a_student_through_accelerate_launch(tiny, tmp_path, fi
     manifest = read_manifest(tmp_path / "ck" / "final" / "manifest.json")
     assert manifest["complete"] and manifest["steps"] == 2 and bool(manifest.get("adapter")) == (finetuning == "lora")
     assert "Gemma Terms of Use" in (tmp_path / "ck" / "final" / "README.md").read_text()
+
+
+@pytest.mark.slow
+def test_gemma3_runs_grpo_through_accelerate_launch(tiny, tmp_path):
+    """`grpo` with `student=gemma3-270m`, the tiny stand-in under the real package's module names:
+    resolved and converted in the launch, 1 step of 2 rollouts in the GRPO tests' world (a real
+    SQLite index), Gemma's tokenizer rebuilding every episode's text (or the run stops), a
+    final/ whose card names the Gemma Terms of Use."""
+    from rl_testdata import build_world
+
+    from pipeline.core.storage import read_manifest
+
+    world = build_world(tmp_path / "world")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(tiny[1])]),
+           "REACT_PIPELINE_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run([sys.executable, "-m", "pipeline", "grpo", "student=gemma3-270m",
+                           f"questions={world.questions}", f"wiki.index={world.index}", f"wiki.corpus=[{world.corpus}]",
+                           f"output_dir={tmp_path / 'grpo'}", "precision=fp32", "questions_per_step=1", "group_size=2", "per_device_batch_size=2",
+                           "max_steps=1", "save_steps=1", "prompting.max_steps=2", "prompting.max_new_tokens=12",
+                           "report_to=none", "accelerate_config=cpu"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    final = tmp_path / "grpo" / "final"
+    manifest = read_manifest(final / "manifest.json")
+    assert manifest["complete"] and manifest["steps"] == 1
+    assert manifest["base_model"] == str(tmp_path / "cache" / gemma3.CACHE_DIR_NAME)
+    rollouts = [json.loads(line) for f in sorted((tmp_path / "grpo" / "rollouts").glob("*.jsonl")) for line in f.open()]
+    assert len(rollouts) == 2 and all(r["text"].startswith("Question: What colour is ") for r in rollouts)
+    assert all(r["env_tokens"] > 0 and r["policy_tokens"] + r["dropped_policy_tokens"] > 0 for r in rollouts)
+    assert "Gemma Terms of Use" in (final / "README.md").read_text()

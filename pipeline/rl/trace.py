@@ -87,7 +87,7 @@ class TokenTrace:
                 f"rollout: the tokenizer does not give back the loop's text from its tokens ({text[at:at + 30]!r} "
                 f"where the text has {target[at:at + 30]!r}); GRPO's token trace needs a tokenizer that encodes any "
                 "text losslessly and decodes pieces tokenised apart as their concatenation (byte-level BPE: "
-                "Llama-3, Qwen2.5, SmolLM2)")
+                "Llama-3, Qwen2.5, SmolLM2; SentencePiece with byte fallback: Gemma 3)")
 
     def add_policy(self, token_ids: list[int], logprobs: list[float | None] | None = None) -> None:
         """Tokens the policy sampled for the last context (EOS excluded: the loop goes on), with
