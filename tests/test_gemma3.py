@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
-import json
 import os
 import subprocess
 import sys
@@ -30,6 +29,7 @@ from pipeline.hub import gemma3
 REPO = Path(__file__).resolve().parents[1]
 SPECIAL = ["<pad>", "<eos>", "<bos>", "<unk>"]  # ids 0-3, as in Gemma's vocabulary
 WORDS = ["\u2581", "\u2581the", "\u2581answer", "\u2581is", "Question", ":", "\n"]
+BYTES = [f"<0x{b:02X}>" for b in range(256)]  # Gemma's byte-fallback tokens, as its vocabulary has them
 
 
 def vocabulary() -> list[str]:
@@ -37,9 +37,6 @@ def vocabulary() -> list[str]:
     round-trips through the tokenizer as through the real one (GRPO's trace needs that)."""
     letters = [chr(c) for c in range(ord("a"), ord("z") + 1)] + [chr(c) for c in range(ord("A"), ord("Z") + 1)]
     return SPECIAL + WORDS + letters + [f"\u2581{c}" for c in letters] + BYTES
-
-
-BYTES = [f"<0x{b:02X}>" for b in range(256)]
 
 
 def tiny_gemma3(vocab_size: int):
@@ -130,6 +127,16 @@ def tiny(tmp_path_factory):
     write_gguf(model, tokens, root / gemma3.GGUF_NAME)
     stand_in_packages(root / gemma3.GGUF_NAME, root / "site")
     return root / "hf", root / "site"
+
+
+def launch_with_stand_in(tiny, tmp_path: Path, *argv: str) -> None:
+    """`python -m pipeline <argv>` with the tiny stand-in under the real package's module names and
+    an empty cache root (so the stage resolves and converts it), one thread; it must succeed."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(tiny[1])]),
+           "REACT_PIPELINE_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run([sys.executable, "-m", "pipeline", *argv], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 @pytest.fixture
@@ -250,15 +257,10 @@ def test_gemma3_trains_as_a_student_through_accelerate_launch(tiny, tmp_path, fi
     from pipeline.core.storage import read_manifest
 
     write_dataset(tmp_path / "sft", "react", fireact_records(max_chars=400, limit=8))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(tiny[1])]),
-           "REACT_PIPELINE_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run([sys.executable, "-m", "pipeline", "train", "--config",
-                           str(REPO / "configs/students/gemma3-270m.yaml"), "format=react",
-                           f"dataset_dir={tmp_path / 'sft'}", f"output_dir={tmp_path / 'ck'}", "max_steps=2",
-                           "global_batch_size=4", "save_steps=100", "logging_steps=1", "precision=fp32",
-                           "accelerate_config=cpu", f"finetuning={finetuning}"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    launch_with_stand_in(tiny, tmp_path, "train", "--config", str(REPO / "configs/students/gemma3-270m.yaml"),
+                         "format=react", f"dataset_dir={tmp_path / 'sft'}", f"output_dir={tmp_path / 'ck'}",
+                         "max_steps=2", "global_batch_size=4", "save_steps=100", "logging_steps=1", "precision=fp32",
+                         "accelerate_config=cpu", f"finetuning={finetuning}")
     manifest = read_manifest(tmp_path / "ck" / "final" / "manifest.json")
     assert manifest["complete"] and manifest["steps"] == 2 and bool(manifest.get("adapter")) == (finetuning == "lora")
     assert "Gemma Terms of Use" in (tmp_path / "ck" / "final" / "README.md").read_text()
@@ -272,23 +274,19 @@ def test_gemma3_runs_grpo_through_accelerate_launch(tiny, tmp_path):
     final/ whose card names the Gemma Terms of Use."""
     from rl_testdata import build_world
 
-    from pipeline.core.storage import read_manifest
+    from pipeline.core.storage import read_jsonl, read_manifest
 
     world = build_world(tmp_path / "world")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(tiny[1])]),
-           "REACT_PIPELINE_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run([sys.executable, "-m", "pipeline", "grpo", "student=gemma3-270m",
-                           f"questions={world.questions}", f"wiki.index={world.index}", f"wiki.corpus=[{world.corpus}]",
-                           f"output_dir={tmp_path / 'grpo'}", "precision=fp32", "questions_per_step=1", "group_size=2", "per_device_batch_size=2",
-                           "max_steps=1", "save_steps=1", "prompting.max_steps=2", "prompting.max_new_tokens=12",
-                           "report_to=none", "accelerate_config=cpu"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    launch_with_stand_in(tiny, tmp_path, "grpo", "student=gemma3-270m", f"questions={world.questions}",
+                         f"wiki.index={world.index}", f"wiki.corpus=[{world.corpus}]", f"output_dir={tmp_path / 'grpo'}",
+                         "precision=fp32", "questions_per_step=1", "group_size=2", "per_device_batch_size=2",
+                         "max_steps=1", "save_steps=1", "prompting.max_steps=2", "prompting.max_new_tokens=12",
+                         "report_to=none", "accelerate_config=cpu")
     final = tmp_path / "grpo" / "final"
     manifest = read_manifest(final / "manifest.json")
     assert manifest["complete"] and manifest["steps"] == 1
     assert manifest["base_model"] == str(tmp_path / "cache" / gemma3.CACHE_DIR_NAME)
-    rollouts = [json.loads(line) for f in sorted((tmp_path / "grpo" / "rollouts").glob("*.jsonl")) for line in f.open()]
+    rollouts = [r for f in sorted((tmp_path / "grpo" / "rollouts").glob("*.jsonl")) for r in read_jsonl(f, tolerate_torn_tail=False)]
     assert len(rollouts) == 2 and all(r["text"].startswith("Question: What colour is ") for r in rollouts)
     assert all(r["env_tokens"] > 0 and r["policy_tokens"] + r["dropped_policy_tokens"] > 0 for r in rollouts)
     assert "Gemma Terms of Use" in (final / "README.md").read_text()
