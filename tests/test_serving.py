@@ -14,6 +14,7 @@ import contextlib
 import json
 import socket
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -23,6 +24,7 @@ from episode_testdata import CORPUS, read_records, run_pipeline, write_questions
 
 from pipeline.core.errors import PipelineError
 from pipeline.llm.config import LLMConfig
+from pipeline.llm.leftovers import live
 from pipeline.llm.serving import ServeConfig, max_lora_rank, serve_command, unit_server
 
 pytestmark = pytest.mark.skipif(not CORPUS.is_file(), reason=f"offline corpus not found at {CORPUS}")
@@ -78,6 +80,16 @@ def assert_server_gone(tmp_path: Path) -> None:
     assert pids
     for pid in pids:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, pid
+
+
+def still_live(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Those of `procs` still live after up to `timeout` seconds. A zombie has exited (as
+    `leftovers.live` and assert_server_gone count it): an orphan's zombie waits for the machine's
+    init to reap it, which psutil.wait_procs would wait for and this test cannot time."""
+    deadline = time.monotonic() + timeout
+    while (left := [p for p in procs if live(p)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
 
 
 def one_error_line(proc) -> str:
@@ -241,7 +253,6 @@ def test_a_killed_eval_takes_its_server_with_it(tmp_path, question_file, index):
     the server, so no orphan keeps the GPUs and the port (tests/test_vllm_server.py does the same
     to a real vLLM's process tree)."""
     import subprocess
-    import time
 
     from episode_testdata import child_env
 
@@ -260,7 +271,7 @@ def test_a_killed_eval_takes_its_server_with_it(tmp_path, question_file, index):
     except psutil.NoSuchProcess:
         return  # already gone
     try:
-        assert psutil.wait_procs([server], timeout=10)[1] == [], "the server outlived its eval"
+        assert still_live([server], timeout=10) == [], "the server outlived its eval"
     finally:
         with contextlib.suppress(psutil.NoSuchProcess):  # never leave an orphan behind a failure
             server.kill()
@@ -298,7 +309,6 @@ def start_guardian(tmp_path: Path, port: int) -> tuple:
     stand-in's parent, its child)."""
     import os
     import subprocess
-    import time
 
     from episode_testdata import child_env
 
@@ -328,14 +338,13 @@ def test_a_server_left_by_a_killed_guardian_is_named_at_the_next_start_and_not_r
     but the child's own child (as vLLM's engine core) lives on, re-parented to init. The next
     eval refuses to start in one line naming the port and PIDs left, leaves them alone, and
     starts once they are gone."""
-    import time
 
     records = {"REACT_PIPELINE_SERVERS": str(tmp_path / "servers")}
     guardian, server, child = start_guardian(tmp_path, port=18099)
     try:
         guardian.kill()
         guardian.wait()
-        assert psutil.wait_procs([server], timeout=5)[1] == [], "no parent-death signal reached the server"
+        assert still_live([server], timeout=5) == [], "no parent-death signal reached the server"
         time.sleep(0.5)
         assert child.is_running() and child.ppid() != guardian.pid  # the leftover, re-parented
         line = one_error_line(run_pipeline("eval", "--config", str(eval_config(tmp_path, question_file, index)),
@@ -355,14 +364,13 @@ def test_a_sigterm_to_the_guardian_ends_the_tree_without_waiting_out_the_grace_p
     """A scheduler's SIGTERM to the guardian (grace 60 s): the stand-in tree is gone in seconds,
     and so is the guardian's record."""
     import signal
-    import time
 
     guardian, server, child = start_guardian(tmp_path, port=18098)
     try:
         started = time.monotonic()
         guardian.send_signal(signal.SIGTERM)
         guardian.wait(timeout=20)
-        assert psutil.wait_procs([server, child], timeout=1)[1] == []
+        assert still_live([server, child], timeout=1) == []
         assert time.monotonic() - started < 10
         assert list((tmp_path / "servers").glob("*.json")) == []
     finally:
@@ -374,7 +382,6 @@ def test_a_sigterm_during_start_up_ends_a_server_that_ignores_it_within_seconds(
     the server outlived the killed eval by a minute. Now a SIGTERM'd eval's server gets seconds."""
     import signal
     import subprocess
-    import time
 
     from episode_testdata import child_env
 
@@ -393,7 +400,7 @@ def test_a_sigterm_during_start_up_ends_a_server_that_ignores_it_within_seconds(
     proc.send_signal(signal.SIGTERM)
     try:
         assert proc.wait(timeout=30) == 130
-        assert psutil.wait_procs([server], timeout=1)[1] == [], "the server outlived its eval"
+        assert still_live([server], timeout=1) == [], "the server outlived its eval"
         assert time.monotonic() - started < 10
     finally:
         kill_all(server)
@@ -405,7 +412,6 @@ def test_a_guardian_killed_under_a_running_eval_leaves_nothing_the_eval_does_not
     child and stops in one line; the guardian's stale record does not stop the next start."""
     import signal
     import subprocess
-    import time
 
     from episode_testdata import child_env
 
@@ -429,7 +435,7 @@ def test_a_guardian_killed_under_a_running_eval_leaves_nothing_the_eval_does_not
         assert line.startswith("error: ") and "guardian was killed (signal 9)" in line, line
         [ended] = [x for x in out.splitlines() if "ended what it left of the server" in x]
         assert f"{child.pid} python" in ended and "still running" not in ended, ended
-        assert psutil.wait_procs([server, child], timeout=10)[1] == [], "the stand-in or its child was left"
+        assert still_live([server, child], timeout=10) == [], "the stand-in or its child was left"
     finally:
         kill_all(server, child)
     proc = run_pipeline("eval", "--config", str(eval_config(tmp_path, question_file, index)), env=env)
