@@ -235,8 +235,7 @@ def test_a_card_of_a_student_trained_from_gemma3_names_the_gemma_terms(tmp_path,
                 "base_model": str(cache_root() / gemma3.CACHE_DIR_NAME), "config": {"student": "gemma3-270m"}}
     card = model_card(manifest, [])
     assert "licence applies to these weights: the Gemma Terms of Use (https://ai.google.dev/gemma/terms)." in card
-    by_folder = model_card({**manifest, "config": {"student": "checkpoints/x/final"}}, [])  # e.g. a later round's start
-    assert "Gemma Terms of Use" in by_folder
+    assert all("Gemma Terms of Use" in later for later in later_round_cards(tmp_path, manifest))
     smollm2 = model_card({**manifest, "student": "smollm2-135m", "base_model": str(cache_root() / "smollm2-135m-instruct"),
                           "config": {"student": "smollm2"}}, [])
     assert "The base model's licence applies to these weights. Training data:" in smollm2
@@ -244,6 +243,28 @@ def test_a_card_of_a_student_trained_from_gemma3_names_the_gemma_terms(tmp_path,
                       "base_model": "checkpoints/x/react/final", "config": {"student": "checkpoints/x/react/final"},
                       "origin_model": str(cache_root() / gemma3.CACHE_DIR_NAME)}, [])
     assert "Gemma Terms of Use" in grpo  # a GRPO policy of a Gemma-trained start: its card says so too
+
+
+def later_round_cards(tmp_path: Path, first: dict) -> list[str]:
+    """The cards `train` writes for students trained from a Gemma-derived final/ (later rounds with
+    `self_training.init: previous`), their base_model and origin_model as train/final.py's
+    save_final sets them (`lineage`): round 2 from round 1 (`first`), and round 3 from a round 2
+    whose manifest predates origin_model (it names only its base, round 1's folder)."""
+    from pipeline.core.storage import write_manifest
+    from pipeline.hub.cards import model_card
+    from pipeline.train.config import FinetuneConfig
+    from pipeline.train.final import lineage
+
+    round1, round2 = tmp_path / "react" / "final", tmp_path / "react-round2" / "final"
+    for folder, manifest in ((round1, first), (round2, {**first, "base_model": str(round1)})):
+        folder.mkdir(parents=True)
+        write_manifest(folder / "manifest.json", stage="train", complete=True, **manifest)
+    cards = []
+    for start in (round1, round2):
+        fields = lineage(FinetuneConfig(student=str(start)))
+        assert fields == {"base_model": str(start), "origin_model": first["base_model"]}  # base: the folder itself
+        cards.append(model_card({**first, **fields, "config": {"student": str(start)}}, []))
+    return cards
 
 
 @pytest.mark.slow
@@ -263,6 +284,7 @@ def test_gemma3_trains_as_a_student_through_accelerate_launch(tiny, tmp_path, fi
                          "accelerate_config=cpu", f"finetuning={finetuning}")
     manifest = read_manifest(tmp_path / "ck" / "final" / "manifest.json")
     assert manifest["complete"] and manifest["steps"] == 2 and bool(manifest.get("adapter")) == (finetuning == "lora")
+    assert manifest["base_model"] == manifest["origin_model"] == str(tmp_path / "cache" / gemma3.CACHE_DIR_NAME)
     assert "Gemma Terms of Use" in (tmp_path / "ck" / "final" / "README.md").read_text()
 
 

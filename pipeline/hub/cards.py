@@ -192,7 +192,7 @@ def model_card(manifest: dict, eval_rows: list[dict]) -> str:
         lines.append(f"- Selection: {data['rule']}.")
     else:
         lines.append("- The dataset folder is not beside this model any more: teacher and selection unknown.")
-    lines += ["", "## Licence", "", licence_line([cfg.get("student"), base], task, fireact=bool(data and data["fireact"])),
+    lines += ["", "## Licence", "", licence_line([cfg.get("student"), manifest.get("origin_model"), base], task, fireact=bool(data and data["fireact"])),
               "", "<details><summary>Full training config</summary>", "", "```json",
               json.dumps(cfg, indent=2, sort_keys=True, default=str), "```", "", "</details>", ""]
     return "\n".join(lines)

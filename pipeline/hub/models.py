@@ -19,6 +19,7 @@ from pathlib import Path
 
 from pipeline.core.errors import PipelineError
 from pipeline.core.paths import cache_root
+from pipeline.core.storage import read_manifest
 from pipeline.hub import gemma3, smollm2
 from pipeline.hub.gguf_cache import is_complete
 
@@ -51,6 +52,24 @@ def resolve_model_path(name: str) -> str:
         require_installed(name)  # before the cache folder, its lock or a scratch file is made
         return str(EMBEDDED[name].local_dir())  # converted from the GGUF on first use
     return name
+
+
+def origin_model(name: str) -> str:
+    """The pretrained model at the root of `name`'s lineage, whose licence binds every model trained
+    from it (hub/cards.py): for a final/ of ours (a later round's start, `self_training.init:
+    previous`, or a GRPO final) the root its manifest names, followed through manifests older than
+    the field (their `base_model`); for anything else the model `name` resolves to."""
+    seen: set[str] = set()
+    while (Path(name).expanduser() / "manifest.json").is_file() and name not in seen:
+        seen.add(name)
+        name = lineage_root(read_manifest(Path(name).expanduser() / "manifest.json") or {}) or name
+    return resolve_model_path(name)
+
+
+def lineage_root(manifest: dict) -> str | None:
+    """The root a final/'s manifest names: `origin_model` (train and grpo write it), else its
+    `base_model` (what an SFT manifest written before the field trained from)."""
+    return manifest.get("origin_model") or manifest.get("base_model")
 
 
 def require_installed(name: str | None) -> None:

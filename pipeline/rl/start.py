@@ -17,7 +17,7 @@ from pathlib import Path
 
 from pipeline.core.errors import PipelineError
 from pipeline.core.storage import require_complete
-from pipeline.hub.models import SMOLLM2, model_label, resolve_model_path
+from pipeline.hub.models import SMOLLM2, model_label, origin_model, resolve_model_path
 
 
 @dataclass
@@ -82,9 +82,8 @@ def _ours(final: Path, fmt: str) -> StartPoint:
         if not model or looks_like_path(model) and not Path(model).expanduser().exists():
             raise PipelineError(f"{final} is a LoRA adapter whose base model '{model}' is missing; restore it "
                                 "(or edit base_model in its manifest.json)")
-    origin = manifest.get("origin_model") or manifest.get("base_model")  # a GRPO final's, or an SFT final's base
     return StartPoint(model, adapter, str(final), str(manifest.get("student") or final.name),
-                      manifest.get("size_class"), "ours", trained, origin)
+                      manifest.get("size_class"), "ours", trained, origin_model(str(final)))
 
 
 def _released(student: str, fmt: str, base_model: str | None, size_class: str | None) -> StartPoint:

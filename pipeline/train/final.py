@@ -11,7 +11,7 @@ from pathlib import Path
 from pipeline.core.config import to_dict
 from pipeline.core.errors import PipelineError
 from pipeline.core.storage import file_fingerprint, write_manifest
-from pipeline.hub.models import resolve_model_path
+from pipeline.hub.models import origin_model, resolve_model_path
 from pipeline.train.checkpoints import remove_checkpoints
 from pipeline.train.config import FINAL_DIR, FinetuneConfig
 from pipeline.train.data import dataset_task
@@ -35,7 +35,7 @@ def save_final(trainer, cfg: FinetuneConfig, plan: TrainPlan, tokenizer, dataset
 
     task = dataset_task(dataset_path)
     fields = dict(
-        student=cfg.student_name, base_model=None if cfg.init == "random" else resolve_model_path(cfg.student),
+        student=cfg.student_name, **lineage(cfg),
         init=cfg.init, adapter=cfg.finetuning != "full", finetuning=cfg.finetuning, format=cfg.format,
         size_class=cfg.size_class, steps=trainer.state.global_step, max_steps=cfg.max_steps,
         tokenizer=".", tokenizer_source=cfg.tokenizer or cfg.student, eos_token=tokenizer.eos_token,
@@ -50,6 +50,15 @@ def save_final(trainer, cfg: FinetuneConfig, plan: TrainPlan, tokenizer, dataset
     )
     return write_final(trainer, cfg, plan, tokenizer, "train", fields, lambda manifest: model_card(manifest, []),
                        label="finetune")
+
+
+def lineage(cfg: FinetuneConfig) -> dict:
+    """What the model was trained from: `base_model`, the weights it started from (a later round's
+    start is round k-1's final/), and `origin_model`, the pretrained root of that lineage, whose
+    licence binds this model too (its card names it). A random init has neither."""
+    if cfg.init == "random":
+        return {"base_model": None, "origin_model": None}
+    return {"base_model": resolve_model_path(cfg.student), "origin_model": origin_model(cfg.student)}
 
 
 def model_params_b(trainer) -> float:
