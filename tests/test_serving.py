@@ -302,11 +302,18 @@ def test_a_failed_servers_reason_is_the_last_error_line_of_its_log(tmp_path, tai
 # vLLM's engine core, has no parent-death signal and stays up when its parent is killed.
 STANDIN_TREE = ("import subprocess, sys, time; "
                 "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); time.sleep(300)")
+# The same tree, both processes ignoring SIGTERM as vLLM's engine core does while it loads the model:
+# only a SIGKILL ends it, so the grace period the guardian applies decides when it is gone.
+STANDIN_TREE_IGNORING_SIGTERM = (
+    "import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "subprocess.Popen([sys.executable, '-c', 'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "time.sleep(300)']); time.sleep(300)")
+GRACE_S = 60.0  # the guardian's orderly-stop grace in these tests (its default, a scheduler's case)
 
 
-def start_guardian(tmp_path: Path, port: int) -> tuple:
-    """The guardian of a stand-in tree, with its records in tmp_path/servers: (guardian, the
-    stand-in's parent, its child)."""
+def start_guardian(tmp_path: Path, port: int, tree: str = STANDIN_TREE) -> tuple:
+    """The guardian of a stand-in tree (grace GRACE_S), with its records in tmp_path/servers and
+    its output on a pipe: (guardian, the stand-in's parent, its child)."""
     import os
     import subprocess
 
@@ -315,8 +322,9 @@ def start_guardian(tmp_path: Path, port: int) -> tuple:
     read_fd, write_fd = os.pipe()
     guardian = subprocess.Popen(
         [sys.executable, "-m", "pipeline.llm.guardian", "--status-fd", str(write_fd), "--log", str(tmp_path / "s.log"),
-         "--records", str(tmp_path / "servers"), "--address", "127.0.0.1", "--port", str(port), "--",
-         sys.executable, "-c", STANDIN_TREE], stdin=subprocess.PIPE, pass_fds=(write_fd,), env=child_env())
+         "--grace", str(GRACE_S), "--records", str(tmp_path / "servers"), "--address", "127.0.0.1", "--port", str(port),
+         "--", sys.executable, "-c", tree], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        pass_fds=(write_fd,), env=child_env())
     os.close(write_fd)
     with os.fdopen(read_fd, "rb") as status:
         server = psutil.Process(int(status.readline().split()[1]))
@@ -361,17 +369,21 @@ def test_a_server_left_by_a_killed_guardian_is_named_at_the_next_start_and_not_r
 
 
 def test_a_sigterm_to_the_guardian_ends_the_tree_without_waiting_out_the_grace_period(tmp_path):
-    """A scheduler's SIGTERM to the guardian (grace 60 s): the stand-in tree is gone in seconds,
-    and so is the guardian's record."""
+    """A scheduler's SIGTERM to the guardian (grace 60 s) with a tree that ignores SIGTERM (as
+    vLLM's engine core while it loads): the guardian SIGKILLs it after its hurried grace
+    (HURRY_GRACE_S), not the 60 s one; the tree is gone well within the grace, and so is the
+    guardian's record."""
     import signal
 
-    guardian, server, child = start_guardian(tmp_path, port=18098)
+    from pipeline.llm.guardian import HURRY_GRACE_S
+
+    guardian, server, child = start_guardian(tmp_path, port=18098, tree=STANDIN_TREE_IGNORING_SIGTERM)
     try:
         started = time.monotonic()
         guardian.send_signal(signal.SIGTERM)
-        guardian.wait(timeout=20)
-        assert still_live([server, child], timeout=1) == []
-        assert time.monotonic() - started < 10
+        guardian.wait(timeout=GRACE_S / 2)  # a guardian that waited out the grace fails here
+        assert still_live([server, child], timeout=GRACE_S / 2 - (time.monotonic() - started)) == []
+        assert f"still running {HURRY_GRACE_S:g} s after SIGTERM: SIGKILL" in guardian.stdout.read()
         assert list((tmp_path / "servers").glob("*.json")) == []
     finally:
         kill_all(server, child)
@@ -386,7 +398,7 @@ def test_a_sigterm_during_start_up_ends_a_server_that_ignores_it_within_seconds(
     from episode_testdata import child_env
 
     config = eval_config(tmp_path, question_file, index, "--standin-never-healthy", "--standin-ignore-sigterm",
-                         stop_grace_s=60, startup_timeout_s=120)
+                         stop_grace_s=GRACE_S, startup_timeout_s=120)
     proc = subprocess.Popen([sys.executable, "-m", "pipeline", "eval", "--config", str(config)],
                             env=child_env({"REACT_PIPELINE_SERVERS": str(tmp_path / "servers")}),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -399,9 +411,9 @@ def test_a_sigterm_during_start_up_ends_a_server_that_ignores_it_within_seconds(
     started = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     try:
-        assert proc.wait(timeout=30) == 130
+        assert proc.wait(timeout=GRACE_S / 2) == 130  # an eval whose server got the 60 s grace fails here
         assert still_live([server], timeout=1) == [], "the server outlived its eval"
-        assert time.monotonic() - started < 10
+        assert time.monotonic() - started < GRACE_S / 2
     finally:
         kill_all(server)
 
