@@ -41,16 +41,40 @@ def rollouts_of(output_dir, step: int) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
 
-def test_a_fever_run_reads_claims_and_is_rewarded_by_fevers_accuracy(fever_world, fever_student, tmp_path):
-    """Two steps of 4 claims x 4 rollouts: every rollout starts with the claim line, its `em` is
+# A Finish where FEVER's scores and HotpotQA's differ: HotpotQA's EM is FEVER's accuracy on a
+# one-word label (the same normalisation), but its token F1 gives this one partial credit.
+WORDY = {"prediction": ["SUPPORTS, it is gold"], "answer": ["SUPPORTS"], "completions": [""]}
+
+
+def test_fevers_reward_is_fevers_accuracy_where_hotpotqas_metric_differs():
+    from pipeline.rl.reward import reward_functions
+
+    em, f1, _ = reward_functions(FEVER)
+    assert em(**WORDY) == f1(**WORDY) == [0.0]
+    assert get_task("hotpotqa").scores(WORDY["prediction"][0], "SUPPORTS")["f1"] == pytest.approx(0.4)
+
+
+def test_a_fever_run_reads_claims_and_is_rewarded_by_fevers_accuracy(fever_world, fever_student, tmp_path, monkeypatch):
+    """Two steps of 4 claims x 4 rollouts: the run's reward functions are built from FEVER's
+    scores (and score WORDY as FEVER does), every rollout starts with the claim line, its `em` is
     FEVER's accuracy of its Finish, each step's logged reward is their mean; the final/ manifest
     and card name FEVER and its claim line."""
+    from pipeline.rl import reward
     from pipeline.rl.train import run
 
+    built, real = [], reward.reward_functions  # (task, functions) of each reward_functions call the run makes
+
+    def recording(task):
+        built.append((task, real(task)))
+        return built[-1][1]
+
+    monkeypatch.setattr(reward, "reward_functions", recording)
     cfg = world_cfg(fever_world, fever_student, tmp_path / "ck", "task=fever", "questions_per_step=4", "group_size=4",
                     "max_steps=2", "save_steps=2")
     with one_thread():
         manifest = run(cfg)
+    [(task, (em, f1, _))] = built
+    assert task.name == "fever" and em(**WORDY) == f1(**WORDY) == [0.0]
     assert (manifest["task"], manifest["prompt_format"], manifest["steps"]) == ("fever", "Claim: {question}\n", 2)
     history = log_history(cfg.output_dir)
     assert len(history) == 2
