@@ -12,8 +12,9 @@
 
 What counts as an import: every `import` / `from ... import` statement anywhere in a file, at module
 level or inside a function (a lazy import runs too, later), under `if TYPE_CHECKING:` too. An edge
-goes to the module named; `from package import name` goes to `package.name` where that is a module
-of the tree. Not counted: the package `__init__` that Python loads on the way to a submodule (a
+goes to the module named (a relative import, `from ..tasks.fever import x`, resolved against the
+importer's package); `from package import name` goes to `package.name` where that is a module of
+the tree. Not counted: the package `__init__` that Python loads on the way to a submodule (a
 package's face hands names on), and names loaded by `importlib` (`get_task` loads a task by name:
 that is the seam itself, not an import of one task).
 """
@@ -38,16 +39,29 @@ def modules() -> dict[str, Path]:
 
 
 def imports(path: Path, known: set[str]) -> set[str]:
-    """The modules of the tree that `path` imports (module level or in a function)."""
+    """The modules of the tree that `path` imports (module level or in a function; relative
+    imports resolved against its package)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        if isinstance(node, ast.ImportFrom):
+            module = absolute(node, module_name(path), is_package=path.name == "__init__.py")
             for alias in node.names:
-                sub = f"{node.module}.{alias.name}"
-                found.add(sub if sub in known else node.module)
+                sub = f"{module}.{alias.name}"
+                found.add(sub if sub in known else module)
         elif isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
     return found & known
+
+
+def absolute(node: ast.ImportFrom, importer: str, is_package: bool) -> str:
+    """The module a `from ... import` names, a relative one (`from ..tasks import x`, level 2)
+    resolved as Python does: level 1 is the importer's own package (a package's __init__ is its
+    own package), each further dot one package up."""
+    if node.level == 0:
+        return node.module or ""
+    package = importer.split(".") if is_package else importer.split(".")[:-1]
+    base = package[:len(package) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
 
 
 def graph() -> dict[str, set[str]]:
@@ -60,6 +74,17 @@ def task_of_module(name: str) -> str | None:
     """The task folder a module belongs to (pipeline.tasks.fever.replay -> fever), else None."""
     parts = name.split(".")
     return parts[2] if len(parts) > 2 and parts[:2] == ["pipeline", "tasks"] and parts[2] != "base" else None
+
+
+def test_a_relative_import_is_read_as_the_module_it_names():
+    def named(source: str, importer: str, is_package: bool = False) -> str:
+        return absolute(ast.parse(source).body[0], importer, is_package)
+
+    assert named("from ..tasks.hotpotqa import metric", "pipeline.stages.eval") == "pipeline.tasks.hotpotqa"
+    assert named("from . import metric", "pipeline.tasks.fever") == "pipeline.tasks"
+    assert named("from . import metric", "pipeline.tasks.fever", is_package=True) == "pipeline.tasks.fever"
+    assert named("from .questions import load", "pipeline.tasks.fever", is_package=True) == "pipeline.tasks.fever.questions"
+    assert named("from pipeline.core import paths", "pipeline.stages.eval") == "pipeline.core"
 
 
 def test_only_the_tasks_import_a_tasks_own_module():
