@@ -30,6 +30,10 @@ REPO = Path(__file__).resolve().parents[1]
 SPECIAL = ["<pad>", "<eos>", "<bos>", "<unk>"]  # ids 0-3, as in Gemma's vocabulary
 WORDS = ["\u2581", "\u2581the", "\u2581answer", "\u2581is", "Question", ":", "\n"]
 BYTES = [f"<0x{b:02X}>" for b in range(256)]  # Gemma's byte-fallback tokens, as its vocabulary has them
+# A test of what happens without the gemma3-270m packages shows nothing where they are installed.
+WITHOUT_THE_PACKAGE = pytest.mark.skipif(importlib.util.find_spec(gemma3.CHUNKS[0][0]) is not None,
+                                         reason="the gemma3-270m packages are installed here, so their absence "
+                                                "cannot be shown")
 
 
 def vocabulary() -> list[str]:
@@ -203,8 +207,7 @@ def test_a_chunk_that_does_not_match_the_recorded_sha256_is_refused(installed, t
     assert not (cache / gemma3.CACHE_DIR_NAME).exists() and not list(cache.glob(".*.tmp"))
 
 
-@pytest.mark.skipif(importlib.util.find_spec(gemma3.CHUNKS[0][0]) is not None,
-                    reason="the gemma3-270m packages are installed here, so their absence cannot be shown")
+@WITHOUT_THE_PACKAGE
 @pytest.mark.parametrize("argv", [
     ["eval", "model.model=gemma3-270m", "methods=[standard]", "limit=2", "out_dir={out}/eval"],
     ["generate", "teacher.model=gemma3-270m", "methods=[standard]", "limit=2", "out_dir={out}/generate"],

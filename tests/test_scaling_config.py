@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from test_gemma3 import WITHOUT_THE_PACKAGE
+
 from pipeline.core.config import build, read_yaml, to_dict
 from pipeline.stages.run import RunConfig, Student, plan
 
@@ -48,6 +50,7 @@ def test_the_scaling_grid_reuses_every_135m_unit_of_small_rounds_and_adds_the_27
     assert figure.rounds == [f"runs/small-rounds/eval/smollm2-135m-ft-react-round{k}/summary.json" for k in (2, 3)]
 
 
+@WITHOUT_THE_PACKAGE
 def test_the_scaling_grid_prints_its_plan_from_the_cli_without_the_gemma_package():
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, "-m", "pipeline", "run", "--config", "configs/small-scaling.yaml",
