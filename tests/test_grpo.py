@@ -284,6 +284,8 @@ class ScriptedPolicy:
     Everything around it is real: the episode program, the WikiEnv over the SQLite index, the
     token trace, TRL's scoring and loss on the real tiny model."""
 
+    stray = ""  # a line written after the search action, which the renderer does not keep
+
     def __init__(self, tokenizer, colour: dict[str, str], model=None, temperature: float = 1.0):
         self.tokenizer, self.colour, self.answers = tokenizer, colour, 0
         self.model, self.temperature = model, temperature
@@ -294,7 +296,7 @@ class ScriptedPolicy:
             text = self.tokenizer.decode(req.prompt_ids)
             name = re.search(r"What colour is (\w+)\?", text).group(1)
             if text.endswith("Thought 1:"):
-                step = f" I search {name}.\nAction 1: Search[{name}]\nObservation 1:"
+                step = f" I search {name}.\nAction 1: Search[{name}]{self.stray}\nObservation 1:"
             else:
                 self.answers += 1
                 right = self.colour[name]
@@ -364,7 +366,10 @@ def test_observation_tokens_never_receive_gradient(world, random_student, tmp_pa
 class ScoredPolicy(ScriptedPolicy):
     """STAND-IN for TRL's vLLM engine (labelled as such): ScriptedPolicy's tokens, each with the
     log-probability the policy model gives it in its context at the sampling temperature, as
-    vLLM returns them (`logprobs=0`, processed logprobs)."""
+    vLLM returns them (`logprobs=0`, processed logprobs). Its first step has a stray line after
+    the action, so the trace drops sampled tokens (and their log-probabilities) in every rollout."""
+
+    stray = "\nI wait here."
 
     def generate(self, requests):
         import torch
@@ -384,16 +389,27 @@ def test_vllm_logprobs_pass_trls_importance_sampling_correction(world, random_st
     correction (`vllm_importance_sampling_correction`, on by default) subtracts the rollout's
     sampling log-probabilities from the trainer's own, token by token. The trace hands them on
     beside its token ids (0.0 at the loop's tokens): with the engine's log-probabilities equal
-    to the model's, every policy token's difference is ~0 and the ratio 1; a trace that lost its
-    alignment (a token shifted, a dropped token's value kept) would show a large difference.
+    to the model's, every policy token's difference is ~0 and the ratio 1. Every rollout here
+    drops the tokens of a stray line the policy wrote after its action: a trace that kept a
+    dropped token's value would hand it on at a loop token (where TRL receives 0.0, checked) or,
+    with more dropped than the loop appends, shift the next policy tokens (a large difference).
     (Before the trace carried them, the rollout returned logprobs=None and TRL's subtraction
     raised at the first step.) Only the engine is a stand-in; the trainer is switched to vLLM's
     code path after it is built, since vLLM itself is not installed beside TRL here."""
+    import torch
+
+    from pipeline.core.storage import read_jsonl
+
     trainer, _ = scripted_trainer(world, random_student, tmp_path, ScoredPolicy, "prompting.temperature=0.7")
     trainer.rollout_func.engine = "vllm"
     trainer.use_vllm, trainer.vllm_importance_sampling_correction = True, True
     trainer._last_loaded_step = trainer.state.global_step  # no weight sync: the stand-in reads the model itself
     inputs = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+    [logged] = tmp_path.rglob("rollouts/step-000001.rank-0.jsonl")
+    rollouts = read_jsonl(logged, tolerate_torn_tail=False)
+    assert len(rollouts) == 8 and all(r["dropped_policy_tokens"] > 0 for r in rollouts)
+    loop = (inputs["tool_mask"] == 0) & (inputs["completion_mask"] == 1)
+    assert loop.sum() > 0 and torch.all(inputs["sampling_per_token_logps"][loop] == 0.0)
     metrics = trainer._metrics["train"]
     assert metrics["sampling/sampling_logp_difference/max"][-1] < 1e-4
     assert metrics["sampling/importance_sampling_ratio/mean"][-1] == pytest.approx(1.0, abs=1e-4)
