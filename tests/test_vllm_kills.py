@@ -182,35 +182,48 @@ def run(tmp_path, smollm2_dir, index):
             process.kill()
 
 
-def kill(proc: subprocess.Popen, sig: int) -> tuple[float, int]:
-    """Send `sig` to the eval; when it was sent, and the eval's exit code."""
+def kill_and_check(run: KilledEval, proc: subprocess.Popen, sig: int, what: str) -> tuple[float, int]:
+    """Send `sig` to the eval and check, while it may still be stopping, that every process of its
+    server is gone GONE_WITHIN_S after the signal; then its exit code (the eval is killed if it
+    has not exited 60 s after). The seconds from the signal until all were gone, and the code."""
     try:
         proc.send_signal(sig)
-        killed_at = time.monotonic()
-        return killed_at, proc.wait(timeout=60)
+        took = run.assert_gone(what, time.monotonic())
+        return took, proc.wait(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
 
 
+def started_eval(run: KilledEval, until) -> subprocess.Popen:
+    """A new eval, once `until(proc)` has run (the eval killed should that fail)."""
+    proc = run.start()
+    try:
+        until(proc)
+    except BaseException:
+        proc.kill()
+        raise
+    return proc
+
+
 def kill_once(run: KilledEval, sig: int, moment: float | None) -> bool:
     """Start the eval, send `sig` `moment` s after its start (None: once vLLM's engine core is
-    up), check that nothing of its server is left GONE_WITHIN_S after the kill; whether the
+    up), check that nothing of its server is left GONE_WITHIN_S after the signal; whether the
     eval had started its server by then."""
-    starts, proc = run.server_starts(), run.start()
-    started = time.monotonic()
-    try:
+    starts, started = run.server_starts(), time.monotonic()
+
+    def until(proc: subprocess.Popen) -> None:
         if moment is None:
             wait_for("vLLM's engine core", lambda: engine_core_up(run, proc), proc)
-        else:
-            while time.monotonic() - started < moment and proc.poll() is None:
-                run.look(proc)
-                time.sleep(0.05)
-    finally:
-        there = run.look(proc)
-        at = f"{signal.Signals(sig).name} at " + (f"{time.monotonic() - started:.1f} s" if moment else "engine core up")
-        killed_at, code = kill(proc, sig)
-    took = run.assert_gone(at, killed_at)
+            return
+        while time.monotonic() - started < moment and proc.poll() is None:
+            run.look(proc)
+            time.sleep(0.05)
+
+    proc = started_eval(run, until)
+    there = run.look(proc)
+    at = f"{signal.Signals(sig).name} at " + (f"{time.monotonic() - started:.1f} s" if moment else "engine core up")
+    took, code = kill_and_check(run, proc, sig, at)
     server_started = run.server_starts() > starts
     print(f"[test] {at} ({'server started' if server_started else 'no server started yet'}; {there}): "
           f"eval exit {code}, all gone {took:.1f} s after the kill")
@@ -240,16 +253,12 @@ def test_sigkill_twice_then_sigterm_mid_run_leave_no_vllm_process_and_each_next_
     run keeps the records before it, none repeated."""
     kept: list[dict] = []
     for attempt, sig in enumerate((signal.SIGKILL, signal.SIGKILL, signal.SIGTERM), start=1):
-        proc = run.start()
-        try:
-            before = len(kept)
-            wait_for("a new record", lambda: len(run.records_written()) > before, proc)  # noqa: B023
-        finally:
-            there = run.look(proc)
-            killed_at, code = kill(proc, sig)
-        assert "EngineCore" in there, there
+        before = len(kept)
+        proc = started_eval(run, lambda p: wait_for("a new record", lambda: len(run.records_written()) > before, p))  # noqa: B023
+        there = run.look(proc)
         what = f"{signal.Signals(sig).name} mid-run #{attempt}"
-        took = run.assert_gone(what, killed_at)
+        took, code = kill_and_check(run, proc, sig, what)
+        assert "EngineCore" in there, there
         print(f"[test] {what} ({there}): eval exit {code}, all gone {took:.1f} s after the kill")
         if sig == signal.SIGTERM:
             assert code == 130, (code, run.output()[-3000:])
