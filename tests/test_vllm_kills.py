@@ -17,6 +17,7 @@ on 2 cores.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -103,7 +104,7 @@ class KilledEval:
         except psutil.Error:
             return []
 
-    def left(self) -> list[str]:
+    def left(self) -> list[psutil.Process]:
         """Every process of this eval's servers still alive: seen while they ran, the trees
         of the recorded PIDs, tagged ones, and any whose command line names one of their ports."""
         found = {p.pid: p for p in self.seen.values() if live(p)}
@@ -124,7 +125,7 @@ class KilledEval:
                 continue
             if any(f"--port {port} " in line + " " for port in self.ports) and process.pid != os.getpid():
                 found.setdefault(process.pid, process)
-        return [f"{p.pid} {name(p)}" for p in found.values() if live(p)]
+        return [p for p in found.values() if live(p)]
 
     def assert_gone(self, what: str, killed_at: float) -> float:
         """Wait until GONE_WITHIN_S after the kill (`killed_at`, not the eval's exit, which may
@@ -133,11 +134,11 @@ class KilledEval:
         deadline = killed_at + GONE_WITHIN_S
         while (left := self.left()) and time.monotonic() < deadline:
             time.sleep(0.25)
-        if left:
-            for process in list(self.seen.values()):
-                if live(process):
-                    process.kill()
-        assert not left, f"{what}: processes of the server alive {GONE_WITHIN_S:g} s after the kill: {left}"
+        for process in [*left, *self.seen.values()] if left else []:  # all it found, not only those seen
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+        assert not left, (f"{what}: processes of the server alive {GONE_WITHIN_S:g} s after the kill: "
+                          f"{[f'{p.pid} {name(p)}' for p in left]}")
         assert list(self.records.glob("*.json")) == [], f"{what}: the guardian's record is still there"
         return time.monotonic() - killed_at
 
