@@ -62,7 +62,7 @@ from pipeline.core.config import (
 from pipeline.core.errors import PipelineError
 from pipeline.core.relay import pieces
 from pipeline.core.storage import check_writable_dir, is_done, read_manifest
-from pipeline.llm.serve_groups import plan_groups, running
+from pipeline.llm.serve_groups import attached, plan_groups, running
 from pipeline.report.rounds import RoundsReport, write_rounds_report
 from pipeline.rl.heldout import HeldoutSettings
 from pipeline.rounds import SelfTrainingConfig
@@ -719,8 +719,11 @@ def generate_in_child(config) -> None:
 
 def answerer_need(what: str, oracle: str | None, llm, serve=None, params_b: float | None = None):
     """The GPUs a generate or eval unit's answerer loads its model on (gpu_memory.llm_need); the
-    stand-in teacher (`oracle` set) loads no model, whatever its unread LLM section says."""
-    return None if oracle is not None else gpu_memory.llm_need(what, llm, serve, params_b)
+    stand-in teacher (`oracle` set) loads no model, whatever its unread LLM section says, and a
+    unit on its group's running server loads none either (the group checked before it started)."""
+    if oracle is not None or attached():
+        return None
+    return gpu_memory.llm_need(what, llm, serve, params_b)
 
 
 def in_child(stage: str, config) -> None:
