@@ -264,3 +264,29 @@ def test_a_rounds_generate_on_the_server_it_shares_with_the_last_rounds_eval_is_
     with serve_groups.running([generate]):
         generate.action(generate.config)
     assert len(StubServer.started) == 1 and children == [("generate", str(generate.config.out_dir))]
+
+
+def test_runs_round_one_generate_loads_its_teacher_in_a_child_process_as_its_plan_says(node, monkeypatch, tmp_path):
+    """An in-process teacher (vLLM engine, transformers model) left loaded in `run` would hold the
+    GPUs the next unit's check wants free: round 1's generate runs in its own `python -m pipeline
+    generate` process (as the rounds' do), after its GPU check, and the plan line says so truly."""
+    from pipeline.stages import run
+
+    monkeypatch.setattr(run, "gpu_count", lambda: 8)
+    monkeypatch.setattr(run, "training_precision", lambda ft: "bf16")
+    children, in_process = [], []
+    monkeypatch.setattr(run, "in_child", lambda stage, config: children.append(stage))
+    monkeypatch.setattr(run, "generate", lambda config: in_process.append(config), raising=False)  # what run called in-process
+    cfg = build(run.RunConfig, read_yaml(REPO / "configs" / "paper.yaml"))
+    cfg.out_dir = tmp_path / "paper"
+    cfg.generate["teacher"] = {"backend": "vllm", "model": "meta-llama/Llama-3.1-405B-Instruct-FP8",
+                               "tensor_parallel_size": 8}
+    units = {u.title: u for u in run.plan(cfg, [build(run.Student, s) for s in cfg.students])}
+    gen = units["generate: the teacher writes trajectories"]
+    assert gen.needs.endswith("in its own process")
+    node([IDLE_FREE - 73402] + [IDLE_FREE] * 7)  # GPU 0 held: the check comes first
+    with pytest.raises(PipelineError, match=r"^generate .* needs 90% of each GPU's memory free on GPU 0-7"):
+        gen.action(gen.config)
+    node([IDLE_FREE] * 8)
+    gen.action(gen.config)
+    assert children == ["generate"] and in_process == []
