@@ -103,6 +103,8 @@ def serve_command(base: LLMConfig, serve: ServeConfig, port: int, adapters: dict
            "--served-model-name", base.label, "--tensor-parallel-size", str(base.tensor_parallel_size),
            "--gpu-memory-utilization", str(base.gpu_memory_utilization), "--dtype", base.dtype,
            "--enable-prefix-caching"]  # every prompt starts with the same exemplars
+    if "generation_config" not in base.extra:  # vLLM's neutral sampling defaults, not the model's
+        cmd += ["--generation-config", "vllm"]  # generation_config.json's (pipeline.llm.base.OPENAI_SAMPLING)
     if base.max_context:
         cmd += ["--max-model-len", str(base.max_context)]
     if base.trust_remote_code:
