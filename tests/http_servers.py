@@ -341,9 +341,10 @@ class FakeOpenAI(FaultyServer):
     contains it, whatever the order they arrive in."""
 
     def __init__(self, model: str = "fake-model", api_key: str | None = None,
-                 latency_s: float = 0.0, honour_stop: bool = True):
+                 latency_s: float = 0.0, honour_stop: bool = True, owned_by: str | None = None):
         super().__init__(latency_s)
         self.model = model
+        self.owned_by = owned_by  # "vllm": /v1/models says so, as `vllm serve` does; None: no such field
         self.api_key = api_key
         self.honour_stop = honour_stop
         self.replies: dict[str, list[str]] = {}
@@ -387,8 +388,8 @@ class FakeOpenAI(FaultyServer):
                                              f"{given.removeprefix('Bearer ')}",
                                              "type": "invalid_request_error"}})
         if request.method == "GET" and request.path == "/v1/models":
-            return Reply(200, {"object": "list",
-                               "data": [{"id": self.model, "object": "model"}]})
+            entry = {"id": self.model, "object": "model"} | ({"owned_by": self.owned_by} if self.owned_by else {})
+            return Reply(200, {"object": "list", "data": [entry]})
         if request.method == "POST" and request.path in ("/v1/completions",
                                                          "/v1/chat/completions"):
             return self._generate(request.body, chat=request.path.endswith("chat/completions"))

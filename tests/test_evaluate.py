@@ -102,6 +102,8 @@ def test_prompted_eval_writes_summary_rows_and_records(prompted_run, questions, 
         assert len(records) == 4 and all(set(r) == EPISODE_FIELDS and r["source"] == "eval" for r in records)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["complete"] and manifest["mode"] == "prompt" and manifest["summary"] == rows
+    assert manifest["sampling"] == {"temperature": 0.0, "cot_sc_temperature": 0.7, "top_p": 1.0,
+                                    "presence_penalty": 0.0, "frequency_penalty": 0.0}  # sent to a server not vLLM
     assert "big-model [prompt]            react: EM 0.750" in proc.stdout
 
 

@@ -168,3 +168,125 @@ def test_run_checks_each_unit_when_it_starts(node, teacher, monkeypatch, tmp_pat
     assert run.train_gpu_need(ft).gpus == 8
     monkeypatch.setattr(run, "gpu_count", lambda: 0)  # no GPU: the training unit needs none
     assert run.train_gpu_need(ft) is None
+
+
+class StubServer:
+    """STAND-IN for serve_groups.ManagedServer (no vLLM here): start() runs a real process (a
+    `sleep`) and makes the stand-in nvidia-smi report it holding 90% of every GPU, as a shared
+    `vllm serve` at gpu_memory_utilization 0.9 does once it has started (vLLM fills its share)."""
+
+    started: list[StubServer] = []
+    report = None  # the `node` fixture's function
+
+    def __init__(self, cmd, host, port, served_names, log_path, serve):
+        self.cmd, self.proc, self.server_pid = cmd, None, None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(["sleep", "300"])
+        self.server_pid = self.proc.pid
+        held = int(0.9 * H100_MIB)
+        StubServer.report([IDLE_FREE - held] * 8,
+                          "".join(f"{UUIDS[i]}, {self.proc.pid}, VLLM::Worker_TP{i}, {held}\n" for i in range(8)))
+        StubServer.started.append(self)
+
+    def stop(self, hurry: bool = False) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+@pytest.fixture
+def paper_grid(node, monkeypatch):
+    """The paper grid's plan on a stand-in 8 x H100 node, its shared servers STAND-INs
+    (StubServer) and `run`'s child processes recorded (stage, out_dir), not started."""
+    from pipeline.llm import serve_groups
+    from pipeline.stages import run
+
+    monkeypatch.setattr(run, "gpu_count", lambda: 8)
+    monkeypatch.setattr(run, "training_precision", lambda ft: "bf16")
+    monkeypatch.setattr(serve_groups, "ManagedServer", StubServer)
+    monkeypatch.setattr(StubServer, "report", staticmethod(node))
+    monkeypatch.setattr(StubServer, "started", [])
+    children = []
+    monkeypatch.setattr(run, "in_child", lambda stage, config: children.append((stage, str(config.out_dir))))
+
+    def plan(**changes) -> tuple[list, list]:
+        cfg = build(run.RunConfig, read_yaml(REPO / "configs" / "paper.yaml"))
+        for key, value in changes.items():
+            setattr(cfg, key, value)
+        return run.plan(cfg, [build(run.Student, s) for s in cfg.students]), children
+    return plan
+
+
+def test_a_unit_on_its_groups_shared_server_is_not_stopped_by_that_servers_own_memory(node, teacher, paper_grid):
+    """The paper grid's 70B prompted eval shares one `vllm serve` (0.9 of all 8 GPUs) with its LoRA
+    students: the group checks its need once, before the server starts, and the unit attached to
+    it does not check again (it would find the group's own server holding the memory)."""
+    from pipeline.llm import serve_groups
+    from pipeline.stages import run
+
+    units, children = paper_grid()
+    prompted = next(u for u in units if u.title == "eval: llama-3.1-70b prompted")
+    assert prompted.group is not None and len(prompted.group.members) == 5  # prompted + 4 LoRA students
+
+    pid, rows = teacher  # before the group's server starts, another process holds the GPUs: refused
+    node([IDLE_FREE - 73402] * 8, rows)
+    with pytest.raises(PipelineError, match=rf"^shared server #\d+ for meta-llama/Llama-3.1-70B needs 90% of each "
+                                            rf"GPU's memory free on GPU 0-7 .*held by pid {pid} `sleep 300`"):
+        prompted.action(prompted.config)
+    assert StubServer.started == [] and children == []  # nothing started
+
+    node([IDLE_FREE] * 8)
+    with serve_groups.running([prompted]):
+        prompted.action(prompted.config)
+        assert len(StubServer.started) == 1  # its server now holds 90% of every GPU
+        assert children == [("eval", "runs/paper/eval/llama-3.1-70b-prompt")]
+        with pytest.raises(PipelineError, match=rf"held by pid {StubServer.started[0].server_pid} "):
+            run.evaluate_in_child(prompted.config)  # the same unit NOT attached to the server: checked
+
+
+def test_a_rounds_generate_on_the_server_it_shares_with_the_last_rounds_eval_is_not_stopped_by_it(
+        node, paper_grid, tmp_path):
+    """Round 3's teacher is round 2's 70B LoRA student, served by the server round 2's eval started:
+    its generate, attached to it, does not check the GPUs that server holds."""
+    from pipeline.core.storage import write_manifest
+    from pipeline.llm import serve_groups
+    from pipeline.rounds import SelfTrainingConfig
+
+    units, children = paper_grid(out_dir=tmp_path / "paper", train={"output_root": str(tmp_path / "checkpoints")},
+                                 self_training=SelfTrainingConfig(rounds=3, formats=["react"], students=["llama-3.1-70b"]))
+    generate = next(u for u in units if u.title.startswith("generate (round 3): llama-3.1-70b"))
+    assert [m.title for m in generate.group.members] == ["eval (round 2): llama-3.1-70b on react", generate.title]
+    final = Path(generate.serves[1])  # round 2's student, trained (a LoRA adapter folder)
+    assert final.is_relative_to(tmp_path)
+    final.mkdir(parents=True)
+    (final / "adapter_config.json").write_text('{"r": 64}')
+    write_manifest(final / "manifest.json", stage="train", config={}, complete=True)
+    with serve_groups.running([generate]):
+        generate.action(generate.config)
+    assert len(StubServer.started) == 1 and children == [("generate", str(generate.config.out_dir))]
+
+
+def test_runs_round_one_generate_loads_its_teacher_in_a_child_process_as_its_plan_says(node, monkeypatch, tmp_path):
+    """An in-process teacher (vLLM engine, transformers model) left loaded in `run` would hold the
+    GPUs the next unit's check wants free: round 1's generate runs in its own `python -m pipeline
+    generate` process (as the rounds' do), after its GPU check, and the plan line says so truly."""
+    from pipeline.stages import run
+
+    monkeypatch.setattr(run, "gpu_count", lambda: 8)
+    monkeypatch.setattr(run, "training_precision", lambda ft: "bf16")
+    children, in_process = [], []
+    monkeypatch.setattr(run, "in_child", lambda stage, config: children.append(stage))
+    monkeypatch.setattr(run, "generate", lambda config: in_process.append(config), raising=False)  # what run called in-process
+    cfg = build(run.RunConfig, read_yaml(REPO / "configs" / "paper.yaml"))
+    cfg.out_dir = tmp_path / "paper"
+    cfg.generate["teacher"] = {"backend": "vllm", "model": "meta-llama/Llama-3.1-405B-Instruct-FP8",
+                               "tensor_parallel_size": 8}
+    units = {u.title: u for u in run.plan(cfg, [build(run.Student, s) for s in cfg.students])}
+    gen = units["generate: the teacher writes trajectories"]
+    assert gen.needs.endswith("in its own process")
+    node([IDLE_FREE - 73402] + [IDLE_FREE] * 7)  # GPU 0 held: the check comes first
+    with pytest.raises(PipelineError, match=r"^generate .* needs 90% of each GPU's memory free on GPU 0-7"):
+        gen.action(gen.config)
+    node([IDLE_FREE] * 8)
+    gen.action(gen.config)
+    assert children == ["generate"] and in_process == []

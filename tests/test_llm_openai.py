@@ -58,7 +58,8 @@ def test_completions_send_the_request_and_read_texts_and_usage(server, monkeypat
     ]
     bodies = sorted((r.body for r in server.requests), key=lambda b: b["prompt"])
     assert bodies[0] == {"model": "fake-model", "prompt": "Q: one\nThought 1:", "max_tokens": 50,
-                         "temperature": 0.0, "n": 1, "stop": ["\nObservation 1:"], "seed": 7}
+                         "temperature": 0.0, "n": 1, "stop": ["\nObservation 1:"], "seed": 7,
+                         "top_p": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
     assert "stop" not in bodies[1] and "seed" not in bodies[1]
     assert {r.path for r in server.requests} == {"/v1/completions"}
     assert "Authorization" not in server.requests[0].headers  # no key set: none sent
@@ -427,3 +428,22 @@ def test_a_finish_reason_other_than_stop_or_length(server, monkeypatch, reason, 
     [record] = run_episodes(llm, lambda: None, [question], build_method("standard", MethodSettings()))
     llm.close()
     assert record["end_reason"] == end_reason
+
+
+@pytest.mark.parametrize("owned_by, sent", [
+    ("vllm", {"top_p": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+              "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0}),
+    (None, {"top_p": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0})])
+def test_every_sampling_knob_is_sent_so_no_server_fills_one_in_from_the_models_generation_config(
+        monkeypatch, owned_by, sent):
+    """A vLLM server fills each knob a request leaves out from the model's generation_config.json
+    (Llama-3.1's top_p 0.9): sampled requests (CoT-SC, samples > 1, rejection sampling) would use
+    nucleus sampling there and not on the in-process backends. A server whose /v1/models says it
+    is vLLM is sent vLLM's knobs too; another (a hosted API refuses unknown fields) the OpenAI ones."""
+    with FakeOpenAI(owned_by=owned_by) as server:
+        llm = make_llm(server, monkeypatch)
+        llm.check_available()
+        llm.generate([GenerationRequest("Q: sampled", temperature=0.7, n=3, seed=1)])
+        body = server.requests[-1].body
+    assert {k: body[k] for k in body if k not in ("model", "prompt", "max_tokens", "temperature", "n", "seed")} == sent
+    assert llm.sampling_fields() == sent  # what the manifests record

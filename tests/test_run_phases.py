@@ -205,6 +205,8 @@ def test_a_grid_runs_one_phase_at_a_time_and_each_eval_in_its_own_process(tmp_pa
         teacher = run_pipeline("run", "--config", config, "--only", "teacher", timeout=300)
         assert teacher.returncode == 0, teacher.stderr[-3000:]
         assert (run_dir / "generate" / "react.jsonl").is_file()
+        generated = json.loads((run_dir / "generate" / "manifest.json").read_text())
+        assert generated["argv"][1:3] == ["generate", "--config"]  # a process of its own, as the eval's
         assert not (run_dir / "sft").exists() and not (run_dir / "eval").exists()
         plan_lines = [line for line in teacher.stdout.splitlines() if line.startswith("[run]  ")]
         assert "filter: correct trajectories -> SFT datasets  -- not selected" in "\n".join(plan_lines)

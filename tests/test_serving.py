@@ -114,7 +114,8 @@ def test_a_lora_student_is_served_by_name_with_a_rank_vllm_accepts(tmp_path):
     flags = " ".join(cmd[3:])
     for expected in ("--port 8123", "--tensor-parallel-size 8", "--gpu-memory-utilization 0.85",
                      "--max-model-len 8192", "--enforce-eager", "--max-num-seqs 64", "--enable-lora",
-                     f"--lora-modules {name}={final}", "--max-lora-rank 8"):
+                     f"--lora-modules {name}={final}", "--max-lora-rank 8",
+                     "--generation-config vllm"):  # vLLM's neutral sampling defaults, not the model's
         assert expected in flags, (expected, flags)
     assert name != "org/base"  # requests name the adapter, never the base
 

@@ -45,7 +45,7 @@ from vllm_testdata import (
     wait_until_gone,
 )
 
-from pipeline.llm.base import GenerationRequest
+from pipeline.llm.base import OPENAI_SAMPLING, VLLM_SAMPLING, GenerationRequest
 from pipeline.llm.config import LLMConfig
 from pipeline.llm.serving import LORA_NAME, ServeConfig, ServedLLM, served
 
@@ -295,3 +295,33 @@ def test_the_in_process_vllm_backend_evaluates_in_venv_vllm(tmp_path, student, a
     same = sum(ours[i] == theirs.get(i) for i in ours)
     print(f"[test] in-process vLLM + LoRA: {same}/4 records identical to transformers + PEFT ({load()})")
     assert same >= 3
+
+
+def test_a_managed_server_samples_with_vllms_neutral_defaults_not_the_models_generation_config(smollm2_dir, tmp_path):
+    """A model whose generation_config.json sets Llama-3.1's sampling (top_p 0.9, temperature 0.6):
+    the managed server starts with --generation-config vllm, so vLLM fills no knob from it (it says
+    so in its log when it does), and the client, seeing a vLLM server, sends vLLM's knobs too and
+    the real server takes them."""
+    from pipeline.llm.openai_http import OpenAICompatibleLLM
+
+    require_vllm()
+    model = tmp_path / "model"
+    model.mkdir()
+    for path in smollm2_dir.iterdir():
+        if path.name != "generation_config.json":
+            (model / path.name).symlink_to(path)
+    (model / "generation_config.json").write_text(json.dumps(
+        {"bos_token_id": 1, "eos_token_id": 2, "do_sample": True, "temperature": 0.6, "top_p": 0.9}))
+    llm = LLMConfig(backend="vllm", model=str(model), name="tiny", **MODEL_SETTINGS)
+    serve = ServeConfig(port=0, startup_timeout_s=900, stop_grace_s=30, env={**SERVER_ENV, TAG_VAR: new_tag()})
+    log = tmp_path / "serve.log"
+    with served(llm, serve, log) as (client, _):
+        openai = OpenAICompatibleLLM(replace(client, api_key_env=""))
+        openai.check_available()
+        assert openai.sampling_fields() == {**OPENAI_SAMPLING, **VLLM_SAMPLING}
+        out = openai.generate([GenerationRequest("The capital of France is", max_new_tokens=4, temperature=0.7,
+                                                 n=2, seed=0)])
+        assert [c.finish_reason != "error" for c in out[0]] == [True, True], out
+    text = log.read_text()
+    assert "'generation_config': 'vllm'" in text  # vLLM's own record of its non-default arguments
+    assert "have been overridden by the model's" not in text, text[-3000:]

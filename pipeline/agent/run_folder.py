@@ -24,7 +24,7 @@ from pipeline.core.storage import (
     remove_stale_temps,
     write_manifest,
 )
-from pipeline.llm.base import LLM
+from pipeline.llm.base import LLM, sampling_fields
 from pipeline.llm.config import LLMConfig
 from pipeline.methods import MethodSettings
 from pipeline.tasks import task_of
@@ -113,6 +113,15 @@ def start_run(cfg: Any, stage: str, who: Answerer, settings: MethodSettings,
     if check is not None:
         check()
     return questions, open_backend(cfg.wiki), who.open(), sources
+
+
+def sampling_record(settings: MethodSettings, llm: LLM | None) -> dict | None:
+    """How a run's model sampled, for its manifest: the temperatures (each step's, CoT-SC's samples')
+    and every other knob (pipeline.llm.base.sampling_fields); None without a model (a stand-in teacher)."""
+    if llm is None:
+        return None
+    return {"temperature": settings.temperature, "cot_sc_temperature": settings.cot_sc_temperature,
+            **sampling_fields(llm)}
 
 
 def check_settings(cfg: Any, who: Answerer, settings: MethodSettings,

@@ -50,7 +50,8 @@ REPO_URL = "https://github.com/<owner>/react-finetune-pipeline"  # placeholder u
 USER_AGENT = f"react-finetune-pipeline/{__version__} (research; +{REPO_URL})"
 
 RETRYABLE_STATUS = frozenset({408, 429}) | frozenset(range(500, 600))
-_LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+# This machine: 0.0.0.0 too (a server told to listen on every interface is reached there)
+_LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1", "0.0.0.0"})
 
 
 class RequestFailed(BackendFailure):
@@ -118,12 +119,8 @@ class JsonHttpClient:
         self._secrets = [s for s in (secrets or []) if s]
         self._sleep = sleep
         self._rng = rng or random.Random()
-        # A local server (vllm serve, the tests' fakes) must not be sent through an
-        # environment proxy; any other host keeps urllib's normal proxy handling.
         self.still_working: Callable[[], bool] | None = None  # see the module docstring
-        patient = _PatientHTTPHandler(lambda: self.still_working)
-        self._direct = urllib.request.build_opener(urllib.request.ProxyHandler({}), patient)
-        self._default = urllib.request.build_opener(patient)
+        self._opener_for = openers(_PatientHTTPHandler(lambda: self.still_working))
 
     def __repr__(self) -> str:  # headers may hold a key: never show them
         return f"JsonHttpClient(timeout_s={self.timeout_s}, max_retries={self.max_retries})"
@@ -182,10 +179,8 @@ class JsonHttpClient:
             data = json.dumps(body).encode("utf-8")
             headers["Content-Type"] = "application/json"
         request = urllib.request.Request(url, data=data, headers=headers, method=method)
-        host = urllib.parse.urlsplit(url).hostname or ""
-        opener = self._direct if host in _LOOPBACK else self._default
         try:
-            with opener.open(request, timeout=self.timeout_s) as response:
+            with self._opener_for(url).open(request, timeout=self.timeout_s) as response:
                 raw = response.read()
                 encoding = response.headers.get("Content-Encoding", "")
         except urllib.error.HTTPError as e:
@@ -224,6 +219,15 @@ class JsonHttpClient:
         if retry_after_s is not None:
             delay = max(delay, min(retry_after_s, self.retry_after_max_s))
         return delay
+
+
+def openers(*handlers: urllib.request.BaseHandler) -> Callable[[str], urllib.request.OpenerDirector]:
+    """The urllib opener (with these handlers) to open a URL with: a local server (vllm serve, a
+    test's fake) is reached directly, never through an environment proxy (a cluster's http_proxy
+    for the hub often has no no_proxy for 127.0.0.1); any other host keeps urllib's proxy handling."""
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}), *handlers)
+    default = urllib.request.build_opener(*handlers)
+    return lambda url: direct if (urllib.parse.urlsplit(url).hostname or "") in _LOOPBACK else default
 
 
 class _PatientHTTPHandler(urllib.request.HTTPHandler):

@@ -11,6 +11,24 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+# Every backend samples with the temperature alone, over the whole distribution (hf.py's softmax,
+# vLLM's SamplingParams defaults): each other knob at its neutral value. A vLLM server fills a knob
+# a request leaves out from the model's generation_config.json (user -> server default -> OpenAI
+# default: vllm/entrypoints/openai/completion/protocol.py, to_sampling_params; Llama-3.1's sets
+# top_p 0.9, Qwen2.5's top_k 20 and repetition_penalty 1.05, even for greedy requests), so the
+# OpenAI-compatible client sends them (pipeline/llm/openai_http.py) and manifests record them.
+OPENAI_SAMPLING = {"top_p": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}  # the OpenAI API's own
+# vLLM's further knobs, sent only to a vLLM server (a hosted API refuses unknown fields); top_k -1
+# means off in every vLLM release (0.32 takes 0 too, older ones only -1)
+VLLM_SAMPLING = {"top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0}
+
+
+def sampling_fields(llm) -> dict:
+    """The sampling knobs besides the temperature that `llm` samples with: what an OpenAI-compatible
+    backend sends (it knows its server), else the neutral values of the in-process backends."""
+    sent = getattr(llm, "sampling_fields", None)
+    return sent() if callable(sent) else {**OPENAI_SAMPLING, **VLLM_SAMPLING}
+
 
 @dataclass
 class GenerationRequest:

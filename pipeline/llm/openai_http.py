@@ -15,7 +15,9 @@ Each request is one HTTP call (`n` samples in one call); up to `max_concurrency`
 flight at once to each replica (each base URL). A call that still fails after its retries (and
 on the other replicas) becomes `n` completions with finish_reason="error" and the reason, so
 the other episodes go on. Stop strings are sent to the server and applied again here, because
-not every server honours them (or all of them).
+not every server honours them (or all of them). Every sampling knob is sent at its neutral value
+(pipeline.llm.base.OPENAI_SAMPLING; vLLM's own, VLLM_SAMPLING, to a replica whose /models says it
+is vLLM), so that no server fills one in from the model's generation_config.json.
 """
 
 from __future__ import annotations
@@ -29,7 +31,13 @@ from typing import Any
 
 from pipeline.core.errors import PipelineError
 from pipeline.core.transport import JsonHttpClient, RequestFailed, TransientPayload
-from pipeline.llm.base import Completion, GenerationRequest, cut_at_stop
+from pipeline.llm.base import (
+    OPENAI_SAMPLING,
+    VLLM_SAMPLING,
+    Completion,
+    GenerationRequest,
+    cut_at_stop,
+)
 from pipeline.llm.config import LLMConfig
 from pipeline.llm.replicas import ReplicaSet
 
@@ -73,6 +81,7 @@ class OpenAICompatibleLLM:
         self._probe = JsonHttpClient(timeout_s=min(cfg.timeout_s, 10.0), max_retries=1,
                                      **schedule)
         self._has_key = bool(key)
+        self._vllm: set[str] = set()  # the replicas whose /models says they are vLLM (check_available)
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
 
@@ -110,6 +119,13 @@ class OpenAICompatibleLLM:
         if self.model not in served:
             raise PipelineError(f"model '{self.model}' is not served by {name} "
                                 f"(it serves {served[:10]}); fix llm.model")
+        if any(m.get("id") == self.model and m.get("owned_by") == "vllm" for m in models):
+            self._vllm.add(base_url)
+
+    def sampling_fields(self) -> dict:
+        """The sampling knobs besides the temperature sent to every replica."""
+        every_vllm = all(r.url in self._vllm for r in self.replicas.replicas)
+        return {**OPENAI_SAMPLING, **(VLLM_SAMPLING if every_vllm else {})}
 
     def close(self) -> None:
         with self._pool_lock:
@@ -153,7 +169,9 @@ class OpenAICompatibleLLM:
 
     def _request_body(self, request: GenerationRequest, base_url: str) -> tuple[str, dict[str, Any]]:
         body: dict[str, Any] = {"model": self.model, "max_tokens": request.max_new_tokens,
-                                "temperature": request.temperature, "n": request.n}
+                                "temperature": request.temperature, "n": request.n, **OPENAI_SAMPLING}
+        if base_url in self._vllm:
+            body.update(VLLM_SAMPLING)
         if request.stop:
             body["stop"] = list(request.stop)
         if request.seed is not None:

@@ -12,6 +12,10 @@ model settings (tensor parallel size, memory fraction, dtype, max context, extra
 same `serve:` section. A full fine-tune is a model of its own: its units share only among themselves.
 A shared server that dies mid-unit stops that unit (ServerGone in its child: one line) and with
 it the run; the next run starts it again and the unit resumes.
+
+GPU memory (pipeline/core/gpu_memory.py) is checked once per group, for its server, before the
+server starts: a unit attached to the running server does not check again, since vLLM fills its
+gpu_memory_utilization share of each GPU and the check would find the group's own server.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from pipeline.core import gpu_memory
 from pipeline.core.config import to_dict
 from pipeline.llm.serving import (
     SHARED_SERVER_ENV,
@@ -31,6 +36,7 @@ from pipeline.llm.serving import (
     SharedServer,
     free_port,
     serve_command,
+    shared_server,
 )
 
 
@@ -98,6 +104,7 @@ class ServerGroup:
         first = self.members[0].config
         base = replace(served_model(first), model=resolve_model_path(self.base), adapter=None, name=self.base_name())
         serve = first.serve
+        gpu_memory.check(gpu_memory.llm_need(f"shared server #{self.number} for {self.base}", base, serve))
         port = serve.port or free_port(serve.host)
         log = Path(first.out_dir).parent / f"shared-server-{self.number}.log"
         print(f"[serve] shared server #{self.number}: {self.base} with {len(adapters)} adapter(s) for "
@@ -113,6 +120,12 @@ class ServerGroup:
         if self.server is not None:
             server, self.server, self.shared = self.server, None, None
             server.stop(hurry=hurry)
+
+
+def attached() -> bool:
+    """Whether the unit running now uses its group's shared server (wrap() hands its children
+    SHARED_SERVER_ENV only then): its GPU need was checked once, before that server started."""
+    return shared_server() is not None
 
 
 def served_model(config):

@@ -39,13 +39,13 @@ import sys
 import threading
 import time
 import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pipeline.core.config import at_least
 from pipeline.core.errors import PipelineError
+from pipeline.core.transport import openers
 from pipeline.llm import leftovers
 from pipeline.llm.base import Completion, GenerationRequest
 from pipeline.llm.config import LLMConfig
@@ -103,6 +103,8 @@ def serve_command(base: LLMConfig, serve: ServeConfig, port: int, adapters: dict
            "--served-model-name", base.label, "--tensor-parallel-size", str(base.tensor_parallel_size),
            "--gpu-memory-utilization", str(base.gpu_memory_utilization), "--dtype", base.dtype,
            "--enable-prefix-caching"]  # every prompt starts with the same exemplars
+    if "generation_config" not in base.extra:  # vLLM's neutral sampling defaults, not the model's
+        cmd += ["--generation-config", "vllm"]  # generation_config.json's (pipeline.llm.base.OPENAI_SAMPLING)
     if base.max_context:
         cmd += ["--max-model-len", str(base.max_context)]
     if base.trust_remote_code:
@@ -184,6 +186,7 @@ class ServerView:
     def __init__(self, host: str, port: int, log_path: Path):
         self.host, self.port, self.log_path = host, port, Path(log_path)
         self._health, self._health_lock = (0.0, True), threading.Lock()
+        self._opener_for = openers()  # a local server: never through http_proxy
 
     @property
     def base_url(self) -> str:
@@ -193,8 +196,9 @@ class ServerView:
         raise NotImplementedError
 
     def _get(self, path: str) -> tuple[int | None, bytes]:
+        url = f"http://{self.host}:{self.port}{path}"
         try:
-            with urllib.request.urlopen(f"http://{self.host}:{self.port}{path}", timeout=5) as response:
+            with self._opener_for(url).open(url, timeout=5) as response:
                 return response.status, response.read()
         except urllib.error.HTTPError as exc:
             return exc.code, b""

@@ -27,7 +27,7 @@ from typing import ClassVar
 
 from pipeline.agent.answerers import ORACLE, answerer, check_oracle, upgrade_oracle
 from pipeline.agent.episodes import MAX_ERROR_SHARE, run_methods
-from pipeline.agent.run_folder import check_resumable, start_run, writing_run
+from pipeline.agent.run_folder import check_resumable, sampling_record, start_run, writing_run
 from pipeline.agent.run_folder import check_settings as check_run_settings
 from pipeline.core.config import add_config_arguments, bound, stage_config, to_dict
 from pipeline.core.errors import PipelineError
@@ -160,7 +160,7 @@ def run_evaluation(cfg: EvalConfig, target: ModelUnderTest, llm_cfg: LLMConfig, 
 
         llm = ServedLLM(llm, server)
     manifest = dict(stage="eval", config=to_dict(cfg), task=task.name, model=target.label, mode=target.mode,
-                    n_questions=len(questions), **record)
+                    n_questions=len(questions), sampling=sampling_record(settings, llm), **record)
     try:
         with writing_run(cfg, IDENTITY_KEYS, manifest, check=lambda: check_same_precision(cfg.out_dir, record)):
             # A summary of an earlier (smaller) run must not outlive this run's start: if this run is

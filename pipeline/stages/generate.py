@@ -41,7 +41,7 @@ from typing import ClassVar
 from pipeline.agent.answerers import answerer, check_oracle, upgrade_oracle
 from pipeline.agent.episodes import MAX_ERROR_SHARE, method_stats, run_methods, set_aside_errors
 from pipeline.agent.run_folder import check_settings as check_run_settings
-from pipeline.agent.run_folder import start_run, writing_run
+from pipeline.agent.run_folder import sampling_record, start_run, writing_run
 from pipeline.core.config import add_config_arguments, bound, stage_config, to_dict
 from pipeline.core.errors import PipelineError
 from pipeline.core.same_run import run_keys, same_run
@@ -159,7 +159,8 @@ def run_generation(cfg: GenerateConfig, teacher_cfg: LLMConfig, server=None) -> 
         llm = ServedLLM(llm, server)
     episodes = expand(questions, cfg.samples)
     manifest = dict(stage="generate", config=to_dict(cfg), task=task.name, teacher=teacher.label,
-                    exemplar_sources=exemplar_sources, n_questions=len(questions))
+                    exemplar_sources=exemplar_sources, n_questions=len(questions),
+                    sampling=sampling_record(cfg.prompting, llm))
     with writing_run(cfg, keys, manifest) as manifest_path:
         if cfg.target_correct is None:
             stats = run_methods(teacher, llm, cfg.methods, episodes, cfg.prompting, backend, cfg.out_dir,

@@ -19,8 +19,8 @@ teacher (generate, and the teacher's own prompted eval), filter, train, grpo (on
 `--only`, `--from` and `--until` take phase names and select a part of the grid, e.g. `--only teacher` while the teacher is served, then `--from filter` once it is stopped.
 The plan printed first lists every unit with its phase and what it needs served where; units
 outside the selection are listed as "not selected" and never run; selected units still skip
-when complete. Each eval runs in its own `python -m pipeline eval` process (as training runs
-under `accelerate launch`), so one model's GPU memory is free before the next one loads.
+when complete. Each generate and eval runs in its own `python -m pipeline generate|eval` process
+(as training runs under `accelerate launch`), so one model's GPU memory is free before the next one loads.
 
 Self-training (`self_training: {rounds: N, ...}`, pipeline/rounds.py, docs/rounds.md): after round 1 (the grid
 above), rounds 2..N run in the `rounds` phase, each four units with their own folders
@@ -62,7 +62,7 @@ from pipeline.core.config import (
 from pipeline.core.errors import PipelineError
 from pipeline.core.relay import pieces
 from pipeline.core.storage import check_writable_dir, is_done, read_manifest
-from pipeline.llm.serve_groups import plan_groups, running
+from pipeline.llm.serve_groups import attached, plan_groups, running
 from pipeline.report.rounds import RoundsReport, write_rounds_report
 from pipeline.rl.heldout import HeldoutSettings
 from pipeline.rounds import SelfTrainingConfig
@@ -70,7 +70,7 @@ from pipeline.stages.eval import EvalConfig, model_under_test, precision_record
 from pipeline.stages.eval import check_settings as check_eval
 from pipeline.stages.filter import FilterConfig, run_filter
 from pipeline.stages.filter import check_settings as check_filter
-from pipeline.stages.generate import GenerateConfig, generate
+from pipeline.stages.generate import GenerateConfig
 from pipeline.stages.generate import check_settings as check_generate
 from pipeline.stages.grpo import GrpoConfig, grpo
 from pipeline.stages.grpo import resolve as resolve_grpo
@@ -248,7 +248,7 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
         gen = generate_config(cfg)
         check_oracle(gen.oracle, gen.serve, gen.teacher, "teacher")
         teacher = gen.teacher if gen.oracle is None else None  # the stand-in teacher is served by no one
-        units = [Unit("generate: the teacher writes trajectories", gen, skip_or(gpu_checked(generate)), "teacher",
+        units = [Unit("generate: the teacher writes trajectories", gen, skip_or(generate_in_child), "teacher",
                       needs_model(gen.teacher, oracle=gen.oracle)),
                  Unit("filter: correct trajectories -> SFT datasets", filter_config(cfg, dataset_dir), run_filter,
                       "filter", "no model: CPU only")]
@@ -711,16 +711,19 @@ def evaluate_in_child(config) -> None:
 
 
 def generate_in_child(config) -> None:
-    """`python -m pipeline generate` in its own process, as evaluate_in_child: a self-training
-    round's teacher is a student the next training must not find still loaded."""
+    """`python -m pipeline generate` in its own process, as evaluate_in_child: the teacher (round
+    1's, or a self-training round's student) must not be found still loaded by the next unit."""
     gpu_memory.check(answerer_need(f"generate {config.out_dir}", config.oracle, config.teacher, config.serve))
     in_child("generate", config)
 
 
 def answerer_need(what: str, oracle: str | None, llm, serve=None, params_b: float | None = None):
     """The GPUs a generate or eval unit's answerer loads its model on (gpu_memory.llm_need); the
-    stand-in teacher (`oracle` set) loads no model, whatever its unread LLM section says."""
-    return None if oracle is not None else gpu_memory.llm_need(what, llm, serve, params_b)
+    stand-in teacher (`oracle` set) loads no model, whatever its unread LLM section says, and a
+    unit on its group's running server loads none either (the group checked before it started)."""
+    if oracle is not None or attached():
+        return None
+    return gpu_memory.llm_need(what, llm, serve, params_b)
 
 
 def in_child(stage: str, config) -> None:
@@ -819,14 +822,6 @@ def train_gpu_need(ft) -> gpu_memory.GpuNeed | None:
         return None
     return gpu_memory.GpuNeed(f"training {ft.student_name} on {ft.format}", processes_for(config, ft.num_processes, gpus),
                               share=gpu_memory.TRAIN_SHARE, why="a training launch expects its GPUs to itself")
-
-
-def gpu_checked(action):
-    """A generate unit's action, run once its teacher's GPUs (an in-process vLLM) have the memory free."""
-    def run_unit(config):
-        gpu_memory.check(answerer_need("generate (the teacher)", config.oracle, config.teacher))
-        return action(config)
-    return run_unit
 
 
 def training_precision(ft) -> str:
