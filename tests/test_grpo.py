@@ -208,7 +208,7 @@ def test_vllm_rollouts_without_vllm_are_refused_before_the_launch(world, random_
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT,
                          env={**os.environ, "PYTHONPATH": str(REPO)})
     assert out.returncode == 2, (out.stdout[-2000:], out.stderr[-2000:])
-    assert out.stderr.count("\n") == 1 and f"{VLLM_VENV / 'bin' / 'python'} -m pipeline grpo" in out.stderr, out.stderr
+    assert out.stderr.count("\n") == 1 and f"with {VLLM_VENV / 'bin' / 'python'} -m pipeline ..." in out.stderr, out.stderr
     assert f"vLLM is not installed for {PYTHON}" in out.stderr
     assert "accelerate" not in out.stdout and not list(tmp_path.rglob("grpo_config.yaml"))  # nothing launched, nothing written
 
@@ -739,3 +739,15 @@ def test_smollm2_lora_smoke_on_real_offline_questions(smollm2_dir, index, tmp_pa
     target = model_under_test(load_config(EvalConfig, None, [f"finetuned={cfg.output_dir / 'final'}"]))
     assert (target.llm.model, target.llm.adapter, target.trained_format) == \
            (str(smollm2_dir), str(cfg.output_dir / "final"), "react")
+
+
+def test_a_grids_vllm_grpo_unit_without_vllm_is_refused_at_the_plan(capsys):
+    """`run` of a grid whose grpo unit rolls out with vLLM, from an interpreter without vLLM: one
+    line naming the unit, when the plan is made (before: at the grpo phase, hours in, after the
+    launched child had loaded the policy)."""
+    from pipeline.cli import main
+
+    assert main(["run", "--config", str(REPO / "configs" / "small-rounds.yaml"), "--print-config",
+                 "grpo.settings.rollout.engine=vllm", "grpo.settings.rollout.max_context=512"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "grpo: smollm2-135m" in err and "vLLM is not installed for" in err, err

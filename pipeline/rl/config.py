@@ -200,7 +200,7 @@ def check_vllm_installed(engine: str) -> None:
     from pipeline.llm.serving import VLLM_VENV
 
     if engine == "vllm" and importlib.util.find_spec("vllm") is None:
-        raise PipelineError(f"rollout.engine=vllm: vLLM is not installed for {sys.executable}; launch with "
-                            f"{VLLM_VENV / 'bin' / 'python'} -m pipeline grpo ... (bash scripts/setup_vllm.sh makes it, "
+        raise PipelineError(f"rollout.engine=vllm: vLLM is not installed for {sys.executable}; run the same command "
+                            f"with {VLLM_VENV / 'bin' / 'python'} -m pipeline ... (bash scripts/setup_vllm.sh makes it, "
                             "with TRL, PEFT, accelerate and this project; do not install vLLM into this venv: it "
                             "pins an older transformers), or set rollout.engine=transformers")
