@@ -462,6 +462,28 @@ def test_ddp_run_learns_checkpoints_and_saves_final(dataset, reference_run):
 
 
 @pytest.mark.slow
+def test_trls_chunked_loss_trains_on_cpu_as_the_models_own(dataset):
+    """`loss: auto` is TRL's chunked loss on GPUs (pipeline.train.speed.choose_loss), which no CPU
+    run takes by default: forced here, in a real 2-process launch (DDP over gloo, rank 0's kernels
+    shared with rank 1 as on a GPU node), for 2 steps. It trains and saves, and each step's loss
+    equals a `loss=model` launch's on the same seeded model and batches (fp32)."""
+    runs, fused = {}, {}
+    for loss in ("chunked", "model"):
+        proc = launch(dataset, f"experiment=loss-{loss}", f"loss={loss}", "max_steps=2", "save_steps=2")
+        log = finish(proc, timeout=600)
+        assert f"loss: {loss} (as configured)" in log and log.count("[finetune] launch: ddp over 2 process(es)") == 1
+        out_dir = dataset / "ck" / f"loss-{loss}" / "tiny" / "react"
+        assert json.loads((out_dir / "final" / "manifest.json").read_text())["complete"]
+        runs[loss] = losses_by_step(out_dir / "checkpoint-2")
+        rows = json.loads((out_dir / "checkpoint-2" / "trainer_state.json").read_text())["log_history"]
+        fused[loss] = all("entropy" in r for r in rows if "loss" in r)  # TRL logs it from the fused head's outputs
+    assert fused == {"chunked": True, "model": False}  # the chunked run took TRL's fused LM head, the other not
+    assert sorted(runs["chunked"]) == [1, 2]
+    for step in (1, 2):
+        assert runs["chunked"][step] == pytest.approx(runs["model"][step], abs=1e-3), runs
+
+
+@pytest.mark.slow
 def test_second_launch_resumes_at_the_right_step(dataset, reference_run):
     ref_dir, _ = reference_run
     run_dir = dataset / "ck" / "resume" / "tiny" / "react"

@@ -200,3 +200,49 @@ def test_batch_split_keeps_an_explicit_micro_batch(tmp_path):
     assert batch_split(cfg(), 2)[:2] == (1, 4)  # CPU: sdpa, padding-free
     assert batch_split(cfg("per_device_batch_size=4"), 2) == (4, 1, None)
     assert batch_split(cfg("batching=padded"), 1) == (8, 1, None)
+
+
+RANK_PLAN_SCRIPT = """
+import json, os, sys
+
+from pipeline.core.config import load_config
+from pipeline.train import plan, speed
+from pipeline.train.config import FinetuneConfig, resolve
+from pipeline.train.speed import Kernels
+
+rank = int(os.environ["RANK"])
+# STAND-IN for the hub fetch (no GPU here): rank 0 fetched kernels-community/flash-attn2, rank 1's fetch failed
+fetched = (Kernels(cuda=True, kernels_hub=True) if rank == 0
+           else Kernels(cuda=True, kernels_hub_error="OSError: the hub is unreachable"))
+for module in (speed, plan):  # wherever plan_training reads the kernels from
+    if hasattr(module, "installed_kernels"):
+        module.installed_kernels = lambda: fetched
+cfg = resolve(load_config(FinetuneConfig, None, ["global_batch_size=16", "precision=bf16", "batching=padding_free"]))
+chosen = plan.plan_training(cfg, cuda=True)
+with open(os.path.join(sys.argv[1], f"rank-{rank}.json"), "w") as f:
+    json.dump([chosen.attention, *chosen.batch[:2]], f)
+"""
+
+
+@pytest.mark.slow
+def test_every_rank_takes_rank0s_attention_kernel_and_micro_batch(tmp_path):
+    """A real 2-process launch (accelerate, DDP over gloo, as cpu_ddp) whose ranks see different
+    kernels: rank 0's hub fetch succeeded, rank 1's failed (a labelled stand-in for the fetch).
+    Every rank must plan rank 0's attention kernel and so the same micro-batch and accumulation;
+    before, rank 1 planned sdpa with 1 x 8 against rank 0's flash_attention_2 with 8 x 1, and a
+    real run would hang in its collectives."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "rank_plan.py"
+    script.write_text(RANK_PLAN_SCRIPT, encoding="utf-8")
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(REPO_CONFIGS / "cpu_ddp.yaml"),
+           "--num_processes", "2", str(script), str(tmp_path)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": str(REPO_CONFIGS.parent), "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    plans = [json.loads((tmp_path / f"rank-{r}.json").read_text(encoding="utf-8")) for r in (0, 1)]
+    assert plans[0] == ["flash_attention_2", 8, 1]  # rank 0's own choice: the hub kernel, 8 per device
+    assert plans[1] == plans[0]

@@ -186,3 +186,21 @@ def check_rollout_strategy(engine: str, strategy: str) -> None:
         raise PipelineError("rollout.engine=transformers cannot run under FSDP (ranks decoding different lengths "
                             "would stop meeting in FSDP's all-gathers and hang); use a deepspeed_zero3 "
                             "accelerate_config, or rollout.engine=vllm")
+
+
+def check_vllm_installed(engine: str) -> None:
+    """TRL's vLLM engine runs in the launched processes, which are this interpreter: without vLLM
+    here, TRL's GRPOTrainer raises its ImportError only after the policy has loaded (minutes for
+    an 8B). vLLM is found as TRL finds it (import_utils.is_vllm_available: importlib's find_spec).
+    The remedy is the project's vLLM environment, not vLLM in this one: vLLM 0.32 pins
+    transformers < 5.20 and pip would replace this venv's without a word."""
+    import importlib.util
+    import sys
+
+    from pipeline.llm.serving import VLLM_VENV
+
+    if engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise PipelineError(f"rollout.engine=vllm: vLLM is not installed for {sys.executable}; run the same command "
+                            f"with {VLLM_VENV / 'bin' / 'python'} -m pipeline ... (bash scripts/setup_vllm.sh makes it, "
+                            "with TRL, PEFT, accelerate and this project; do not install vLLM into this venv: it "
+                            "pins an older transformers), or set rollout.engine=transformers")

@@ -90,6 +90,30 @@ def without_cpu_autocast(model):
         model.forward = patched
 
 
+@contextlib.contextmanager
+def vllm_policy(trainer: Any, max_context: int | None):
+    """A VLLMPolicy for one rollout batch, with a colocated engine's sleep mode handled as TRL's
+    own VLLMGeneration.generate does around its llm.generate: TRL's sync_weights wakes only the
+    weights, and vLLM resumes its scheduler only once all of its memory is awake (v1/engine/core.py,
+    EngineCore.wake_up), so a generate with the KV cache still asleep would queue its requests and
+    wait for ever. So: weights re-pushed where level-2 sleep discarded them (a second batch in one
+    step), the KV cache woken for the whole batch (every round of the episodes: re-pushing weights
+    between rounds would be a collective that ranks with different round counts cannot match),
+    and all memory put back to sleep (level 2) after it."""
+    generation = trainer.vllm_generation
+    sleeps = generation.mode == "colocate" and getattr(generation, "enable_sleep_mode", False)
+    if sleeps:
+        if generation._llm_weights_sleeping:
+            generation.sync_weights()
+        generation.llm.wake_up(tags=["kv_cache"])
+    try:
+        yield VLLMPolicy(trainer, max_context)
+    finally:
+        if sleeps:
+            generation.llm.sleep(level=2)
+            generation._llm_weights_sleeping = True  # TRL's flag: the next batch re-pushes the weights (above)
+
+
 class VLLMPolicy:
     """TRL's vLLM engine (trainer.vllm_generation) as a token-id generator. Colocate mode: each
     process asks its own engine, one SamplingParams per request (stop strings and seeds differ).

@@ -32,7 +32,7 @@ from pipeline.core.errors import PipelineError
 from pipeline.core.storage import atomic_write_text
 from pipeline.core.trajectory import render
 from pipeline.methods import Method
-from pipeline.rl.policy import TokenRequest, VLLMPolicy, transformers_policy
+from pipeline.rl.policy import TokenRequest, transformers_policy, vllm_policy
 from pipeline.rl.trace import TokenTrace
 
 
@@ -98,7 +98,8 @@ class Rollouts:
     def policy(self, trainer: Any) -> Iterator[Any]:
         """What generates this batch's tokens: the trainer's model as it is now."""
         if self.engine == "vllm":
-            yield VLLMPolicy(trainer, self.max_context)
+            with vllm_policy(trainer, self.max_context) as policy:
+                yield policy
             return
         with transformers_policy(trainer, self.max_batch_size, self.max_context) as policy:
             yield policy

@@ -25,7 +25,7 @@ from pathlib import Path
 from pipeline.core.config import to_dict
 from pipeline.core.errors import PipelineError
 from pipeline.core.storage import read_manifest
-from pipeline.rl.config import GrpoConfig, check_rollout_strategy, resolve
+from pipeline.rl.config import GrpoConfig, check_rollout_strategy, check_vllm_installed, resolve
 from pipeline.rl.plan import BatchPlan, RlPlan, plan_grpo
 from pipeline.rl.start import StartPoint
 from pipeline.train.checkpoints import choose_resume, set_aside_incomplete
@@ -226,6 +226,7 @@ def run(cfg: GrpoConfig) -> dict:
         return done
     check_launch(plan.student, train_plan)
     check_rollout_strategy(cfg.rollout.engine, launch.strategy)
+    check_vllm_installed(cfg.rollout.engine)  # before the policy loads
     batch, rows = plan.batch, plan.questions.rows
     layout = Layout(batch.num_processes, batch.per_device, batch.grad_accum, cfg.rollouts_per_step, launch.strategy,
                     len(rows))

@@ -28,7 +28,7 @@ from pipeline.core.config import (
     read_yaml,
     stage_config,
 )
-from pipeline.rl.config import GrpoConfig, check_rollout_strategy, resolve
+from pipeline.rl.config import GrpoConfig, check_rollout_strategy, check_vllm_installed, resolve
 from pipeline.rl.plan import RlPlan
 from pipeline.train.deepspeed_setup import check_deepspeed_device
 from pipeline.train.launcher import (
@@ -86,6 +86,7 @@ def grpo(cfg: GrpoConfig, *, accelerate_config: str | None = None, num_processes
     distributed = read_yaml(config_path).get("distributed_type")
     check_deepspeed_device(distributed == "DEEPSPEED", gpus > 0, cfg.deepspeed_on_cpu, world)  # before 8 CPU processes start
     check_rollout_strategy(cfg.rollout.engine, "fsdp" if distributed == "FSDP" else "other")
+    check_vllm_installed(cfg.rollout.engine)  # the launched processes are this interpreter
     plan = plan_grpo(cfg, world)  # the launched script resolves the same plan from the written config
     preflight(plan, config_path, dry_run)
     resolved = write_config_file(cfg, Path(cfg.output_dir) / RESOLVED_CONFIG, dry_run, label="grpo")

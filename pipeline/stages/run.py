@@ -381,11 +381,14 @@ def launch_world(cfg) -> tuple[Path, int]:
 
 
 def check_grpo(gr) -> None:
-    """A grpo unit's batch split over its launch, and its training question set's name."""
+    """A grpo unit's batch split over its launch, its training question set's name, and vLLM
+    where its rollouts need it."""
+    from pipeline.rl.config import check_vllm_installed
     from pipeline.rl.plan import batch_plan
 
     batch_plan(gr, launch_world(gr)[1])
     get_task(gr.task).check_question_set(gr.questions)
+    check_vllm_installed(gr.rollout.engine)
 
 
 def check_grpo_students(cfg: RunConfig, students: list[Student]) -> None:

@@ -29,7 +29,7 @@ from pipeline.train.speed import (
     choose_attention,
     choose_loss,
     fsdp_plan,
-    installed_kernels,
+    launch_kernels,
     micro_batch_cap,
 )
 
@@ -90,7 +90,8 @@ def plan_training(cfg: FinetuneConfig, launch: Launch | None = None, *, env: Map
         import torch
         cuda = torch.cuda.is_available()
     trains_in = precision.training(cfg.precision, deepspeed=launch.deepspeed)
-    attention, attention_why = choose_attention(cfg.attn_implementation, installed_kernels(),
+    # rank 0's kernels for every rank: the attention kernel sets the micro-batch, which all must share
+    attention, attention_why = choose_attention(cfg.attn_implementation, launch_kernels(launch, env),
                                                 trains_in.precision in ("bf16", "fp16"))
     loss, loss_why = choose_loss(cfg.loss, cuda)
     return TrainPlan(launch, cuda, trains_in, precision.weights(trains_in.precision, cfg.finetuning, launch.strategy),

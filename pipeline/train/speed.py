@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import json
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
 
 from pipeline.core.errors import PipelineError
 from pipeline.train.launch import Launch
@@ -35,6 +36,37 @@ def installed_kernels() -> Kernels:
     cuda = torch.cuda.is_available()
     major = torch.cuda.get_device_capability()[0] if cuda else 0
     return kernels_on(cuda, major, lambda name: importlib.util.find_spec(name) is not None)
+
+
+RANK0_KERNELS_KEY = "pipeline/kernels"  # in the launch's rendezvous store
+_stores: list = []  # rank 0 keeps its store client open: its server (without torchrun's agent) lives with it
+
+
+def launch_kernels(launch: Launch, env: Mapping[str, str]) -> Kernels:
+    """Rank 0's installed_kernels(), for every rank of a launch. The attention kernel, and with it
+    the per-device micro-batch and the accumulation (micro_batch_cap), follows what is usable, and
+    the hub kernel's usability is a fetch (hub_flash_error): one that failed on some ranks only
+    would give them another accumulation, and the run would hang in its collectives. So rank 0
+    decides and the others read its answer from the launch's own rendezvous store (the one
+    torch.distributed's env:// initialisation then uses: torchrun's agent store, else rank 0's),
+    before any process group exists. A single process, or a launch without MASTER_ADDR (the
+    launching process foreseeing the plan), decides for itself."""
+    if launch.world_size == 1 or "MASTER_ADDR" not in env:
+        return installed_kernels()
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    # the same store as env:// rendezvous, keyed per elastic restart (torchrun's agent store outlives one)
+    store, _, _ = next(dist.rendezvous("env://", rank=launch.rank, world_size=launch.world_size,
+                                       timeout=timedelta(minutes=30)))
+    key = f"{RANK0_KERNELS_KEY}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    if launch.rank0:
+        kernels = installed_kernels()
+        store.set(key, json.dumps(asdict(kernels)))
+        _stores.append(store)
+        return kernels
+    return Kernels(**json.loads(store.get(key)))  # waits for rank 0's fetch
 
 
 def kernels_on(cuda: bool, major: int, found: Callable[[str], bool]) -> Kernels:
