@@ -6,8 +6,6 @@ marked incomplete until its complete manifest is written.
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,12 +14,12 @@ from pipeline.agent.answerers import Answerer, unread_model_dropped
 from pipeline.agent.episodes import check_error_share
 from pipeline.core.config import to_dict, upgrade_keys
 from pipeline.core.errors import PipelineError
+from pipeline.core.folder_lock import LOCK_NAME, run_lock
 from pipeline.core.same_run import run_keys
 from pipeline.core.shards import parse_shard, shard_questions
 from pipeline.core.storage import (
     atomic_write_bytes,
     read_manifest,
-    remove_stale_temps,
     write_manifest,
 )
 from pipeline.llm.base import LLM
@@ -30,31 +28,6 @@ from pipeline.methods import MethodSettings
 from pipeline.tasks import task_of
 from pipeline.wiki.backend import WikiBackend
 from pipeline.wiki.config import open_backend
-
-LOCK_NAME = ".lock"
-
-
-@contextlib.contextmanager
-def run_lock(out_dir: Path) -> Iterator[None]:
-    """Hold `<out_dir>/.lock` while writing: a second generate/eval on the same folder would
-    append the same episodes twice. The OS drops the lock when the holder dies (even kill -9)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with open(out_dir / LOCK_NAME, "a+") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            fh.seek(0)
-            raise PipelineError(f"{out_dir} is being written by another process (pid {fh.read().strip() or '?'}); "
-                                "wait for it to finish or use another out_dir") from None
-        fh.truncate(0)
-        fh.write(str(os.getpid()))
-        fh.flush()
-        remove_stale_temps(out_dir)  # a killed run's half-written manifest or summary
-        try:
-            yield
-        finally:
-            fh.truncate(0)  # no pid left behind: a refused run leaves the folder's bytes as they were
-
 
 # Operational knobs of an LLM section that do not change what it writes (`base_url`: where the
 # same model is served, e.g. other replicas when a sharded job resumes on another node): the
