@@ -81,3 +81,48 @@ def test_a_second_training_into_a_folder_being_trained_is_refused_and_touches_no
     finally:
         os.killpg(first.pid, signal.SIGTERM)
         first.wait(60)
+
+
+# --------------------------------------------------------------- 2. eval's prompting.style
+
+
+@pytest.mark.parametrize("style, questions_in_prompt", [("zero_shot", 1), ("prompt", 7)])
+def test_eval_sends_the_prompting_style_it_is_given_and_records_it(tmp_path, index, style, questions_in_prompt):
+    """`style=zero_shot` sent the same 6-shot prompt as `style=prompt`, and the manifest said zero_shot."""
+    from episode_testdata import ScriptedTeacher
+    from http_servers import FakeOpenAI
+
+    from pipeline.tasks.hotpotqa.questions import load_question_set
+
+    out = tmp_path / "eval"
+    with FakeOpenAI(model="big-model") as server:
+        server.replies = ScriptedTeacher(load_question_set("offline-eval", limit=2))
+        proc = run_pipeline("eval", "model.backend=openai", "model.model=big-model", f"model.base_url={server.url}/v1",
+                            "size_class=70b", "params_b=70.6", "limit=2", "methods=[standard]",
+                            f"prompting.style={style}", f"wiki.index={index}", f"out_dir={out}")
+        prompts = [r.body["prompt"] for r in server.requests if isinstance(r.body, dict) and "prompt" in r.body]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(prompts) == 2 and all(p.count("Question:") == questions_in_prompt for p in prompts), prompts
+    manifest = yaml.safe_load((out / "manifest.json").read_text())
+    assert manifest["style"] == style and manifest["config"]["prompting"]["style"] == style
+
+
+def test_an_unknown_eval_prompting_style_is_refused_before_anything_runs(tmp_path):
+    """An unknown style ran to the end (the style was never read)."""
+    proc = run_pipeline("eval", "oracle=exact", "size_class=1b", "params_b=1", "limit=1",
+                        "prompting.style=few_shot", f"out_dir={tmp_path / 'eval'}")
+    refused(proc, r"unknown prompting style 'few_shot' \(prompting.style\); expected one of prompt, zero_shot, fireact$")
+    assert not (tmp_path / "eval").exists()
+
+
+def test_a_fine_tuned_model_decodes_in_its_own_style_and_refuses_another():
+    """In process (a stand-in target, no model read): the default style means "its own"; another
+    style than its own is refused instead of being recorded and not sent."""
+    from pipeline.core.errors import PipelineError
+    from pipeline.llm.config import LLMConfig
+    from pipeline.stages.eval import ModelUnderTest, sent_style
+
+    student = ModelUnderTest(LLMConfig(), "tiny-react", "finetune", "tiny", 0.003, "react", decode_style="zero_shot")
+    assert sent_style("prompt", student) == sent_style("zero_shot", student) == "zero_shot"
+    with pytest.raises(PipelineError, match=r"prompting.style=fireact: tiny-react is fine-tuned .*\(zero_shot\)"):
+        sent_style("fireact", student)
