@@ -126,3 +126,38 @@ def test_a_fine_tuned_model_decodes_in_its_own_style_and_refuses_another():
     assert sent_style("prompt", student) == sent_style("zero_shot", student) == "zero_shot"
     with pytest.raises(PipelineError, match=r"prompting.style=fireact: tiny-react is fine-tuned .*\(zero_shot\)"):
         sent_style("fireact", student)
+
+
+# -------------------------------------------------------- 3. a method lost from filter's input
+
+
+@pytest.fixture(scope="module")
+def two_method_generate(tmp_path_factory) -> Path:
+    """A finished oracle generate of react and act, 4 questions each (its manifest counts 4 of each)."""
+    folder = tmp_path_factory.mktemp("generate") / "gen"
+    proc = run_pipeline("generate", "oracle=exact", "limit=4", "methods=[react,act]", f"out_dir={folder}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return folder
+
+
+@pytest.mark.parametrize("damage, state", [("empty", "is empty"), ("missing", "is missing"), ("cut", "holds 2 episodes")])
+def test_filter_refuses_a_method_file_that_lost_the_episodes_its_manifest_counts(two_method_generate, tmp_path,
+                                                                                  damage, state):
+    """An emptied or deleted act.jsonl was dropped with exit 0 and no note: only react's dataset."""
+    import shutil
+
+    folder = tmp_path / "gen"
+    shutil.copytree(two_method_generate, folder)
+    act = folder / "act.jsonl"
+    lines = act.read_text(encoding="utf-8").splitlines(keepends=True)
+    if damage == "missing":
+        act.unlink()
+    else:
+        act.write_text("".join(lines[:2]) if damage == "cut" else "", encoding="utf-8")
+    proc = run_pipeline("filter", f"inputs=[{folder}]", f"out_dir={tmp_path / 'sft'}")
+    refused(proc, rf"{re.escape(str(act))} {state}, but .*manifest.json counts 4 act episodes; re-run the same "
+                  rf"generate into .*formats=\[react\]$")
+    assert not (tmp_path / "sft").exists()
+    left_out = run_pipeline("filter", f"inputs=[{folder}]", f"out_dir={tmp_path / 'sft'}", "formats=[react]")
+    assert left_out.returncode == 0, left_out.stderr[-2000:]
+    assert sorted(p.name for p in (tmp_path / "sft").iterdir() if p.is_dir()) == ["react"]
