@@ -161,3 +161,41 @@ def test_filter_refuses_a_method_file_that_lost_the_episodes_its_manifest_counts
     left_out = run_pipeline("filter", f"inputs=[{folder}]", f"out_dir={tmp_path / 'sft'}", "formats=[react]")
     assert left_out.returncode == 0, left_out.stderr[-2000:]
     assert sorted(p.name for p in (tmp_path / "sft").iterdir() if p.is_dir()) == ["react"]
+
+
+# ------------------------------------------------- 5. the stand-in teacher on a set it cannot answer
+
+ORACLE_CAN = r"use questions= one of offline-eval, offline-bootstrap, dev, train, hf:<distractor\|fullwiki>:<train\|validation> \(or a file with them\), or a model$"
+
+
+@pytest.mark.parametrize("stage", ["generate", "eval", "run"])
+def test_the_oracle_on_a_set_without_gold_facts_is_one_line_naming_the_sets_it_can_answer(tmp_path, stage):
+    """`oracle=exact questions=react-dev500` ended in an IndexError and left an incomplete run."""
+    out = tmp_path / "out"
+    if stage == "run":
+        grid = tmp_path / "grid.yaml"
+        grid.write_text(yaml.safe_dump({"experiment": "dev", "out_dir": str(out), "formats": ["react"],
+                                        "generate": {"oracle": "exact", "questions": "react-dev500"}}))
+        proc = run_pipeline("run", "--config", str(grid), "--print-config")
+    else:
+        extra = ["size_class=1b", "params_b=1"] if stage == "eval" else []
+        proc = run_pipeline(stage, "oracle=exact", "questions=react-dev500", "limit=2", "methods=[react]",
+                            f"out_dir={out}", *extra)
+    refused(proc, r"the oracle teacher writes each trajectory from a question's gold supporting facts, and "
+                  r"questions=react-dev500 has no gold supporting facts; " + ORACLE_CAN)
+    assert not out.exists()
+
+
+def test_the_oracle_on_a_file_of_questions_without_gold_facts_names_how_many_and_the_first(tmp_path):
+    from dataclasses import replace
+
+    from episode_testdata import write_questions
+
+    from pipeline.tasks.hotpotqa.questions import load_question_set
+
+    questions = load_question_set("offline-eval", limit=3)
+    path = write_questions(tmp_path / "q.jsonl", [questions[0], replace(questions[1], supporting_facts=[]), questions[2]])
+    proc = run_pipeline("generate", "oracle=exact", f"questions={path}", "methods=[react]", f"out_dir={tmp_path / 'out'}")
+    refused(proc, rf"1 of the 3 questions of {re.escape(str(path))} have no gold supporting facts "
+                  rf"\(first: {re.escape(questions[1].id)}\); " + ORACLE_CAN)
+    assert not (tmp_path / "out").exists()

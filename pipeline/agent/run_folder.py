@@ -81,6 +81,7 @@ def start_run(cfg: Any, stage: str, who: Answerer, settings: MethodSettings,
     if not questions:
         raise PipelineError(f"question set '{cfg.questions}' is empty: nothing to "
                             + ("evaluate" if stage == "eval" else stage))
+    who.check_questions(cfg.questions, questions)  # the whole set, not this shard's: every shard refuses alike
     questions = shard_questions(questions, parse_shard(cfg.shard))
     check_resumable(cfg.out_dir, stage, cfg, keys)
     if check is not None:
@@ -97,6 +98,7 @@ def check_settings(cfg: Any, who: Answerer, settings: MethodSettings,
     check_error_share(cfg.max_error_share)
     sources = who.check(cfg.methods if methods is None else methods, settings)
     who.task.check_question_set(cfg.questions)
+    who.check_questions(cfg.questions)  # by name: before a question is loaded
     parse_shard(cfg.shard)
     return sources
 
