@@ -199,3 +199,32 @@ def test_the_oracle_on_a_file_of_questions_without_gold_facts_names_how_many_and
     refused(proc, rf"1 of the 3 questions of {re.escape(str(path))} have no gold supporting facts "
                   rf"\(first: {re.escape(questions[1].id)}\); " + ORACLE_CAN)
     assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------ 4. training and evaluation questions kept apart
+
+APART = r": a score over questions trained on measures recall; .* or set allow_question_overlap=true if this is meant$"
+
+
+@pytest.mark.parametrize("config, overrides, leak", [
+    ("configs/demo.yaml", ["generate.questions=offline-eval"], "eval.questions=offline-eval is the training set itself"),
+    ("configs/demo.yaml", ["generate.questions=dev", "generate.limit=null", "eval.questions=react-dev500"],
+     r"eval.questions=react-dev500 shares 16 of its 16 questions with the training set \(dev\)"),
+    ("configs/small-rounds.yaml", ["self_training.questions=offline-eval", "eval.questions=offline-eval"],
+     "eval.questions=offline-eval is the training set itself"),
+])
+def test_a_grid_whose_training_questions_are_among_its_eval_questions_is_refused_unless_meant(config, overrides, leak):
+    """A grid's or the rounds' bootstrap set equal to the eval set (or containing it: react-dev500
+    is drawn from dev) trained and scored the students on the same questions without a word."""
+    proc = run_pipeline("run", "--config", config, *overrides, "--print-config")
+    refused(proc, r"^error: eval: .*: " + leak + APART)
+    meant = run_pipeline("run", "--config", config, *overrides, "allow_question_overlap=true", "--print-config")
+    assert meant.returncode == 0, meant.stderr[-2000:]
+
+
+def test_a_grpo_held_out_set_equal_to_its_training_set_is_refused_unless_meant():
+    args = ["grpo", "--config", "configs/grpo/smollm2-135m.yaml", "student=smollm2", "heldout.every=5",
+            "heldout.questions=offline-bootstrap", "--dry-run"]
+    refused(run_pipeline(*args), r"^error: heldout.questions=offline-bootstrap is the training set itself" + APART)
+    meant = run_pipeline(*args, "allow_question_overlap=true")
+    assert meant.returncode == 0, meant.stderr[-2000:]

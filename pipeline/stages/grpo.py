@@ -28,7 +28,7 @@ from pipeline.core.config import (
     read_yaml,
     stage_config,
 )
-from pipeline.rl.config import GrpoConfig, check_rollout_strategy, resolve
+from pipeline.rl.config import GrpoConfig, check_heldout_apart, check_rollout_strategy, resolve
 from pipeline.rl.plan import RlPlan
 from pipeline.train.deepspeed_setup import check_deepspeed_device
 from pipeline.train.launcher import (
@@ -113,6 +113,7 @@ def preflight(plan: RlPlan, config_path: Path, dry_run: bool = False) -> None:
     cfg = plan.cfg
     read_yaml(config_path)
     check_writable_dir(cfg.output_dir, "output_dir")
+    check_heldout_apart(cfg)
     if not dry_run or is_ours(cfg.student) or looks_like_path(cfg.student):
         plan.start  # noqa: B018 (resolved here, where a refusal is one line before any launch)
     if not dry_run:
