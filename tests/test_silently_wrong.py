@@ -228,3 +228,22 @@ def test_a_grpo_held_out_set_equal_to_its_training_set_is_refused_unless_meant()
     refused(run_pipeline(*args), r"^error: heldout.questions=offline-bootstrap is the training set itself" + APART)
     meant = run_pipeline(*args, "allow_question_overlap=true")
     assert meant.returncode == 0, meant.stderr[-2000:]
+
+
+def test_a_task_run_on_another_tasks_index_is_refused(tmp_path, index):
+    """FEVER claims on the HotpotQA index ran to the end with a 13% search hit rate."""
+    out = tmp_path / "gen"
+    proc = run_pipeline("generate", "task=fever", "oracle=exact", "limit=100", "methods=[react]",
+                        f"wiki.index={index}", f"out_dir={out}")
+    refused(proc, rf"wiki.index {re.escape(str(index))} lacks the pages of 86 of the first 98 FEVER questions of "
+                  r"offline-bootstrap: is it another task's Wikipedia\? .*wiki.backend=live$")
+    assert not out.exists()
+
+
+def test_a_question_set_some_of_whose_pages_the_index_lacks_is_said_once(tmp_path, index):
+    proc = run_pipeline("generate", "oracle=exact", "questions=dev", "limit=100", "methods=[standard]",
+                        f"wiki.index={index}", f"out_dir={tmp_path / 'gen'}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning: wiki.index")]
+    assert warnings == [f"warning: wiki.index {index} lacks the pages of 4 of the first 100 questions of dev: their "
+                        "episodes cannot find their evidence (a fuller index, or wiki.backend=live)"]

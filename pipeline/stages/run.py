@@ -409,10 +409,13 @@ def check_questions_apart(cfg: RunConfig, units: list[Unit]) -> None:
 
     made = made_finals(units)
     trained = {(u.config.questions, u.config.limit) for u in units if isinstance(u.config, GenerateConfig | GrpoConfig)}
+    evaluated = {}  # each distinct eval set once, named by its first unit
     for unit in (u for u in units if isinstance(u.config, EvalConfig) and str(u.config.finetuned) in made):
-        for questions in sorted(trained, key=str):
-            check_apart(get_task(unit.config.task), questions, (unit.config.questions, unit.config.limit),
-                        f"{unit.title}: eval.questions", cfg.allow_question_overlap)
+        evaluated.setdefault((unit.config.task, unit.config.questions, unit.config.limit), unit.title)
+    for (task, questions, limit), title in evaluated.items():
+        for training in sorted(trained, key=str):
+            check_apart(get_task(task), training, (questions, limit), f"{title}: eval.questions",
+                        cfg.allow_question_overlap)
 
 
 def check_grpo_students(cfg: RunConfig, students: list[Student]) -> None:

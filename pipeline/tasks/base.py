@@ -109,6 +109,11 @@ class Task:
         raise PipelineError(f"the oracle teacher writes each trajectory from a question's {self.oracle_needs}, and {why}; "
                             f"use questions= one of {', '.join(self.oracle_sets)} (or a file with them), or a model")
 
+    def lacks_pages(self, question: Any, has_page: Any) -> bool | None:
+        """Whether a Wikipedia (`has_page(title)`) lacks what `question` is answered from; None
+        where the task does not know the question's pages."""
+        return None
+
     def normalize(self, answer: str | None) -> str:
         """The form in which two answers are compared (the CoT-SC vote too)."""
         raise NotImplementedError

@@ -151,6 +151,16 @@ class Fever(Task):
 
         return fever_reference_rows()
 
+    def lacks_pages(self, question: Claim, has_page: Any) -> bool | None:
+        # FEVER's claims name no pages; ReAct's released trajectory of a claim shows what it searched
+        # (some searches missed in 2022 too, so any one page found is enough)
+        from pipeline.core.paths import resolve_source
+        from pipeline.tasks.fever.replay import released_trajectories, searched_titles
+
+        released = released_trajectories(resolve_source("react-fever-trajectories")).get(question.index)
+        titles = searched_titles(released) if released is not None else []
+        return not any(has_page(t) for t in titles) if titles else None
+
     def oracle(self, fmt: str, settings: Any, style: str) -> Any:
         from pipeline.tasks.fever.replay import replay_method
 

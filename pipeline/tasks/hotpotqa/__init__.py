@@ -83,6 +83,10 @@ class HotpotQA(Task):
     def oracle_lacks(self, question: questions.Question) -> bool:
         return not question.supporting_facts  # react-dev500's: the paper's sample carries none
 
+    def lacks_pages(self, question: questions.Question, has_page: Any) -> bool | None:
+        # its gold pages, every one: a question is answered from two of them
+        return not all(has_page(t) for t in question.gold_titles) if question.gold_titles else None
+
     def normalize(self, answer: str | None) -> str:
         return metric.normalize_answer(answer or "")
 
