@@ -2,7 +2,8 @@
 silently wrong"): a second training into a folder being trained, an eval prompting style that was
 ignored, a filter input that dropped a method without a word, training and evaluation questions
 that overlap, a task run against another task's index, and the stand-in teacher asked for a set
-it cannot answer. Each case runs the real CLI (`python -m pipeline ...`) and failed before its fix.
+it cannot answer. Each case runs the real CLI (`python -m pipeline ...`) but one, labelled, that
+runs in process; each failed before its fix.
 
     .venv/bin/python -m pytest tests/test_silently_wrong.py -n 0 -q
 """
@@ -21,27 +22,9 @@ import pytest
 import yaml
 from episode_testdata import REPO, child_env, run_pipeline
 from sft_testdata import fireact_records, write_dataset
+from test_first_use import refused  # exit 2, one `error:` line matching, no traceback
 
 TINY = "configs/students/tiny.yaml"
-
-
-def last_line(proc) -> str:
-    lines = (proc.stderr or proc.stdout).strip().splitlines()
-    return lines[-1] if lines else ""
-
-
-def refused(proc, pattern: str) -> None:
-    """Exit 2 with one `error:` line matching `pattern` (the last line), and no traceback."""
-    assert proc.returncode == 2, (proc.stdout[-2000:], proc.stderr[-2000:])
-    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert last_line(proc).startswith("error: "), last_line(proc)
-    assert re.search(pattern, last_line(proc)), last_line(proc)
-
-
-def folder_bytes(folder: Path) -> dict[str, bytes]:
-    """Every file's bytes under `folder` but the lock's and the live run's own logs."""
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
-            if p.is_file() and p.name != ".lock" and "runs" not in p.relative_to(folder).parts}
 
 
 # ------------------------------------------------------------------- 1. one training per folder
