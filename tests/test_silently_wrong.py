@@ -10,7 +10,7 @@ runs in process; each failed before its fix.
 
 from __future__ import annotations
 
-import os
+import contextlib
 import re
 import signal
 import subprocess
@@ -62,8 +62,24 @@ def test_a_second_training_into_a_folder_being_trained_is_refused_and_touches_no
         assert (output / "finetune_config.yaml").read_bytes() == config
         assert not list(output.glob("incomplete-checkpoint-*")), "a checkpoint of the first was set aside"
     finally:
-        os.killpg(first.pid, signal.SIGTERM)
-        first.wait(60)
+        stop_tree(first)
+
+
+def stop_tree(proc: subprocess.Popen) -> None:
+    """Ctrl-C to a `train` process (its launcher then stops the workers it started in their own
+    process groups), and a kill for whatever of its tree is still there a minute later."""
+    import psutil
+
+    try:
+        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        tree = []
+    proc.send_signal(signal.SIGINT)
+    psutil.wait_procs(tree, timeout=60)
+    for process in tree:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    proc.wait(10)
 
 
 # --------------------------------------------------------------- 2. eval's prompting.style
