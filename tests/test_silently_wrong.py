@@ -65,6 +65,23 @@ def test_a_second_training_into_a_folder_being_trained_is_refused_and_touches_no
         stop_tree(first)
 
 
+def test_a_grpo_into_a_folder_being_written_is_refused_before_its_config_is_rewritten(tmp_path, index):
+    """`grpo` held no lock either. The holder here is this test process (as in
+    tests/test_crash_resume.py's second writer), not a running GRPO: an flock is the same."""
+    import fcntl
+
+    out = tmp_path / "grpo"
+    out.mkdir()
+    with open(out / ".lock", "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fh.write("12345")
+        fh.flush()
+        proc = run_pipeline("grpo", "--config", "configs/grpo/smollm2-135m.yaml", "student=smollm2", "max_steps=1",
+                            f"output_dir={out}", f"wiki.index={index}", "accelerate_config=cpu", timeout=300)
+    refused(proc, rf"{re.escape(str(out))} is being written by another process \(pid 12345\); .*output_dir$")
+    assert sorted(p.name for p in out.iterdir()) == [".lock"]
+
+
 def stop_tree(proc: subprocess.Popen) -> None:
     """Ctrl-C to a `train` process (its launcher then stops the workers it started in their own
     process groups), and a kill for whatever of its tree is still there a minute later."""
