@@ -322,7 +322,8 @@ def served_rounds_grid(tmp_path: Path, index: Path, questions: Path, serve: dict
                      "prompting": {"max_new_tokens": 24, "max_steps": 2}},
             "plot": {"reference_points": False},
             "students": [{"name": "tiny", "config": str(student), "size_class": "135m", "params_b": 0.135}],
-            "self_training": {"rounds": 3, "samples": 2, "temperature": 0.7}}
+            "self_training": {"rounds": 3, "samples": 2, "temperature": 0.7},
+            "allow_question_overlap": True}  # one file for every question: about serving, not scores
     path = tmp_path / "grid.yaml"
     path.write_text(yaml.safe_dump(grid))
     return path

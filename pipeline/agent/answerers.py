@@ -34,6 +34,9 @@ class PromptedModel:
         require_methods(methods)
         return {m: {fmt: p.source for fmt, p in prompt_prefixes(m, settings, self.task).items()} for m in methods}
 
+    def check_questions(self, name: str, questions: list | None = None) -> None:
+        """A model answers any question of the task."""
+
     def open(self) -> LLM:
         llm = load_llm(self.cfg)
         check = getattr(llm, "check_available", None)
@@ -61,6 +64,10 @@ class OracleTeacher:
         if bad:
             raise PipelineError(f"the oracle teacher writes {', '.join(FORMATS)} trajectories, not {', '.join(bad)}")
         return {m: {"source": self.task.oracle_source} for m in methods}
+
+    def check_questions(self, name: str, questions: list | None = None) -> None:
+        """Refuse a set the stand-in teacher cannot answer (pipeline.tasks.base.check_oracle_questions)."""
+        self.task.check_oracle_questions(name, questions)
 
     def open(self) -> None:
         return None

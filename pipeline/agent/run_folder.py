@@ -6,8 +6,7 @@ marked incomplete until its complete manifest is written.
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import os
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,45 +15,20 @@ from pipeline.agent.answerers import Answerer, unread_model_dropped
 from pipeline.agent.episodes import check_error_share
 from pipeline.core.config import to_dict, upgrade_keys
 from pipeline.core.errors import PipelineError
+from pipeline.core.folder_lock import LOCK_NAME, run_lock
 from pipeline.core.same_run import run_keys
 from pipeline.core.shards import parse_shard, shard_questions
 from pipeline.core.storage import (
     atomic_write_bytes,
     read_manifest,
-    remove_stale_temps,
     write_manifest,
 )
 from pipeline.llm.base import LLM, sampling_fields
 from pipeline.llm.config import LLMConfig
 from pipeline.methods import MethodSettings
-from pipeline.tasks import task_of
+from pipeline.tasks import Task, task_of
 from pipeline.wiki.backend import WikiBackend
 from pipeline.wiki.config import open_backend
-
-LOCK_NAME = ".lock"
-
-
-@contextlib.contextmanager
-def run_lock(out_dir: Path) -> Iterator[None]:
-    """Hold `<out_dir>/.lock` while writing: a second generate/eval on the same folder would
-    append the same episodes twice. The OS drops the lock when the holder dies (even kill -9)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with open(out_dir / LOCK_NAME, "a+") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            fh.seek(0)
-            raise PipelineError(f"{out_dir} is being written by another process (pid {fh.read().strip() or '?'}); "
-                                "wait for it to finish or use another out_dir") from None
-        fh.truncate(0)
-        fh.write(str(os.getpid()))
-        fh.flush()
-        remove_stale_temps(out_dir)  # a killed run's half-written manifest or summary
-        try:
-            yield
-        finally:
-            fh.truncate(0)  # no pid left behind: a refused run leaves the folder's bytes as they were
-
 
 # Operational knobs of an LLM section that do not change what it writes (`base_url`: where the
 # same model is served, e.g. other replicas when a sharded job resumes on another node): the
@@ -108,11 +82,40 @@ def start_run(cfg: Any, stage: str, who: Answerer, settings: MethodSettings,
     if not questions:
         raise PipelineError(f"question set '{cfg.questions}' is empty: nothing to "
                             + ("evaluate" if stage == "eval" else stage))
+    who.check_questions(cfg.questions, questions)  # the whole set, not this shard's: every shard refuses alike
     questions = shard_questions(questions, parse_shard(cfg.shard))
     check_resumable(cfg.out_dir, stage, cfg, keys)
     if check is not None:
         check()
-    return questions, open_backend(cfg.wiki), who.open(), sources
+    backend = open_backend(cfg.wiki)
+    check_index_covers(who.task, cfg.questions, questions, backend)
+    return questions, backend, who.open(), sources
+
+
+INDEX_SAMPLE = 100  # questions looked up: a mismatch shows in the first few, and 100 lookups take milliseconds
+
+
+def check_index_covers(task: Task, name: str, questions: list, backend: WikiBackend) -> None:
+    """Refuse a local index that lacks the pages most of the first questions are answered from
+    (another task's Wikipedia: FEVER claims on the HotpotQA index, 86 of 98 without a page there),
+    and say how many lack theirs when a few do (4 of the first 100 of HotpotQA's dev on the
+    offline 26k-page corpus).
+    A live backend, and questions whose pages the task does not know, are not checked."""
+    from pipeline.wiki.index import LocalIndex
+
+    if not isinstance(backend, LocalIndex):
+        return
+    known = [lacks for q in questions[:INDEX_SAMPLE]
+             if (lacks := task.lacks_pages(q, lambda title: backend.get_page(title) is not None)) is not None]
+    missing = sum(known)
+    if known and missing > len(known) / 2:
+        raise PipelineError(f"wiki.index {backend.path} lacks the pages of {missing} of the first {len(known)} "
+                            f"{task.title} questions of {name}: is it another task's Wikipedia? Set wiki.index to "
+                            f"one built for them (from the {task.title} wiki.corpus), or wiki.backend=live")
+    if missing:
+        print(f"warning: wiki.index {backend.path} lacks the pages of {missing} of the first {len(known)} questions "
+              f"of {name}: their episodes cannot find their evidence (a fuller index, or wiki.backend=live)",
+              file=sys.stderr)
 
 
 def sampling_record(settings: MethodSettings, llm: LLM | None) -> dict | None:
@@ -133,6 +136,7 @@ def check_settings(cfg: Any, who: Answerer, settings: MethodSettings,
     check_error_share(cfg.max_error_share)
     sources = who.check(cfg.methods if methods is None else methods, settings)
     who.task.check_question_set(cfg.questions)
+    who.check_questions(cfg.questions)  # by name: before a question is loaded
     parse_shard(cfg.shard)
     return sources
 

@@ -60,10 +60,14 @@ def build_method(name: str, settings: MethodSettings | None = None, task: Task |
     return spec.build(*(p[fmt] for fmt in spec.formats), settings, task)
 
 
+def check_style(style: str) -> None:
+    if style not in STYLES:
+        raise PipelineError(f"unknown prompting style '{style}' (prompting.style); expected one of {', '.join(STYLES)}")
+
+
 def check_method(name: str, settings: MethodSettings, task: Task | None = None) -> None:
     method_spec(name)  # an unknown name: an error listing the known ones
-    if settings.style not in STYLES:
-        raise PipelineError(f"unknown prompting style '{settings.style}'; expected one of {', '.join(STYLES)}")
+    check_style(settings.style)
     if settings.loop not in LOOPS:
         raise PipelineError(f"unknown loop '{settings.loop}'; expected one of {', '.join(LOOPS)}")
     if settings.style == "fireact" and name != "react":

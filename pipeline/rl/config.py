@@ -104,6 +104,7 @@ class GrpoConfig:
     peak_tflops: float | None = None  # per device, for MFU; default: the GPU's from pipeline/train/flops.py's table
     rollout: RolloutSettings = field(default_factory=RolloutSettings)
     heldout: HeldoutSettings = field(default_factory=HeldoutSettings)  # a held-out EM curve while training (off: every 0)
+    allow_question_overlap: bool = False  # true: a held-out set that shares questions with `questions` is meant
     output_root: Path = Path("checkpoints")
     output_dir: Path | None = None  # default: <output_root>/<experiment>/<student_name>/<format>
     accelerate_config: str = "auto"  # auto | cpu | cpu_ddp | multi_gpu | deepspeed_zero2 | ... | a path
@@ -155,6 +156,17 @@ def resolve(cfg: GrpoConfig) -> GrpoConfig:
     if cfg.output_dir is None:
         cfg.output_dir = cfg.output_root / cfg.experiment / cfg.student_name / cfg.format
     return cfg
+
+
+def check_heldout_apart(cfg: GrpoConfig) -> None:
+    """A held-out curve over the training questions would show the policy's recall of them, not
+    how it generalises: refused unless allow_question_overlap (pipeline.tasks.overlap)."""
+    from pipeline.tasks import get_task
+    from pipeline.tasks.overlap import check_apart
+
+    if cfg.heldout.every:
+        check_apart(get_task(cfg.task), (cfg.questions, cfg.limit), (cfg.heldout.questions, cfg.heldout.limit),
+                    "heldout.questions", cfg.allow_question_overlap)
 
 
 def check_vllm_rollout(r: RolloutSettings) -> None:

@@ -42,7 +42,7 @@ from pipeline.core.storage import (
 from pipeline.hub.models import require_installed
 from pipeline.llm.config import LLMConfig
 from pipeline.llm.serving import ServeConfig
-from pipeline.methods import FORMATS_USED, MethodSettings
+from pipeline.methods import FORMATS_USED, MethodSettings, check_style
 from pipeline.tasks import DEFAULT_TASK, get_task
 from pipeline.wiki.config import WikiConfig
 
@@ -74,7 +74,9 @@ class EvalConfig:
     questions: str = same_run("identity", default="offline-eval")  # a set of the task's; react-dev500 needs wiki.backend=live or a full local index
     limit: int | None = same_run("free", default=None, metadata=bound(1))
     out_dir: Path = same_run("free", default=Path("runs/eval/default"))
-    prompting: MethodSettings = same_run("identity", default_factory=MethodSettings)  # style is set from the model (prompt | zero_shot)
+    # How each method prompts. `style` (prompt | zero_shot | fireact) is sent as given to a prompted
+    # model; a fine-tuned one decodes in the style it was trained on (leave `style` at its default)
+    prompting: MethodSettings = same_run("identity", default_factory=MethodSettings)
     wiki: WikiConfig = same_run("identity", default_factory=WikiConfig)
     max_in_flight: int = same_run("free", default=16, metadata=bound(1))
     shard: str | None = same_run("identity", default=None)  # i/n: this job's share of the questions, for N jobs (pipeline.core.shards)
@@ -116,19 +118,39 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
+DEFAULT_STYLE = MethodSettings().style  # "prompt": for a fine-tuned model, "its own"
+
+
 def check_settings(cfg: EvalConfig) -> None:
     """What eval refuses about its own settings, reading no model and no question (`run` checks
     every eval unit's when it makes its plan; a fine-tuned model's own format is checked when
     the model is read)."""
     check_oracle(cfg.oracle, cfg.serve, cfg.model, "model")
-    style = "zero_shot" if cfg.finetuned else "prompt"  # a released model's own style is read with it
+    check_style(cfg.prompting.style)
+    # a fine-tuned model's own style is read with it; its trained format's is checked then
+    style = "zero_shot" if cfg.finetuned and cfg.prompting.style == DEFAULT_STYLE else cfg.prompting.style
     check_run_settings(cfg, answerer(cfg.model, cfg.task, cfg.oracle), replace(cfg.prompting, style=style))
+
+
+def sent_style(given: str, target: ModelUnderTest) -> str:
+    """The prompting style sent to `target`: `given` (prompting.style) for a prompted model; a
+    fine-tuned model's own (the one it was trained to decode in), which `given` may only repeat:
+    exemplars sent to a student trained on the question alone would measure something else."""
+    check_style(given)
+    if target.mode != "finetune":
+        return given
+    if given not in (DEFAULT_STYLE, target.decode_style):
+        raise PipelineError(f"prompting.style={given}: {target.label} is fine-tuned and decodes in the style it "
+                            f"was trained on ({target.decode_style}); remove prompting.style")
+    return target.decode_style
 
 
 def evaluate(cfg: EvalConfig) -> list[dict]:
     """Run every method, write records and `summary.json`; return the summary rows."""
     check_writable_dir(cfg.out_dir)  # before the fine-tuned model is read or any model loaded
+    check_style(cfg.prompting.style)
     target = model_under_test(cfg)
+    sent_style(cfg.prompting.style, target)  # before a server loads for minutes
     methods = default_methods(cfg.methods, target)
     check_finetuned_methods(methods, target)
     if cfg.serve is None:
@@ -149,7 +171,7 @@ def run_evaluation(cfg: EvalConfig, target: ModelUnderTest, llm_cfg: LLMConfig, 
                    server=None) -> list[dict]:
     """Evaluate `target` through `llm_cfg` (its own config, or the endpoint of a server started
     for it: `server`, watched for dying mid-run)."""
-    settings = replace(cfg.prompting, style=target.decode_style if target.mode == "finetune" else "prompt")
+    settings = replace(cfg.prompting, style=sent_style(cfg.prompting.style, target))
     task = get_task(cfg.task)
     model = answerer(llm_cfg, task, target.oracle)
     record = precision_record(target)  # what the model computes in, however it is reached
@@ -160,7 +182,8 @@ def run_evaluation(cfg: EvalConfig, target: ModelUnderTest, llm_cfg: LLMConfig, 
 
         llm = ServedLLM(llm, server)
     manifest = dict(stage="eval", config=to_dict(cfg), task=task.name, model=target.label, mode=target.mode,
-                    n_questions=len(questions), sampling=sampling_record(settings, llm), **record)
+                    style=settings.style, n_questions=len(questions), sampling=sampling_record(settings, llm),
+                    **record)  # style: what was sent
     try:
         with writing_run(cfg, IDENTITY_KEYS, manifest, check=lambda: check_same_precision(cfg.out_dir, record)):
             # A summary of an earlier (smaller) run must not outlive this run's start: if this run is

@@ -136,7 +136,7 @@ def collect_episodes(cfg: FilterConfig) -> Episodes:
     for folders in groups:
         merged: dict[str, list[dict]] = {}
         for folder in folders:
-            for path, episodes in _read_generate_folder(folder):
+            for path, episodes in _read_generate_folder(folder, cfg.formats):
                 fingerprints.append(file_fingerprint(path))
                 for episode in episodes:
                     merged.setdefault(episode["method"], []).append(episode)
@@ -194,10 +194,12 @@ def generate_inputs(inputs: list[str]) -> list[list[Path]]:
     return out
 
 
-def _read_generate_folder(folder: Path) -> list[tuple[Path, list[dict]]]:
+def _read_generate_folder(folder: Path, formats: list[str]) -> list[tuple[Path, list[dict]]]:
+    """The folder's training-format files and their episodes, each checked against the count its
+    manifest gives (of `formats`, or of every format when empty)."""
     if not folder.is_dir():
         raise PipelineError(f"inputs: {folder} is not a folder; give a generate output folder")
-    require_complete(folder / "manifest.json", f"generate output {folder}")
+    manifest = require_complete(folder / "manifest.json", f"generate output {folder}")
     out = []
     for path in sorted(folder.glob("*.jsonl")):
         if path.stem not in FORMATS:
@@ -211,9 +213,28 @@ def _read_generate_folder(folder: Path) -> list[tuple[Path, list[dict]]]:
                 raise PipelineError(f"{path}: record {i} lacks {', '.join(missing)}; not an episode record (docs/formats.md)")
             episode.setdefault("source", "generate")
         out.append((path, episodes))
+    check_counts(folder, manifest, {path.stem: len(episodes) for path, episodes in out}, formats)
     if not out:
         raise PipelineError(f"{folder}: no <method>.jsonl files ({', '.join(FORMATS)}); is it a generate output folder?")
     return out
+
+
+def check_counts(folder: Path, manifest: dict, found: dict[str, int], formats: list[str]) -> None:
+    """Refuse a training format whose file is missing or holds fewer episodes than the folder's
+    complete manifest counts: the file was lost, emptied or cut after the run, and building the
+    datasets without that method (or with part of it) would pass for the run's result. A format
+    left out by `formats` is not read, so not checked; a manifest older than its counts, neither."""
+    for method, stats in (manifest.get("stats") or {}).items():
+        counted = stats.get("n") if isinstance(stats, dict) else None
+        if method not in FORMATS or (formats and method not in formats) or not isinstance(counted, int):
+            continue
+        path, held = folder / f"{method}.jsonl", found.get(method, 0)
+        if held < counted:
+            others = ",".join(m for m in FORMATS if m != method and m in manifest["stats"])
+            state = "is missing" if not path.exists() else "is empty" if held == 0 else f"holds {held} episodes"
+            raise PipelineError(f"filter: {path} {state}, but {folder / 'manifest.json'} counts {counted} {method} "
+                                f"episodes; re-run the same generate into {folder} (it writes the missing ones "
+                                f"again), or leave {method} out with formats=[{others}]")
 
 
 # ---------------------------------------------------------------- selecting

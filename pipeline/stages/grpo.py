@@ -28,13 +28,20 @@ from pipeline.core.config import (
     read_yaml,
     stage_config,
 )
-from pipeline.rl.config import GrpoConfig, check_rollout_strategy, check_vllm_installed, resolve
+from pipeline.rl.config import (
+    GrpoConfig,
+    check_heldout_apart,
+    check_rollout_strategy,
+    check_vllm_installed,
+    resolve,
+)
 from pipeline.rl.plan import RlPlan
 from pipeline.train.deepspeed_setup import check_deepspeed_device
 from pipeline.train.launcher import (
     Machines,
     add_launch_arguments,
     gpu_count,
+    holding_output,
     launch,
     launch_command,
     machines_from,
@@ -89,15 +96,16 @@ def grpo(cfg: GrpoConfig, *, accelerate_config: str | None = None, num_processes
     check_vllm_installed(cfg.rollout.engine)  # the launched processes are this interpreter
     plan = plan_grpo(cfg, world)  # the launched script resolves the same plan from the written config
     preflight(plan, config_path, dry_run)
-    resolved = write_config_file(cfg, Path(cfg.output_dir) / RESOLVED_CONFIG, dry_run, label="grpo")
-    cmd = launch_command(config_path, num_processes, resolved, gpus, machines, module=GRPO_MODULE)
-    print(f"[grpo] {cfg.format} / {cfg.student_name}: {cfg.questions_per_step} questions x {cfg.group_size} rollouts "
-          f"= {plan.batch.per_device} x {plan.batch.grad_accum} accumulation x {world} processes, {cfg.max_steps} steps "
-          f"-> {cfg.output_dir}")
-    print("[grpo] " + shlex.join(cmd), flush=True)
-    if dry_run:
-        return 0
-    return launch(cmd)
+    with holding_output(cfg.output_dir, machines, dry_run):  # before a byte of output_dir is rewritten
+        resolved = write_config_file(cfg, Path(cfg.output_dir) / RESOLVED_CONFIG, dry_run, label="grpo")
+        cmd = launch_command(config_path, num_processes, resolved, gpus, machines, module=GRPO_MODULE)
+        print(f"[grpo] {cfg.format} / {cfg.student_name}: {cfg.questions_per_step} questions x {cfg.group_size} "
+              f"rollouts = {plan.batch.per_device} x {plan.batch.grad_accum} accumulation x {world} processes, "
+              f"{cfg.max_steps} steps -> {cfg.output_dir}")
+        print("[grpo] " + shlex.join(cmd), flush=True)
+        if dry_run:
+            return 0
+        return launch(cmd)
 
 
 def preflight(plan: RlPlan, config_path: Path, dry_run: bool = False) -> None:
@@ -112,6 +120,7 @@ def preflight(plan: RlPlan, config_path: Path, dry_run: bool = False) -> None:
     cfg = plan.cfg
     read_yaml(config_path)
     check_writable_dir(cfg.output_dir, "output_dir")
+    check_heldout_apart(cfg)
     if not dry_run or is_ours(cfg.student) or looks_like_path(cfg.student):
         plan.start  # noqa: B018 (resolved here, where a refusal is one line before any launch)
     if not dry_run:

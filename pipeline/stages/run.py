@@ -138,6 +138,9 @@ class RunConfig:
     # Self-training rounds after round 1 (the grid): each round's student is the next round's
     # teacher (pipeline/rounds.py)
     self_training: SelfTrainingConfig = field(default_factory=SelfTrainingConfig)
+    # true: the questions a student trains on (generate's, the rounds', GRPO's) may be among those
+    # its fine-tuned evals score (pipeline/tasks/overlap.py); refused otherwise
+    allow_question_overlap: bool = False
 
 
 # The order units run in, and the names --only / --from / --until take.
@@ -290,6 +293,7 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
     check_grpo_students(cfg, students)
     for unit in units:
         check_unit(unit)
+    check_questions_apart(cfg, units)
     plan_groups(units, done=lambda unit: unit_done(unit.config, unit.precision))  # an eval's, or none
     return units
 
@@ -358,13 +362,18 @@ def unit_models(config) -> list[tuple[str, str]]:
     return []
 
 
+def made_finals(units: list[Unit]) -> set[str]:
+    """The final/ folders the grid's train and grpo units make."""
+    return {str(Path(u.config.output_dir) / "final") for u in units if u.action in (launch_train, launch_grpo)}
+
+
 def check_model_folders(units: list[Unit]) -> None:
     """A model the selected units load by a local path that is not there, and that no unit of
     the grid makes (a final/), refused before the first unit; a hub id is fetched when its
     phase starts."""
     from pipeline.hub.models import looks_like_path
 
-    made = {str(Path(u.config.output_dir) / "final") for u in units if u.action in (launch_train, launch_grpo)}
+    made = made_finals(units)
     for unit in (u for u in units if u.selected):
         for key, model in unit_models(unit.config):
             model = None if model is None else str(model)
@@ -381,14 +390,33 @@ def launch_world(cfg) -> tuple[Path, int]:
 
 
 def check_grpo(gr) -> None:
-    """A grpo unit's batch split over its launch, its training question set's name, and vLLM
-    where its rollouts need it."""
-    from pipeline.rl.config import check_vllm_installed
+    """A grpo unit's batch split over its launch, its training question set's name, its held-out
+    set apart from it, and vLLM where its rollouts need it."""
+    from pipeline.rl.config import check_heldout_apart, check_vllm_installed
     from pipeline.rl.plan import batch_plan
 
     batch_plan(gr, launch_world(gr)[1])
     get_task(gr.task).check_question_set(gr.questions)
     check_vllm_installed(gr.rollout.engine)
+    check_heldout_apart(gr)
+
+
+def check_questions_apart(cfg: RunConfig, units: list[Unit]) -> None:
+    """The questions the grid trains on (its generate units': round 1's bootstrap set and the
+    rounds'; its grpo units') apart from those its evals of the students it trains score, unless
+    allow_question_overlap (pipeline/tasks/overlap.py). A prompted or released model's eval
+    trains on nothing here."""
+    from pipeline.tasks.overlap import check_apart
+
+    made = made_finals(units)
+    trained = {(u.config.questions, u.config.limit) for u in units if isinstance(u.config, GenerateConfig | GrpoConfig)}
+    evaluated = {}  # each distinct eval set once, named by its first unit
+    for unit in (u for u in units if isinstance(u.config, EvalConfig) and str(u.config.finetuned) in made):
+        evaluated.setdefault((unit.config.task, unit.config.questions, unit.config.limit), unit.title)
+    for (task, questions, limit), title in evaluated.items():
+        for training in sorted(trained, key=str):
+            check_apart(get_task(task), training, (questions, limit), f"{title}: eval.questions",
+                        cfg.allow_question_overlap)
 
 
 def check_grpo_students(cfg: RunConfig, students: list[Student]) -> None:
@@ -680,8 +708,8 @@ def unit_done(config, identity=None) -> bool:
 
 # Keys a stage config gained after runs were made, each with the value that means what a manifest
 # written without it did: such a finished run is still this config's (task: HotpotQA's before
-# configs named one; heldout: GRPO without a held-out curve).
-ADDED_LATER = {"task": DEFAULT_TASK, "heldout": to_dict(HeldoutSettings())}
+# configs named one; heldout: GRPO without a held-out curve; allow_question_overlap: refused overlaps).
+ADDED_LATER = {"task": DEFAULT_TASK, "heldout": to_dict(HeldoutSettings()), "allow_question_overlap": False}
 
 
 def without_added_later(config: dict) -> dict:
@@ -942,7 +970,8 @@ def grpo_config(cfg: RunConfig, student: Student, ft):
     section's `config` < the grid's task and wiki < its `settings` < this unit's start, format and names."""
     phase = cfg.grpo
     layers = merged({"output_root": str(ft.output_root)}, read_section(phase.config, "grpo") if phase.config else {},
-                    {"task": cfg.task, "wiki": cfg.wiki}, phase.settings, {
+                    {"task": cfg.task, "wiki": cfg.wiki},
+                    {"allow_question_overlap": True} if cfg.allow_question_overlap else {}, phase.settings, {
                         "experiment": cfg.experiment, "student": str(Path(ft.output_dir) / "final"),
                         "student_name": f"{student.name}-grpo", "format": ft.format})
     return resolve_grpo(build(GrpoConfig, layers, where=f"grpo ({student.name} on {ft.format})"))

@@ -42,6 +42,7 @@ from pipeline.train.launcher import (  # noqa: F401  (ACCELERATE_CONFIGS, gpu_co
     Machines,
     add_launch_arguments,
     gpu_count,
+    holding_output,
     launch,
     launch_command,
     machines_from,
@@ -87,14 +88,15 @@ def train(cfg: FinetuneConfig, *, accelerate_config: str | None = None, num_proc
     check_deepspeed_device(deepspeed, gpus > 0, cfg.deepspeed_on_cpu, world)  # before 8 CPU processes start
     per_device, accum, _ = foreseen(cfg, accelerate, world, gpus).batch
     preflight(cfg, config_path)  # before the resolved config is written into output_dir; a dry run too
-    cmd = launch_command(config_path, num_processes, write_resolved_config(cfg, dry_run), gpus, machines)
-    where = "" if machines.count == 1 else f" ({num_processes} here, {machines.describe()})"
-    print(f"[train] {cfg.format} / {cfg.student_name}: batch {cfg.global_batch_size} = {per_device} x {accum} "
-          f"accumulation x {world} processes{where}, {cfg.max_steps} steps -> {cfg.output_dir}")
-    print("[train] " + shlex.join(cmd), flush=True)
-    if dry_run:
-        return 0
-    return launch(cmd)
+    with holding_output(cfg.output_dir, machines, dry_run):  # before a byte of output_dir is rewritten
+        cmd = launch_command(config_path, num_processes, write_resolved_config(cfg, dry_run), gpus, machines)
+        where = "" if machines.count == 1 else f" ({num_processes} here, {machines.describe()})"
+        print(f"[train] {cfg.format} / {cfg.student_name}: batch {cfg.global_batch_size} = {per_device} x {accum} "
+              f"accumulation x {world} processes{where}, {cfg.max_steps} steps -> {cfg.output_dir}")
+        print("[train] " + shlex.join(cmd), flush=True)
+        if dry_run:
+            return 0
+        return launch(cmd)
 
 
 def preflight(cfg, config_path: Path) -> None:

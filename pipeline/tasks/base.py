@@ -43,6 +43,11 @@ def normalize_answer(text: str) -> str:
     return " ".join(text.split())
 
 
+def in_sets(name: str, sets: tuple[str, ...]) -> bool:
+    """Whether `name` is one of the named question `sets`, a pattern such as `hf:<...>` included."""
+    return name in sets or any(name.startswith(s.split("<", 1)[0]) for s in sets if "<" in s)
+
+
 class Task:
     name: str = ""  # the config value: `task: fever`
     title: str = ""  # how figures, cards and tables name it: "FEVER"
@@ -64,6 +69,10 @@ class Task:
     licence: str = ""  # "CC BY-SA 4.0"
     hub_dataset: str | None = None  # the questions on the Hugging Face hub, for card metadata
     oracle_source: str = ""  # what the stand-in teacher (a stage's `oracle: exact|agent`) reads, for manifests
+    # The named sets whose every question the stand-in teacher can answer (patterns such as
+    # `hf:<...>` included); () where it answers any set. What it reads of a question: oracle_needs.
+    oracle_sets: tuple[str, ...] = ()
+    oracle_needs: str = ""
     states_orderings: bool = False  # whether the paper states figure-3 orderings for this task
 
     def load_questions(self, name: str, limit: int | None = None) -> list[Any]:
@@ -74,12 +83,36 @@ class Task:
         """Refuse a question set this task does not know (not one of `question_sets`, a pattern
         such as `hf:<...>` included, nor a file) without reading or downloading it: a plan
         checks this before its phases run; `load_questions` then reads the set."""
-        prefixes = [s.split("<", 1)[0] for s in self.question_sets if "<" in s]
-        if name in self.question_sets or any(name.startswith(p) for p in prefixes) or Path(name).expanduser().is_file():
+        if in_sets(name, self.question_sets) or Path(name).expanduser().is_file():
             return
         hint = "" if Path(name).suffix == "" else f" ({name} is not a file)"
         raise PipelineError(f"unknown question set '{name}' of {self.title}{hint}; use one of "
                             f"{', '.join(self.question_sets)} or a path to a file of them")
+
+    def oracle_lacks(self, question: Any) -> bool:
+        """Whether the stand-in teacher lacks what it writes `question`'s trajectory from."""
+        return False
+
+    def check_oracle_questions(self, name: str, questions: list[Any] | None = None) -> None:
+        """Refuse a question set the stand-in teacher cannot answer, in one line naming the sets it
+        can: by name (a named set not in `oracle_sets`; a plan checks this before it loads a
+        question), and question by question once `questions` are loaded (a file's too)."""
+        if not self.oracle_sets:
+            return
+        lacking = [q for q in questions or [] if self.oracle_lacks(q)]
+        if in_sets(name, self.question_sets) and not in_sets(name, self.oracle_sets):
+            why = f"questions={name} has no {self.oracle_needs}"
+        elif lacking:
+            why = f"{len(lacking)} of the {len(questions)} questions of {name} have no {self.oracle_needs} (first: {lacking[0].id})"
+        else:
+            return
+        raise PipelineError(f"the oracle teacher writes each trajectory from a question's {self.oracle_needs}, and {why}; "
+                            f"use questions= one of {', '.join(self.oracle_sets)} (or a file with them), or a model")
+
+    def lacks_pages(self, question: Any, has_page: Any) -> bool | None:
+        """Whether a Wikipedia (`has_page(title)`) lacks what `question` is answered from; None
+        where the task does not know the question's pages."""
+        return None
 
     def normalize(self, answer: str | None) -> str:
         """The form in which two answers are compared (the CoT-SC vote too)."""

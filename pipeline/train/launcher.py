@@ -13,6 +13,7 @@ deepspeed_zero2, deepspeed_zero3, deepspeed_zero3_offload, fsdp), a path to a YA
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import signal
@@ -25,6 +26,7 @@ import yaml
 
 from pipeline.core.config import int_at_least, read_yaml, to_dict
 from pipeline.core.errors import PipelineError
+from pipeline.core.folder_lock import run_lock
 from pipeline.core.relay import pieces
 from pipeline.core.storage import atomic_write_text
 from pipeline.train.deepspeed_setup import ACCELERATE_CONFIGS
@@ -167,6 +169,17 @@ def write_config_file(cfg, path: Path, dry_run: bool, label: str) -> Path:
     else:
         atomic_write_text(path, text)
     return path
+
+
+def holding_output(output_dir: str | Path, machines: Machines, dry_run: bool) -> contextlib.AbstractContextManager:
+    """Hold the output folder for the launch (pipeline.core.folder_lock): a second launch into it
+    would set the first's in-progress checkpoint aside as incomplete and restart from step 0. The
+    launching process holds it, so the OS lets it go when the launch ends, however it ends. Only
+    machine 0 holds it (the other machines of one run write into the same shared folder); a dry
+    run writes nothing and holds nothing."""
+    if dry_run or machines.rank != 0:
+        return contextlib.nullcontext()
+    return run_lock(Path(output_dir), key="output_dir")
 
 
 def launch(cmd: list[str]) -> int:

@@ -26,6 +26,7 @@ answer cached on disk) on react-dev500, with dev-bootstrap to generate from.
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 from dataclasses import dataclass
@@ -115,6 +116,19 @@ def load_question_set(name: str, limit: int | None = None) -> list[Claim]:
     return chosen[:limit] if limit is not None else chosen
 
 
+@functools.cache
+def local_trajectories() -> dict:
+    """ReAct's released FEVER trajectories by claim line where they are on this machine (never
+    downloaded for this: a claim's pages are then unknown, and its index is not checked)."""
+    from pipeline.core.paths import resolve_source
+    from pipeline.tasks.fever.replay import released_trajectories
+
+    try:
+        return released_trajectories(resolve_source("react-fever-trajectories", download=False))
+    except PipelineError:
+        return {}
+
+
 class Fever(Task):
     name = "fever"
     title = "FEVER"
@@ -150,6 +164,15 @@ class Fever(Task):
         from pipeline.report.references import fever_reference_rows
 
         return fever_reference_rows()
+
+    def lacks_pages(self, question: Claim, has_page: Any) -> bool | None:
+        # FEVER's claims name no pages; ReAct's released trajectory of a claim shows what it searched
+        # (some searches missed in 2022 too, so any one page found is enough)
+        from pipeline.tasks.fever.replay import searched_titles
+
+        released = local_trajectories().get(question.index)
+        titles = searched_titles(released) if released is not None else []
+        return not any(has_page(t) for t in titles) if titles else None
 
     def oracle(self, fmt: str, settings: Any, style: str) -> Any:
         from pipeline.tasks.fever.replay import replay_method

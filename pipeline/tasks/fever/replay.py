@@ -34,6 +34,7 @@ from pipeline.wiki.actions import env_action
 
 _LINE = re.compile(r"^(Thought|Action|Observation) (\d+): ?(.*)$")
 _FINISH = re.compile(r"^\s*[Ff]inish\[(.*)\]\s*$")
+_SEARCH = re.compile(r"^\s*[Ss]earch\[(.+)\]\s*$")
 
 
 @dataclass
@@ -62,6 +63,11 @@ def parse_released(text: str) -> Released:
                 released.answer = finish.group(1).strip() or None
                 break
     return released
+
+
+def searched_titles(released: Released) -> list[str]:
+    """The titles a released trajectory searched for, in order."""
+    return [m.group(1).strip() for _, action in released.steps if (m := _SEARCH.match(action))]
 
 
 @functools.lru_cache(maxsize=2)

@@ -73,10 +73,19 @@ class HotpotQA(Task):
     licence = "CC BY-SA 4.0"
     hub_dataset = "hotpotqa/hotpot_qa"
     oracle_source = "oracle (gold supporting facts)"
+    oracle_sets = ("offline-eval", "offline-bootstrap", "dev", "train", "hf:<distractor|fullwiki>:<train|validation>")
+    oracle_needs = "gold supporting facts"
     states_orderings = True
 
     def load_questions(self, name: str, limit: int | None = None) -> list[questions.Question]:
         return questions.load_question_set(name, limit=limit)
+
+    def oracle_lacks(self, question: questions.Question) -> bool:
+        return not question.supporting_facts  # react-dev500's: the paper's sample carries none
+
+    def lacks_pages(self, question: questions.Question, has_page: Any) -> bool | None:
+        # its gold pages, every one: a question is answered from two of them
+        return not all(has_page(t) for t in question.gold_titles) if question.gold_titles else None
 
     def normalize(self, answer: str | None) -> str:
         return metric.normalize_answer(answer or "")
