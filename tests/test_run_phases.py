@@ -167,6 +167,29 @@ def test_a_grpo_unit_whose_final_is_complete_with_its_config_is_skipped(tmp_path
     assert launched == [unit.config] and f"[run] skip: {final} is complete" in capsys.readouterr().out
 
 
+def test_a_grpo_final_written_before_a_later_key_is_still_this_configs(tmp_path, monkeypatch, capsys):
+    """A GRPO final/ written after `task` and `heldout` existed but before `allow_question_overlap`
+    did holds the first two and lacks the third: it is still done (each ADDED_LATER key left out
+    only where the manifest lacks it); the same manifest with another held-out setting is not."""
+    from pipeline.core.config import to_dict
+    from pipeline.core.storage import write_manifest
+
+    cfg, students = demo_with_grpo(formats=["react"], settings={"output_root": str(tmp_path), "max_steps": 2})
+    [unit] = [u for u in plan(cfg, students) if u.phase == "grpo"]
+    launched = []
+    monkeypatch.setattr("pipeline.stages.run.grpo", lambda gr: launched.append(gr) or 0)  # records the launch
+    final, then = unit.config.output_dir / "final", to_dict(unit.config)
+    del then["allow_question_overlap"]
+    assert "task" in then and "heldout" in then
+    write_manifest(final / "manifest.json", stage="grpo", config=then, complete=True)
+    unit.action(unit.config)
+    assert launched == [] and f"[run] skip: {final} is complete" in capsys.readouterr().out
+    write_manifest(final / "manifest.json", stage="grpo", complete=True,
+                   config=dict(then, heldout=dict(then["heldout"], every=then["heldout"]["every"] + 1)))
+    unit.action(unit.config)
+    assert launched == [unit.config]
+
+
 # -- a real small grid, phase by phase ----------------------------------------------------------
 
 

@@ -703,7 +703,7 @@ def unit_done(config, identity=None) -> bool:
         return False
     was = unread_model_dropped(upgrade_keys(type(config), (read_manifest(manifest) or {}).get("config") or {}))
     wanted = unread_model_dropped(wanted)
-    return was in (wanted, without_added_later(wanted))
+    return was == as_written_then(wanted, was)
 
 
 # Keys a stage config gained after runs were made, each with the value that means what a manifest
@@ -712,9 +712,11 @@ def unit_done(config, identity=None) -> bool:
 ADDED_LATER = {"task": DEFAULT_TASK, "heldout": to_dict(HeldoutSettings()), "allow_question_overlap": False}
 
 
-def without_added_later(config: dict) -> dict:
-    """`config` as a manifest written before ADDED_LATER's keys existed holds it."""
-    return {k: v for k, v in config.items() if not (k in ADDED_LATER and v == ADDED_LATER[k])}
+def as_written_then(config: dict, was: dict) -> dict:
+    """`config` as a manifest whose config is `was` would hold it: each ADDED_LATER key that `was`
+    lacks, at its meaning-preserving value, left out. Key by key, so a manifest written between
+    two additions (with `task`, without `allow_question_overlap`) is still this config's."""
+    return {k: v for k, v in config.items() if k in was or not (k in ADDED_LATER and v == ADDED_LATER[k])}
 
 
 def with_model_card(final: Path, action):
@@ -979,8 +981,9 @@ def grpo_config(cfg: RunConfig, student: Student, ft):
 
 def launch_grpo(gr) -> None:
     """`grpo` for one fine-tuned student, unless its final policy is done with this config."""
-    final, wanted = Path(gr.output_dir) / "final", to_dict(gr)
-    if any(is_done(final / "manifest.json", config=c) for c in (wanted, without_added_later(wanted))):
+    final = Path(gr.output_dir) / "final"
+    was = (read_manifest(final / "manifest.json") or {}).get("config") or {}
+    if is_done(final / "manifest.json", config=as_written_then(to_dict(gr), was)):
         print(f"[run] skip: {final} is complete")
         return
     gpu_memory.check(train_gpu_need(gr))  # a launch like train's: its GPUs to itself
