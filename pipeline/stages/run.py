@@ -52,6 +52,10 @@ from pipeline.core import gpu_memory, precision
 from pipeline.core.config import (
     add_config_arguments,
     build,
+    checked,
+    distinct,
+    folder_name,
+    listed,
     load_config,
     merged,
     read_section,
@@ -87,7 +91,7 @@ from pipeline.train.sft import split_batch
 class Student:
     RENAMED_KEYS: ClassVar[dict[str, str]] = {"checkpoint": "finetuned"}  # old key -> new (pipeline.core.config)
 
-    name: str  # folder label, e.g. smollm2-135m
+    name: str = checked(folder_name)  # folder label, e.g. smollm2-135m
     config: Path | None = None  # its FinetuneConfig YAML (configs/students/...); not with `finetuned`
     size_class: str | None = None  # 135m | 8b | 62b ...; a known released agent has its own
     params_b: float | None = None  # billions of parameters: the figure's x axis
@@ -109,9 +113,9 @@ class GrpoPhase:
     """The grid's optional `grpo` section: GRPO (pipeline/stages/grpo.py) of each trained student's
     fine-tuned `final/` of these formats, then an eval of each result (docs/grpo.md)."""
 
-    formats: list[str] = field(default_factory=list)  # react and/or act; [] (the default): no grpo phase
+    formats: list[str] = checked(distinct, default_factory=list)  # react and/or act; [] (the default): no grpo phase
     config: Path | None = None  # a GrpoConfig YAML to start from (its `grpo` section or the whole file)
-    students: list[str] | None = None  # the student names to run it for; None: every student trained here
+    students: list[str] | None = checked(distinct, default=None)  # the student names to run it for; None: every student trained here
     settings: dict = field(default_factory=dict)  # GrpoConfig keys over `config` (e.g. max_steps, group_size)
 
 
@@ -119,12 +123,12 @@ class GrpoPhase:
 class RunConfig:
     RENAMED_KEYS: ClassVar[dict[str, str]] = {"methods": "formats"}  # old key -> new (pipeline.core.config)
 
-    experiment: str = "default"
+    experiment: str = checked(folder_name, default="default")  # a folder under each student's output_root
     out_dir: Path = Path("runs/default")
     task: str = "hotpotqa"  # hotpotqa | fever (pipeline.tasks), for generate and every eval
     # The grid's trajectory formats: the teacher generates each (prompted with the method of the same
     # name), filter makes its SFT dataset, each student trains on it, and prompted students are evaluated with it
-    formats: list[str] = field(default_factory=lambda: ["standard", "cot", "act", "react"])
+    formats: list[str] = checked(listed, default_factory=lambda: ["standard", "cot", "act", "react"])
     wiki: dict = field(default_factory=dict)  # WikiConfig keys shared by generate and eval
     generate: dict = field(default_factory=dict)  # GenerateConfig keys
     filter: dict = field(default_factory=dict)  # FilterConfig keys
@@ -241,6 +245,10 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
     """Build and check every unit's config before anything runs, so a typo in the eval section
     fails in a second, not after hours of training; return them in phase order."""
     check_unit_keys(cfg, students)
+    repeated = distinct([s.name for s in students])  # two students' units would share folders
+    if repeated:
+        raise PipelineError(f"students: {repeated.split(' more')[0].removeprefix('names ')} names two students; "
+                            "give each its own name (it names its folders)")
     dataset_dir = cfg.out_dir / "sft"
     units = []
     teacher = None
