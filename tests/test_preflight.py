@@ -193,3 +193,87 @@ def test_build_blames_the_file_for_a_section_the_command_line_did_not_open():
 
     with pytest.raises(PipelineError, match=r"^x.yaml: unknown key 'llm'"):
         build(EvalConfig, {"llm": {"device": "cpu"}, "limit": 3}, where="x.yaml", given=frozenset({"limit"}))
+
+
+# -------------------------------------------------------------------------- item 7: one list, dry run = launch
+
+SMOLLM2 = "configs/students/smollm2-135m.yaml"
+
+
+@pytest.mark.parametrize("override, pattern", [
+    ("resume=/nonexistent/checkpoint-4", r"^error: resume: /nonexistent/checkpoint-4 not found; give a checkpoint-N folder"),
+    ("finetuning=qlora", r"^error: finetuning: qlora needs a CUDA GPU"),
+    ("optim=adamw_bnb_8bit", r"^error: optim: adamw_bnb_8bit needs bitsandbytes"),
+    ("max_length=64 long_examples=error", r"^error: SFT record 0 \(id 'fireact-0'\) is \d+ tokens, over max_length=64"),
+    ("student=/nonexistent/llama", r"^error: student: /nonexistent/llama not found"),
+    ("EMPTY", r"^error: .*/react/train\.jsonl: no training examples$"),
+])
+def test_train_dry_run_refuses_what_the_launch_refuses(sft, tmp_path, override, pattern):
+    """Each passed --dry-run (exit 0, the launch command printed) and failed in the child."""
+
+    if "qlora" in override or "bnb" in override:
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("a GPU machine: QLoRA and 8-bit optimizers can run")
+    dataset = sft
+    if override == "EMPTY":
+        dataset = tmp_path / "empty"
+        write_dataset(dataset, "react", [])
+    out = tmp_path / "ck"
+    extra = [] if override == "EMPTY" else override.split()
+    proc = run_pipeline("train", "--config", SMOLLM2, f"dataset_dir={dataset}", f"output_root={out}", *extra, "--dry-run")
+    refused(proc, pattern)
+    assert nothing_under(out) == []
+
+
+def test_a_refused_launch_leaves_the_folders_config_file_as_it_was(sft, tmp_path):
+    """The child refused QLoRA on CPU after the parent had rewritten <output_dir>/finetune_config.yaml:
+    the record of the run that made the folder was replaced by one that never ran."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU machine: QLoRA can run")
+    folder = tmp_path / "ck" / "default" / "smollm2-135m-instruct" / "react"
+    folder.mkdir(parents=True)
+    (folder / "finetune_config.yaml").write_text("# the earlier run's\n", encoding="utf-8")
+    proc = run_pipeline("train", "--config", SMOLLM2, f"dataset_dir={sft}", f"output_root={tmp_path / 'ck'}",
+                        "finetuning=qlora", "max_steps=1", timeout=300)
+    refused(proc, r"^error: finetuning: qlora needs a CUDA GPU")
+    assert (folder / "finetune_config.yaml").read_text(encoding="utf-8") == "# the earlier run's\n"
+    assert nothing_under(folder) == ["finetune_config.yaml"]
+
+
+@pytest.mark.parametrize("override, pattern", [
+    ("heldout.every=5 heldout.questions=offline-evl", r"^error: heldout\.questions: unknown question set 'offline-evl' of HotpotQA"),
+    ("resume=/nonexistent/checkpoint-2", r"^error: resume: /nonexistent/checkpoint-2 not found"),
+    ("optim=adamw_bnb_8bit", r"^error: optim: adamw_bnb_8bit needs bitsandbytes"),
+])
+def test_grpo_dry_run_refuses_what_the_launch_refuses(tmp_path, override, pattern):
+    """The held-out set was loaded by the child after the model and its first rollouts."""
+    if "bnb" in override:
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("a GPU machine: 8-bit optimizers can run")
+    proc = run_pipeline("grpo", "--config", GRPO_YAML, "student=smollm2", f"output_root={tmp_path}", *override.split(),
+                        "--dry-run")
+    refused(proc, pattern)
+    assert nothing_under(tmp_path) == []
+
+
+@pytest.mark.parametrize("override, pattern", [
+    ("train.resume=/nonexistent/checkpoint-4", r"^error: train: smollm2-135m on standard: resume: /nonexistent/checkpoint-4 not found"),
+    ("train.finetuning=qlora", r"^error: train: smollm2-135m on standard: finetuning: qlora needs a CUDA GPU"),
+    ("grpo.settings.heldout.every=5 grpo.settings.heldout.questions=offline-evl",
+     r"^error: grpo: smollm2-135m from its react fine-tune: heldout\.questions: unknown question set 'offline-evl'"),
+])
+def test_run_print_config_refuses_what_each_launch_refuses_from_the_same_list(tmp_path, override, pattern):
+    if "qlora" in override:
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("a GPU machine: QLoRA can run")
+    refused(run_pipeline("run", "--config", "configs/small-rounds.yaml", f"out_dir={tmp_path / 'runs'}",
+                         *override.split(), "--print-config"), pattern)
+    assert nothing_under(tmp_path) == []

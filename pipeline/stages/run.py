@@ -80,10 +80,10 @@ from pipeline.stages.grpo import GrpoConfig, grpo
 from pipeline.stages.grpo import resolve as resolve_grpo
 from pipeline.stages.plot import PlotConfig, run_plot
 from pipeline.stages.train import gpu_count, pick_accelerate_config, processes_for, train
-from pipeline.tasks import DEFAULT_TASK, get_task
+from pipeline.tasks import DEFAULT_TASK
 from pipeline.train.config import FinetuneConfig, resolve
-from pipeline.train.deepspeed_setup import check_deepspeed_device
 from pipeline.train.plan import foreseen
+from pipeline.train.preflight import check_launch, check_question_sets
 from pipeline.train.sft import split_batch
 
 
@@ -370,12 +370,16 @@ def check_model_folders(units: list[Unit]) -> None:
     """A model the selected units load by a local path that is not there, and that no unit of
     the grid makes (a final/), refused before the first unit; a hub id is fetched when its
     phase starts."""
-    from pipeline.hub.models import looks_like_path
+    from pipeline.hub.models import looks_like_path, require_installed
 
     made = {str(Path(u.config.output_dir) / "final") for u in units if u.action in (launch_train, launch_grpo)}
     for unit in (u for u in units if u.selected):
         for key, model in unit_models(unit.config):
             model = None if model is None else str(model)
+            try:
+                require_installed(model)  # an embedded model's package: not after the units before it ran
+            except PipelineError as exc:
+                raise PipelineError(f"{unit.title}: {exc}") from None
             if model and model not in made and looks_like_path(model) and not Path(model).expanduser().exists():
                 raise PipelineError(f"{unit.title}: {key}: {model} not found; give a model folder that exists, "
                                     "a hub id, or 'smollm2'")
@@ -393,7 +397,7 @@ def check_grpo(gr) -> None:
     from pipeline.rl.plan import batch_plan
 
     batch_plan(gr, launch_world(gr)[1])
-    get_task(gr.task).check_question_set(gr.questions)
+    check_question_sets(gr)  # the training set and the held-out curve's, as `grpo` checks them
 
 
 def check_grpo_students(cfg: RunConfig, students: list[Student]) -> None:
@@ -580,14 +584,14 @@ def check_selected(cfg: RunConfig, units: list[Unit]) -> None:
 
 
 def check_launch_devices(units: list[Unit]) -> None:
-    """A DeepSpeed launch that sees no GPU is refused by `train` and `grpo` when their phase
-    starts; refused here before the first phase instead."""
+    """What `train` and `grpo` refuse of every launch when their phase starts (the one list,
+    pipeline/train/preflight.py: devices, QLoRA or an 8-bit optimizer without a GPU, an embedded
+    model's package, a `resume` path), refused here before the first phase instead."""
     for unit in units:
         if unit.action in (launch_train, launch_grpo):
             config, world = launch_world(unit.config)
-            deepspeed = read_yaml(config).get("distributed_type") == "DEEPSPEED"
             try:
-                check_deepspeed_device(deepspeed, gpu_count() > 0, unit.config.deepspeed_on_cpu, world)
+                check_launch(unit.config, config, world, gpu_count())
             except PipelineError as exc:
                 raise PipelineError(f"{unit.title}: {exc}") from None
 
