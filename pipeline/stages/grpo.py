@@ -44,7 +44,7 @@ from pipeline.train.launcher import (
     processes_for,
     write_config_file,
 )
-from pipeline.train.preflight import check_launch, check_question_sets
+from pipeline.train.preflight import check_question_sets, preflight_launch
 
 GRPO_MODULE = "pipeline.rl.train"
 RESOLVED_CONFIG = "grpo_config.yaml"  # the resolved config, beside the checkpoints
@@ -85,9 +85,9 @@ def grpo(cfg: GrpoConfig, *, accelerate_config: str | None = None, num_processes
     config_path = pick_accelerate_config(accelerate_config or cfg.accelerate_config, gpus)
     num_processes = processes_for(config_path, num_processes or cfg.num_processes, gpus)
     world = num_processes * machines.count
-    check_launch(cfg, config_path, world, gpus)  # the list `train` and `run` check (pipeline/train/preflight.py)
     distributed = read_yaml(config_path).get("distributed_type")
     check_rollout_strategy(cfg.rollout.engine, "fsdp" if distributed == "FSDP" else "other")
+    preflight_launch(cfg, config_path, world, gpus)  # the list `train` and `run` check (pipeline/train/preflight.py)
     plan = plan_grpo(cfg, world)  # the launched script resolves the same plan from the written config
     preflight(plan, dry_run)
     resolved = write_config_file(cfg, Path(cfg.output_dir) / RESOLVED_CONFIG, dry_run, label="grpo")

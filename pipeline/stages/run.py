@@ -83,7 +83,7 @@ from pipeline.stages.train import gpu_count, pick_accelerate_config, processes_f
 from pipeline.tasks import DEFAULT_TASK
 from pipeline.train.config import FinetuneConfig, resolve
 from pipeline.train.plan import foreseen
-from pipeline.train.preflight import check_launch, check_question_sets
+from pipeline.train.preflight import check_question_sets, preflight_launch
 from pipeline.train.sft import split_batch
 
 
@@ -591,7 +591,7 @@ def check_launch_devices(units: list[Unit]) -> None:
         if unit.action in (launch_train, launch_grpo):
             config, world = launch_world(unit.config)
             try:
-                check_launch(unit.config, config, world, gpu_count())
+                preflight_launch(unit.config, config, world, gpu_count())
             except PipelineError as exc:
                 raise PipelineError(f"{unit.title}: {exc}") from None
 

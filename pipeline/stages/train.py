@@ -53,7 +53,7 @@ from pipeline.train.launcher import (  # noqa: F401  (ACCELERATE_CONFIGS, gpu_co
     write_config_file,
 )
 from pipeline.train.plan import foreseen
-from pipeline.train.preflight import check_launch, check_training_inputs
+from pipeline.train.preflight import check_training_inputs, preflight_launch
 
 RESOLVED_CONFIG = "finetune_config.yaml"  # the resolved config, beside the checkpoints
 
@@ -85,7 +85,7 @@ def train(cfg: FinetuneConfig, *, accelerate_config: str | None = None, num_proc
     config_path = pick_accelerate_config(accelerate_config or cfg.accelerate_config, gpus)
     num_processes = processes_for(config_path, num_processes or cfg.num_processes, gpus)
     world = num_processes * machines.count
-    check_launch(cfg, config_path, world, gpus)  # before the resolved config is written into output_dir; a dry run too
+    preflight_launch(cfg, config_path, world, gpus)  # before the resolved config is written into output_dir; a dry run too
     per_device, accum, _ = foreseen(cfg, read_yaml(config_path), world, gpus).batch
     check_training_inputs(cfg)
     cmd = launch_command(config_path, num_processes, write_resolved_config(cfg, dry_run), gpus, machines)

@@ -30,7 +30,7 @@ from pipeline.train.deepspeed_setup import check_deepspeed_device
 from pipeline.train.launch import Launch
 
 
-def check_launch(cfg, config_path: Path, world: int, gpus: int) -> None:
+def preflight_launch(cfg, config_path: Path, world: int, gpus: int) -> None:
     """What every training launch of `cfg` (a FinetuneConfig or GrpoConfig) refuses, in one line."""
     from pipeline.core.storage import check_writable_dir
     from pipeline.hub.models import require_installed
