@@ -277,3 +277,15 @@ def test_run_print_config_refuses_what_each_launch_refuses_from_the_same_list(tm
     refused(run_pipeline("run", "--config", "configs/small-rounds.yaml", f"out_dir={tmp_path / 'runs'}",
                          *override.split(), "--print-config"), pattern)
     assert nothing_under(tmp_path) == []
+
+
+def test_train_dry_run_refuses_a_deepspeed_json_that_cannot_be_read(sft, tmp_path):
+    """Every rank read the DeepSpeed JSON the accelerate config names only after the launch."""
+    accelerate = tmp_path / "zero.yaml"
+    accelerate.write_text("distributed_type: DEEPSPEED\nnum_processes: 1\nuse_cpu: true\n"
+                          f"deepspeed_config:\n  deepspeed_config_file: {tmp_path / 'zero9.json'}\n", encoding="utf-8")
+    out = tmp_path / "ck"
+    proc = run_pipeline("train", "--config", TINY, f"dataset_dir={sft}", f"output_root={out}", "deepspeed_on_cpu=true",
+                        f"accelerate_config={accelerate}", "--dry-run")
+    refused(proc, r"^error: deepspeed_config_file: cannot read .*zero9\.json .*fix the path in the accelerate config")
+    assert nothing_under(out) == []

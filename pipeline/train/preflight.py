@@ -5,7 +5,8 @@ selected train and grpo unit, at `--print-config` and before its first unit (pip
 check_selected). What an earlier phase of a grid makes (a dataset, a fine-tuned start) is left out
 there (`made_earlier`) and checked when the unit's phase starts, by the same list.
 
-    common   the accelerate config readable; a DeepSpeed launch with no GPU in sight; the
+    common   the accelerate config readable, and the DeepSpeed JSON it names; a DeepSpeed launch
+             with no GPU in sight; the
              finetuning / optimizer / strategy combination (pipeline.train.checks.check_config:
              QLoRA and 8-bit optimizers need a GPU and bitsandbytes); embedded models' packages
              (an embedded student, tokenizer or base); a `resume` path a complete checkpoint;
@@ -26,7 +27,11 @@ from pathlib import Path
 from pipeline.core.config import read_yaml
 from pipeline.core.errors import PipelineError
 from pipeline.train.checks import check_config, is_complete_checkpoint
-from pipeline.train.deepspeed_setup import check_deepspeed_device
+from pipeline.train.deepspeed_setup import (
+    DEEPSPEED_CONFIG_ENV,
+    check_deepspeed_device,
+    settle_deepspeed_config,
+)
 from pipeline.train.launch import Launch
 
 
@@ -38,6 +43,9 @@ def preflight_launch(cfg, config_path: Path, world: int, gpus: int) -> None:
     accelerate = read_yaml(config_path)
     distributed = accelerate.get("distributed_type")
     check_deepspeed_device(distributed == "DEEPSPEED", gpus > 0, cfg.deepspeed_on_cpu, world)  # before 8 CPU processes start
+    named = (accelerate.get("deepspeed_config") or {}).get("deepspeed_config_file")
+    if distributed == "DEEPSPEED" and named:  # the DeepSpeed JSON readable, as every rank settles it first
+        settle_deepspeed_config({"ACCELERATE_USE_DEEPSPEED": "true", DEEPSPEED_CONFIG_ENV: str(named)})
     check_config(cfg.finetuning, cfg.optim, Launch.foreseen(distributed, world).strategy, gpus > 0,
                  importlib.util.find_spec("bitsandbytes") is not None)
     for model in (cfg.student, cfg.tokenizer, getattr(cfg, "base_model", None)):
