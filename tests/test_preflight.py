@@ -47,6 +47,7 @@ def sft(tmp_path_factory) -> Path:
     ("warmup_ratio=2", r"'warmup_ratio' must be >= 0 and <= 1, got 2.0$"),
     ("max_grad_norm=-1", r"'max_grad_norm' must be >= 0, got -1.0$"),
     ("lora.dropout=1", r"'lora.dropout' must be >= 0 and < 1, got 1.0$"),
+    ("lora.target_modules=[]", r"'lora.target_modules' is empty; name at least one$"),  # PEFT refused it after the load
 ])
 def test_train_dry_run_refuses_a_setting_transformers_would_refuse_after_the_model_loaded(sft, tmp_path, override, pattern):
     """These passed --dry-run and failed in the child after the model loaded (a 70-95-line traceback)."""
@@ -107,7 +108,7 @@ HANDED_TO_LIBRARIES = {
     "GrpoConfig": ("learning_rate", "lr_scheduler", "warmup_ratio", "weight_decay", "max_grad_norm", "optim", "report_to",
                    "beta", "epsilon", "loss_type", "scale_rewards"),
     "RolloutSettings": ("vllm_gpu_memory_utilization", "vllm_server_base_url"),
-    "LoraSettings": ("dropout",),
+    "LoraSettings": ("dropout", "target_modules"),
     "LLMConfig": ("device", "gpu_memory_utilization"),
     "MethodSettings": ("temperature", "cot_sc_temperature"),
 }

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from pipeline.core.config import at_least, checked, folder_name, in_range
+from pipeline.core.config import at_least, checked, folder_name, in_range, listed
 from pipeline.core.errors import PipelineError
 from pipeline.core.trajectory import FORMATS
 from pipeline.hub.models import model_label
@@ -33,8 +33,8 @@ class LoraSettings:
     r: int = at_least(1, default=16)
     alpha: int = at_least(1, default=32)
     dropout: float = checked(in_range(0, 1, below=True), default=0.05)  # PEFT: a probability below 1
-    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
-                                                               "gate_proj", "up_proj", "down_proj"])
+    target_modules: list[str] = checked(listed, default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
+                                                                         "gate_proj", "up_proj", "down_proj"])
 
 
 @dataclass
