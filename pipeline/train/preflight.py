@@ -32,7 +32,7 @@ from pipeline.train.deepspeed_setup import (
     check_deepspeed_device,
     settle_deepspeed_config,
 )
-from pipeline.train.launch import Launch
+from pipeline.train.launch import Launch, deepspeed_variables
 
 
 def preflight_launch(cfg, config_path: Path, world: int, gpus: int) -> None:
@@ -45,7 +45,7 @@ def preflight_launch(cfg, config_path: Path, world: int, gpus: int) -> None:
     check_deepspeed_device(distributed == "DEEPSPEED", gpus > 0, cfg.deepspeed_on_cpu, world)  # before 8 CPU processes start
     named = (accelerate.get("deepspeed_config") or {}).get("deepspeed_config_file")
     if distributed == "DEEPSPEED" and named:  # the DeepSpeed JSON readable, as every rank settles it first
-        settle_deepspeed_config({"ACCELERATE_USE_DEEPSPEED": "true", DEEPSPEED_CONFIG_ENV: str(named)})
+        settle_deepspeed_config({**deepspeed_variables(), DEEPSPEED_CONFIG_ENV: str(named)})
     check_config(cfg.finetuning, cfg.optim, Launch.foreseen(distributed, world).strategy, gpus > 0,
                  importlib.util.find_spec("bitsandbytes") is not None)
     for model in (cfg.student, cfg.tokenizer, getattr(cfg, "base_model", None)):
