@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pipeline.core.config import at_least, merged
+from pipeline.core.config import at_least, checked, distinct, merged
 from pipeline.core.errors import PipelineError
 
 
@@ -46,8 +46,8 @@ class SelfTrainingConfig:
     RENAMED_KEYS: ClassVar[dict[str, str]] = {"methods": "formats"}  # old key -> new (pipeline.core.config)
 
     rounds: int = at_least(1, default=1)  # rounds in all; 1 = no self-training (round 1 is the grid's own teacher and students)
-    formats: list[str] = field(default_factory=list)  # the formats that self-train; empty: every format of the grid
-    students: list[str] = field(default_factory=list)  # by name; empty: every student trained here
+    formats: list[str] = checked(distinct, default_factory=list)  # the formats that self-train; empty: every format of the grid
+    students: list[str] = checked(distinct, default_factory=list)  # by name; empty: every student trained here
     questions: str | None = None  # the bootstrap set each round's teacher answers; null: the generate section's
     limit: int | None = at_least(1, default=None)  # its first N questions, the same every round (null: all of them)
     samples: int = at_least(1, default=4)  # episodes per question (rejection sampling: the correct ones are kept)

@@ -224,7 +224,7 @@ def test_the_embedded_default_model_needs_no_size_keys():
     (["model.model=some/unknown-model", "size_class=8b"], "set params_b=<billions"),
     (["size_class=135m", "limit=0"], "'limit' must be >= 1, got 0"),  # was "is empty: nothing to evaluate" (issue 39)
     (["size_class=135m", "questions={empty}"], "file is empty; expected HotpotQA questions"),
-    (["size_class=135m", "methods=[]"], "methods is empty"),
+    (["size_class=135m", "methods=[]"], "'methods' is empty; name at least one"),
     (["size_class=135m", "methods=[react,sc]"], "unknown method 'sc'"),
     (["size_class=135m", "questions=react-dev501"], "unknown question set 'react-dev501'"),
     (["size_class=135m", "finetunde=x"], "unknown key 'finetunde'; did you mean 'finetuned'?"),

@@ -175,6 +175,9 @@ def test_train_stage_checks_before_launching(tmp_path, capsys):
     assert main(["train", "--config", str(TINY), "--dry-run", f"dataset_dir={tmp_path}"]) == 2
     assert "train.jsonl not found; run `python -m pipeline filter` first" in capsys.readouterr().err  # as the real run
     write_dataset(tmp_path, "react", [])
+    assert main(["train", "--config", str(TINY), "--dry-run", f"dataset_dir={tmp_path}"]) == 2
+    assert "train.jsonl: no training examples" in capsys.readouterr().err  # as the real run (issue 46)
+    write_dataset(tmp_path, "react", fireact_records(limit=2))
     assert main(["train", "--config", str(TINY), "--dry-run", f"dataset_dir={tmp_path}"]) == 0
     out = capsys.readouterr().out
     assert "batch 8 = 1 x 4 accumulation x 2 processes" in out
@@ -190,7 +193,7 @@ def test_deepspeed_without_a_gpu_is_refused_unless_asked_for(tmp_path, monkeypat
     if __import__("torch").cuda.is_available():
         pytest.skip("this machine has a GPU")
     cfg = tiny_cfg(tmp_path, "max_steps=3")
-    write_dataset(cfg.dataset_dir, "react", [])  # a dry run checks the dataset as the real one does
+    write_dataset(cfg.dataset_dir, "react", fireact_records(limit=2))  # a dry run checks the dataset as the real one does
     with pytest.raises(PipelineError, match="says DeepSpeed, but this launch sees no CUDA device") as info:
         train(cfg, accelerate_config="deepspeed_zero2", dry_run=True)
     assert "deepspeed_on_cpu=true" in str(info.value) and "\n" not in str(info.value)
@@ -209,7 +212,7 @@ def test_train_hands_over_one_resolved_config(tmp_path, capsys):
     it alone; reading it back gives the same config (nothing resolved twice differently)."""
     from pipeline.stages.train import RESOLVED_CONFIG, train
     cfg = tiny_cfg(tmp_path, "max_steps=3")
-    write_dataset(cfg.dataset_dir, "react", [])  # a dry run checks the dataset as the real one does
+    write_dataset(cfg.dataset_dir, "react", fireact_records(limit=2))  # a dry run checks the dataset as the real one does
     assert train(cfg, dry_run=True) == 0
     assert not (cfg.output_dir / RESOLVED_CONFIG).exists()  # a dry run writes nothing
     out = capsys.readouterr().out

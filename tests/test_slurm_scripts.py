@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from episode_testdata import CORPUS, child_env, read_records, run_pipeline
-from sft_testdata import write_dataset
+from sft_testdata import fireact_records, write_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 SLURM_DIR = REPO / "scripts" / "slurm"
@@ -64,7 +64,7 @@ def test_the_scripts_are_valid_bash():
 def train_job_env(tmp_path: Path) -> dict:
     """What sbatch sets for train.sbatch's header on two 128-CPU nodes (--cpus-per-task=64), and
     the filtered dataset the job trains on (a dry run checks it as the real one does)."""
-    write_dataset(tmp_path / "sft", "react", [])
+    write_dataset(tmp_path / "sft", "react", fireact_records(limit=2))
     return {"PATH": stand_ins(tmp_path / "bin"), "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "gpu[01-02]",
             "SLURM_CPUS_PER_TASK": "64", "SLURM_CPUS_ON_NODE": "128",
             "SLURM_SUBMIT_DIR": str(REPO), "PYTHON": sys.executable, "CONFIG": "configs/students/tiny.yaml",

@@ -1,8 +1,10 @@
 """Typed stage configs: dataclass defaults < YAML file < `key=value` overrides on the CLI.
 
 Unknown keys fail with a did-you-mean, wrong types fail naming the key, an integer below the
-least value its field declares (`at_least`, in the field's metadata) fails naming the bound; all
-exit with code 2, and name where the bad key came from (the YAML file or the command line).
+least value its field declares (`at_least`, in the field's metadata) fails naming the bound, and a
+value its field's own check refuses (`checked`: a range, a library's list of names, a folder name)
+fails saying why; all exit with code 2, and name where the bad key came from (the YAML file or the
+command line), before any stage's own code (or a library it hands the value to) sees it.
 A YAML file may hold one stage's keys at top level, or a whole experiment with one section
 per stage (`generate:`, `filter:`, ...): a stage reads its own section.
 """
@@ -30,6 +32,7 @@ from pipeline.core.errors import PipelineError, os_error_message
 T = TypeVar("T")
 
 AT_LEAST = "at_least"  # field metadata: the least value an int key takes (checked by build)
+CHECK = "check"  # field metadata: a function of a given value saying why it is refused, or None (checked by build)
 COMMAND_LINE = "the command line"
 
 
@@ -45,6 +48,98 @@ def bound(minimum: int, why: str = "") -> dict[str, Any]:
     """The metadata `at_least` adds, for a field made by another helper (e.g. same_run's
     `metadata=`); `why`: the reason the error line gives, where the bound is not obvious."""
     return {AT_LEAST: minimum, "at_least_why": why}
+
+
+def checked(test: Callable[[Any], str | None], **field_kwargs) -> Any:
+    """A dataclass field (`default=` / `default_factory=` as for `dataclasses.field`) whose given
+    value `build` refuses in one line when `test(value)` returns a reason (a str), before a stage
+    or a library sees it: a typo in `optim` used to surface after the model had loaded."""
+    metadata = {**field_kwargs.pop("metadata", {}), **check(test)}
+    return dataclasses.field(metadata=metadata, **field_kwargs)
+
+
+def check(test: Callable[[Any], str | None]) -> dict[str, Any]:
+    """The metadata `checked` adds, for a field made by another helper (e.g. same_run's `metadata=`)."""
+    return {CHECK: test}
+
+
+def in_range(low: float | None = None, high: float | None = None, *, above: bool = False,
+             below: bool = False) -> Callable[[Any], str | None]:
+    """A `checked` test: low <= value <= high (`above`: value > low, `below`: value < high); None passes."""
+    def test(value: Any) -> str | None:
+        if value is None or isinstance(value, bool) or not isinstance(value, int | float):
+            return None
+        too_low = low is not None and (value <= low if above else value < low)
+        too_high = high is not None and (value >= high if below else value > high)
+        if too_low or too_high:
+            return f"must be {range_text(low, high, above, below)}, got {value}"
+        return None
+    return test
+
+
+def range_text(low: float | None, high: float | None, above: bool, below: bool) -> str:
+    parts = []
+    if low is not None:
+        parts.append(f"{'>' if above else '>='} {low:g}")
+    if high is not None:
+        parts.append(f"{'<' if below else '<='} {high:g}")
+    return " and ".join(parts)
+
+
+def one_of(choices: Callable[[], list[str]] | tuple[str, ...], what: str = "") -> Callable[[Any], str | None]:
+    """A `checked` test: the value is one of `choices` (or what a function returns: a library's own
+    list, read when a value is given, so that a config module imports no library); None passes."""
+    def test(value: Any) -> str | None:
+        names = list(choices() if callable(choices) else choices)
+        if value is None or value in names:
+            return None
+        close = difflib.get_close_matches(str(value), names, n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        return f"must be one of {what + ': ' if what else ''}{', '.join(names)}; got {value!r}{hint}"
+    return test
+
+
+def folder_name(value: Any) -> str | None:
+    """A `checked` test: a name used as one folder below an output root (an experiment, a student's
+    label) must be a non-empty single path part, so its output stays inside that root."""
+    if value is None:
+        return None
+    text = str(value)
+    if not text.strip():
+        return "must not be empty (it names an output folder)"
+    if "/" in text or "\\" in text or text in (".", ".."):
+        return (f"must be one folder name (no '/', no '..': it names a folder inside the output folder), "
+                f"got {text!r}; e.g. smollm2-135m")
+    return None
+
+
+def http_url(value: Any) -> str | None:
+    """A `checked` test: an http(s) URL with a host (a server the stage reaches later); None passes."""
+    from urllib.parse import urlsplit
+
+    if value is None:
+        return None
+    parts = urlsplit(str(value))
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"must be an http(s) URL with a host, e.g. http://gpu01:8000; got {value!r}"
+    return None
+
+
+def distinct(values: Any) -> str | None:
+    """A `checked` test: a list names each item once (a repeated format would train or evaluate
+    twice into one folder, or run twice for nothing)."""
+    if not isinstance(values, list):
+        return None
+    repeated = sorted({str(v) for v in values if values.count(v) > 1})
+    return f"names {repeated[0]!r} more than once; name each once" if repeated else None
+
+
+def listed(values: Any) -> str | None:
+    """A `checked` test: a selection that is not empty (an empty one runs nothing without a word)
+    and names each item once."""
+    if isinstance(values, list) and not values:
+        return "is empty; name at least one"
+    return distinct(values)
 
 
 def int_at_least(minimum: int, option: str) -> Callable[[str], int]:
@@ -260,11 +355,13 @@ def build(cls: type[T], data: dict[str, Any], where: str = "config", prefix: str
     kwargs = {}
     for key, value in data.items():
         name = f"{prefix}{key}"
-        source = COMMAND_LINE if name in given else where
+        # a key given on the command line, or a section one of its dotted keys opened (`llm.device=`)
+        source = COMMAND_LINE if name in given or any(g.startswith(f"{name}.") for g in given) else where
         if key not in fields:
             raise PipelineError(f"{source}: unknown key '{name}'{unknown_key_hint(cls, key, prefix, fields)}")
         kwargs[key] = coerce(value, hints[key], name, source, given)
         check_bound(fields[key], kwargs[key], name, source)
+        check_value(fields[key], kwargs[key], name, source)
     try:
         obj = cls(**kwargs)
     except (TypeError, ValueError) as exc:
@@ -277,6 +374,13 @@ def check_bound(f: dataclasses.Field, value: Any, name: str, where: str) -> None
     if least is not None and isinstance(value, int) and not isinstance(value, bool) and value < least:
         why = f.metadata.get("at_least_why")
         raise PipelineError(f"{where}: '{name}' must be >= {least}, got {value}" + (f" ({why})" if why else ""))
+
+
+def check_value(f: dataclasses.Field, value: Any, name: str, where: str) -> None:
+    test = f.metadata.get(CHECK)
+    reason = test(value) if test is not None else None
+    if reason:
+        raise PipelineError(f"{where}: '{name}' {reason}")
 
 
 def unknown_key_hint(cls: type, key: str, prefix: str, fields) -> str:

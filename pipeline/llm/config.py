@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import ClassVar
 
-from pipeline.core.config import bound
+from pipeline.core.config import bound, check, in_range
 from pipeline.core.same_run import same_run
+
+DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?|mps")  # what the transformers backend places a model on
+
+
+def device_problem(device: str) -> str | None:
+    """A device the transformers backend cannot place a model on (torch.device raised a traceback
+    for `tpu`); whether a CUDA device is there is checked when the model loads (pipeline/llm/hf.py)."""
+    if DEVICE.fullmatch(str(device)):
+        return None
+    return f"must be auto, cpu, cuda, cuda:N or mps; got {device!r}"
 
 
 @dataclass
@@ -24,13 +35,13 @@ class LLMConfig:
     adapter: str | None = same_run("identity", default=None)  # a PEFT adapter directory applied on top of `model`
     name: str | None = same_run("identity", default=None)  # label in outputs; defaults to the model
     dtype: str = same_run("identity", default="auto")  # auto | float32 | bfloat16 | float16
-    device: str = same_run("free", default="auto")  # auto | cpu | cuda
+    device: str = same_run("free", default="auto", metadata=check(device_problem))  # auto | cpu | cuda | cuda:N
     max_batch_size: int = same_run("free", default=16, metadata=bound(1))  # transformers: sequences per generate() call
     max_context: int | None = same_run("identity", default=None, metadata=bound(1))  # tokens; None = the model's own limit
     trust_remote_code: bool = same_run("identity", default=False)  # only when asked: it executes code shipped with the model
     # vllm
     tensor_parallel_size: int = same_run("identity", default=1, metadata=bound(1))
-    gpu_memory_utilization: float = same_run("identity", default=0.9)
+    gpu_memory_utilization: float = same_run("identity", default=0.9, metadata=check(in_range(0, 1, above=True)))  # vLLM's share of each GPU
     # openai-compatible HTTP (vllm serve, TGI, hosted endpoints)
     base_url: str | list[str] = same_run("free", default="http://127.0.0.1:8000/v1")  # or a list: replicas of one model
     api_key_env: str = same_run("identity", default="OPENAI_API_KEY")  # the key is read from this variable, never from config

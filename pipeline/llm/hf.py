@@ -372,6 +372,13 @@ def _resolve_device(device: str) -> str:
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise PipelineError(f"llm.device: {device} asked for but no CUDA device is available; use device=cpu")
+    index = device.partition(":")[2]
+    if device.startswith("cuda") and index and int(index) >= torch.cuda.device_count():
+        # torch would fail at the first tensor moved there ("invalid device ordinal"), a traceback
+        raise PipelineError(f"llm.device: {device} does not exist: this machine has {torch.cuda.device_count()} "
+                            f"CUDA device(s), cuda:0 to cuda:{torch.cuda.device_count() - 1}; use one of them or device=auto")
+    if device == "mps" and not torch.backends.mps.is_available():
+        raise PipelineError("llm.device: mps asked for but this machine has no Apple GPU; use device=auto or cpu")
     return device
 
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
-from pipeline.core.config import at_least
+from pipeline.core.config import at_least, checked, in_range
 from pipeline.core.errors import BackendFailure
 from pipeline.core.trajectory import Trajectory, one_line
 from pipeline.llm.base import Completion, GenerationRequest
@@ -40,9 +40,9 @@ class MethodSettings:
     # ours | original. original: the notebook's webthink loop, rule for rule (see
     # pipeline/methods/interactive.py); pair it with wiki.observation_style=original
     loop: str = "ours"
-    temperature: float = 0.0  # greedy, as in the paper (CoT-SC samples use cot_sc_temperature)
+    temperature: float = checked(in_range(0), default=0.0)  # greedy, as in the paper (CoT-SC samples use cot_sc_temperature)
     cot_sc_samples: int = at_least(1, default=21)
-    cot_sc_temperature: float = 0.7
+    cot_sc_temperature: float = checked(in_range(0), default=0.7)  # samples CoT-SC's votes
     seed: int = at_least(0, default=0)  # mixed with each question id into the request seed (sampling only)
 
 

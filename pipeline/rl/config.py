@@ -15,11 +15,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from pipeline.core.config import at_least
+from pipeline.core.config import at_least, checked, folder_name, http_url, in_range
 from pipeline.core.errors import PipelineError
 from pipeline.methods import MethodSettings
 from pipeline.rl.heldout import HeldoutSettings
 from pipeline.train.config import LoraSettings
+from pipeline.train.settings import (
+    check_loss_type,
+    check_optim,
+    check_report_to,
+    check_scale_rewards,
+    check_scheduler,
+)
 from pipeline.wiki.config import WikiConfig
 
 RL_FORMATS = ("react", "act")  # the interactive loops: one policy turn per environment step
@@ -46,8 +53,8 @@ class RolloutSettings:
     # colocated needs it (its vllm_max_model_length): it reserves KV cache for one sequence of this length.
     max_context: int | None = at_least(1, default=None)
     vllm_mode: Literal["colocate", "server"] = "colocate"  # TRL's vllm_mode
-    vllm_server_base_url: str | None = None  # server mode: the `trl vllm-serve` URL (TRL's vllm_server_base_url)
-    vllm_gpu_memory_utilization: float = 0.3  # colocate mode: the GPU share vLLM takes beside training
+    vllm_server_base_url: str | None = checked(http_url, default=None)  # server mode: the `trl vllm-serve` URL (TRL's vllm_server_base_url)
+    vllm_gpu_memory_utilization: float = checked(in_range(0, 1, above=True), default=0.3)  # colocate mode: the GPU share vLLM takes beside training
     # colocate mode; only 1 (each process's own episodes go to its own engine)
     vllm_tensor_parallel_size: int = at_least(1, default=1)
     vllm_extra: dict = field(default_factory=dict)  # other GRPOConfig vllm_* keys, passed as they are
@@ -64,11 +71,11 @@ class RolloutPrompting(MethodSettings):
 
 @dataclass
 class GrpoConfig:
-    experiment: str = "default"
+    experiment: str = checked(folder_name, default="default")  # a folder under output_root
     # where the policy starts: a base model (hub id, folder, "smollm2"), a `final/` of ours, or a
     # released fine-tuned model (a full model or a PEFT adapter, folder or hub id; pipeline/hub/released.py)
     student: str = "smollm2"
-    student_name: str | None = None  # folder label; default: <the start's label>-grpo
+    student_name: str | None = checked(folder_name, default=None)  # folder label; default: <the start's label>-grpo
     base_model: str | None = None  # the base of an adapter `student` (default: its manifest / adapter_config.json)
     tokenizer: str | None = None  # default: the start's own
     trust_remote_code: bool = False
@@ -85,16 +92,16 @@ class GrpoConfig:
     per_device_batch_size: int | None = at_least(1, default=None)  # rollouts per forward/backward; default: largest divisor <= max_per_device_batch_size
     max_per_device_batch_size: int = at_least(1, default=8)
     max_steps: int = at_least(1, default=100)
-    learning_rate: float = 1e-6
-    lr_scheduler: str = "constant"
-    warmup_ratio: float = 0.0
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    optim: str = "adamw_torch"
-    beta: float = 0.0  # KL coefficient to the start (0: no reference model, TRL's default)
-    epsilon: float = 0.2  # PPO clip range
-    loss_type: str = "dapo"  # TRL's loss_type (dapo: tokens normalised over the accumulated batch)
-    scale_rewards: str = "group"  # group | batch | none (TRL's scale_rewards)
+    learning_rate: float = checked(in_range(0, above=True), default=1e-6)
+    lr_scheduler: str = checked(check_scheduler, default="constant")  # transformers' SchedulerType
+    warmup_ratio: float = checked(in_range(0, 1), default=0.0)  # a share of max_steps
+    weight_decay: float = checked(in_range(0), default=0.0)
+    max_grad_norm: float = checked(in_range(0), default=1.0)  # 0: no clipping
+    optim: str = checked(check_optim, default="adamw_torch")  # transformers' OptimizerNames
+    beta: float = checked(in_range(0), default=0.0)  # KL coefficient to the start (0: no reference model, TRL's default)
+    epsilon: float = checked(in_range(0, above=True), default=0.2)  # PPO clip range
+    loss_type: str = checked(check_loss_type, default="dapo")  # TRL's loss_type (dapo: tokens normalised over the accumulated batch)
+    scale_rewards: str = checked(check_scale_rewards, default="group")  # group | batch | none (TRL's scale_rewards)
     num_iterations: int = at_least(1, default=1)  # optimisation passes per batch of rollouts (GRPO's mu)
     finetuning: Literal["full", "lora"] = "full"  # lora: a new adapter on a full start, or the start's own adapter trained on
     lora: LoraSettings = field(default_factory=LoraSettings)
@@ -114,7 +121,7 @@ class GrpoConfig:
     save_total_limit: int | None = at_least(1, default=3)
     keep_checkpoints: bool = True  # false: delete checkpoint-*/ once final/ is complete
     logging_steps: int = at_least(1, default=1)
-    report_to: str = "none"  # tensorboard: event files under <output_dir>/runs
+    report_to: str = checked(check_report_to, default="none")  # tensorboard: event files under <output_dir>/runs
     log_rollouts: bool = True  # every rollout's record, per step: <output_dir>/rollouts/step-N.rank-R.jsonl
     seed: int = at_least(0, default=0)  # also seeds every rollout's sampling (by step and place), so a resume re-samples the same
     resume: str = "latest"  # latest (complete checkpoint, if any) | none | a checkpoint path

@@ -29,7 +29,7 @@ from pipeline.agent.answerers import ORACLE, answerer, check_oracle, upgrade_ora
 from pipeline.agent.episodes import MAX_ERROR_SHARE, run_methods
 from pipeline.agent.run_folder import check_resumable, sampling_record, start_run, writing_run
 from pipeline.agent.run_folder import check_settings as check_run_settings
-from pipeline.core.config import add_config_arguments, bound, stage_config, to_dict
+from pipeline.core.config import add_config_arguments, bound, check, listed, stage_config, to_dict
 from pipeline.core.errors import PipelineError
 from pipeline.core.same_run import run_keys, same_run
 from pipeline.core.shards import parse_shard
@@ -70,7 +70,7 @@ class EvalConfig:
     base_model: str | None = same_run("identity", default=None)  # the base of a fine-tuned adapter (default: its adapter_config.json)
     size_class: str | None = same_run("free", default=None)  # e.g. 135m, 8b, 62b; from the fine-tuned model when not given
     params_b: float | None = same_run("free", default=None)  # billions of parameters (the figure's x axis)
-    methods: list[str] = same_run("free", default_factory=lambda: ["standard", "cot", "act", "react"])
+    methods: list[str] = same_run("free", metadata=check(listed), default_factory=lambda: ["standard", "cot", "act", "react"])
     questions: str = same_run("identity", default="offline-eval")  # a set of the task's; react-dev500 needs wiki.backend=live or a full local index
     limit: int | None = same_run("free", default=None, metadata=bound(1))
     out_dir: Path = same_run("free", default=Path("runs/eval/default"))

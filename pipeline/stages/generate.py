@@ -42,7 +42,7 @@ from pipeline.agent.answerers import answerer, check_oracle, upgrade_oracle
 from pipeline.agent.episodes import MAX_ERROR_SHARE, method_stats, run_methods, set_aside_errors
 from pipeline.agent.run_folder import check_settings as check_run_settings
 from pipeline.agent.run_folder import sampling_record, start_run, writing_run
-from pipeline.core.config import add_config_arguments, bound, stage_config, to_dict
+from pipeline.core.config import add_config_arguments, bound, check, listed, stage_config, to_dict
 from pipeline.core.errors import PipelineError
 from pipeline.core.same_run import run_keys, same_run
 from pipeline.core.storage import check_writable_dir, read_jsonl, require_complete, write_manifest
@@ -65,7 +65,7 @@ class GenerateConfig:
     # exact | agent: the task's stand-in teacher answers in that search style, no model loaded (the
     # `teacher` section then names no model); null: the teacher model answers (pipeline.agent.answerers)
     oracle: str | None = same_run("identity", shard_set=True, default=None)
-    methods: list[str] = same_run("free", default_factory=lambda: ["standard", "cot", "act", "react"])
+    methods: list[str] = same_run("free", metadata=check(listed), default_factory=lambda: ["standard", "cot", "act", "react"])
     questions: str = same_run("identity", shard_set=True, default="offline-bootstrap")  # a question-set name of the task (pipeline.tasks) or a file
     limit: int | None = same_run("free", shard_set=True, default=None, metadata=bound(1))  # the first N questions of the set
     out_dir: Path = same_run("free", default=Path("runs/generate/default"))

@@ -8,9 +8,11 @@
 The config is resolved once (start, names, folders) and written to <output_dir>/grpo_config.yaml;
 the launch reads that file (`accelerate launch ... -m pipeline.rl.train --config <it>`).
 `accelerate_config` picks the launch as for `train` (cpu, cpu_ddp, deepspeed_zero2/3, multi_gpu,
-...; auto by the GPUs present). Before launching, what the child would refuse is checked here:
-the start point, the batch split, the training questions, the output folder, the accelerate
-config; and the local Wikipedia index is built here if missing, so that the launched processes
+...; auto by the GPUs present). Before launching, and before the resolved config is written,
+what the child would refuse is checked here: the list every training launch checks
+(pipeline/train/preflight.py: the accelerate config and devices, the optimizer, embedded models'
+packages, a `resume` path, the output folder), then the start point, the batch split, the training
+and held-out question sets; `--dry-run` checks the same; and the local Wikipedia index is built here if missing, so that the launched processes
 only read it. The child's one error line and exit code are relayed.
 """
 
@@ -36,7 +38,6 @@ from pipeline.rl.config import (
     resolve,
 )
 from pipeline.rl.plan import RlPlan
-from pipeline.train.deepspeed_setup import check_deepspeed_device
 from pipeline.train.launcher import (
     Machines,
     add_launch_arguments,
@@ -50,6 +51,7 @@ from pipeline.train.launcher import (
     processes_for,
     write_config_file,
 )
+from pipeline.train.preflight import check_question_sets, preflight_launch
 
 GRPO_MODULE = "pipeline.rl.train"
 RESOLVED_CONFIG = "grpo_config.yaml"  # the resolved config, beside the checkpoints
@@ -91,11 +93,11 @@ def grpo(cfg: GrpoConfig, *, accelerate_config: str | None = None, num_processes
     num_processes = processes_for(config_path, num_processes or cfg.num_processes, gpus)
     world = num_processes * machines.count
     distributed = read_yaml(config_path).get("distributed_type")
-    check_deepspeed_device(distributed == "DEEPSPEED", gpus > 0, cfg.deepspeed_on_cpu, world)  # before 8 CPU processes start
     check_rollout_strategy(cfg.rollout.engine, "fsdp" if distributed == "FSDP" else "other")
     check_vllm_installed(cfg.rollout.engine)  # the launched processes are this interpreter
+    preflight_launch(cfg, config_path, world, gpus)  # the list `train` and `run` check (pipeline/train/preflight.py)
     plan = plan_grpo(cfg, world)  # the launched script resolves the same plan from the written config
-    preflight(plan, config_path, dry_run)
+    preflight(plan, dry_run)
     with holding_output(cfg.output_dir, machines, dry_run):  # before a byte of output_dir is rewritten
         resolved = write_config_file(cfg, Path(cfg.output_dir) / RESOLVED_CONFIG, dry_run, label="grpo")
         cmd = launch_command(config_path, num_processes, resolved, gpus, machines, module=GRPO_MODULE)
@@ -108,18 +110,16 @@ def grpo(cfg: GrpoConfig, *, accelerate_config: str | None = None, num_processes
         return launch(cmd)
 
 
-def preflight(plan: RlPlan, config_path: Path, dry_run: bool = False) -> None:
+def preflight(plan: RlPlan, dry_run: bool = False) -> None:
     """Refuse now what the launched child would refuse later, and build a missing index once.
     A dry run checks the same but fetches nothing, loads no question and writes nothing: a start
     given by hub id and the question count are checked at launch, a missing index built then."""
-    from pipeline.core.storage import check_writable_dir
     from pipeline.hub.models import looks_like_path
     from pipeline.rl.start import is_ours
     from pipeline.wiki.config import open_backend
 
     cfg = plan.cfg
-    read_yaml(config_path)
-    check_writable_dir(cfg.output_dir, "output_dir")
+    check_question_sets(cfg)
     check_heldout_apart(cfg)
     if not dry_run or is_ours(cfg.student) or looks_like_path(cfg.student):
         plan.start  # noqa: B018 (resolved here, where a refusal is one line before any launch)
@@ -127,7 +127,6 @@ def preflight(plan: RlPlan, config_path: Path, dry_run: bool = False) -> None:
         plan.questions  # noqa: B018
         open_backend(cfg.wiki)
         return
-    plan.task.check_question_set(cfg.questions)
     if cfg.wiki.backend == "local" and Path(cfg.wiki.index).exists():
         from pipeline.wiki.index import LocalIndex
 

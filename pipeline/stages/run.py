@@ -52,6 +52,10 @@ from pipeline.core import gpu_memory, precision
 from pipeline.core.config import (
     add_config_arguments,
     build,
+    checked,
+    distinct,
+    folder_name,
+    listed,
     load_config,
     merged,
     read_section,
@@ -78,8 +82,8 @@ from pipeline.stages.plot import PlotConfig, run_plot
 from pipeline.stages.train import gpu_count, pick_accelerate_config, processes_for, train
 from pipeline.tasks import DEFAULT_TASK, get_task
 from pipeline.train.config import FinetuneConfig, resolve
-from pipeline.train.deepspeed_setup import check_deepspeed_device
 from pipeline.train.plan import foreseen
+from pipeline.train.preflight import check_question_sets, preflight_launch
 from pipeline.train.sft import split_batch
 
 
@@ -87,7 +91,7 @@ from pipeline.train.sft import split_batch
 class Student:
     RENAMED_KEYS: ClassVar[dict[str, str]] = {"checkpoint": "finetuned"}  # old key -> new (pipeline.core.config)
 
-    name: str  # folder label, e.g. smollm2-135m
+    name: str = checked(folder_name)  # folder label, e.g. smollm2-135m
     config: Path | None = None  # its FinetuneConfig YAML (configs/students/...); not with `finetuned`
     size_class: str | None = None  # 135m | 8b | 62b ...; a known released agent has its own
     params_b: float | None = None  # billions of parameters: the figure's x axis
@@ -109,9 +113,9 @@ class GrpoPhase:
     """The grid's optional `grpo` section: GRPO (pipeline/stages/grpo.py) of each trained student's
     fine-tuned `final/` of these formats, then an eval of each result (docs/grpo.md)."""
 
-    formats: list[str] = field(default_factory=list)  # react and/or act; [] (the default): no grpo phase
+    formats: list[str] = checked(distinct, default_factory=list)  # react and/or act; [] (the default): no grpo phase
     config: Path | None = None  # a GrpoConfig YAML to start from (its `grpo` section or the whole file)
-    students: list[str] | None = None  # the student names to run it for; None: every student trained here
+    students: list[str] | None = checked(distinct, default=None)  # the student names to run it for; None: every student trained here
     settings: dict = field(default_factory=dict)  # GrpoConfig keys over `config` (e.g. max_steps, group_size)
 
 
@@ -119,12 +123,12 @@ class GrpoPhase:
 class RunConfig:
     RENAMED_KEYS: ClassVar[dict[str, str]] = {"methods": "formats"}  # old key -> new (pipeline.core.config)
 
-    experiment: str = "default"
+    experiment: str = checked(folder_name, default="default")  # a folder under each student's output_root
     out_dir: Path = Path("runs/default")
     task: str = "hotpotqa"  # hotpotqa | fever (pipeline.tasks), for generate and every eval
     # The grid's trajectory formats: the teacher generates each (prompted with the method of the same
     # name), filter makes its SFT dataset, each student trains on it, and prompted students are evaluated with it
-    formats: list[str] = field(default_factory=lambda: ["standard", "cot", "act", "react"])
+    formats: list[str] = checked(listed, default_factory=lambda: ["standard", "cot", "act", "react"])
     wiki: dict = field(default_factory=dict)  # WikiConfig keys shared by generate and eval
     generate: dict = field(default_factory=dict)  # GenerateConfig keys
     filter: dict = field(default_factory=dict)  # FilterConfig keys
@@ -244,6 +248,10 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
     """Build and check every unit's config before anything runs, so a typo in the eval section
     fails in a second, not after hours of training; return them in phase order."""
     check_unit_keys(cfg, students)
+    repeated = distinct([s.name for s in students])  # two students' units would share folders
+    if repeated:
+        raise PipelineError(f"students: {repeated.split(' more')[0].removeprefix('names ')} names two students; "
+                            "give each its own name (it names its folders)")
     dataset_dir = cfg.out_dir / "sft"
     units = []
     teacher = None
@@ -371,12 +379,16 @@ def check_model_folders(units: list[Unit]) -> None:
     """A model the selected units load by a local path that is not there, and that no unit of
     the grid makes (a final/), refused before the first unit; a hub id is fetched when its
     phase starts."""
-    from pipeline.hub.models import looks_like_path
+    from pipeline.hub.models import looks_like_path, require_installed
 
     made = made_finals(units)
     for unit in (u for u in units if u.selected):
         for key, model in unit_models(unit.config):
             model = None if model is None else str(model)
+            try:
+                require_installed(model)  # an embedded model's package: not after the units before it ran
+            except PipelineError as exc:
+                raise PipelineError(f"{unit.title}: {exc}") from None
             if model and model not in made and looks_like_path(model) and not Path(model).expanduser().exists():
                 raise PipelineError(f"{unit.title}: {key}: {model} not found; give a model folder that exists, "
                                     "a hub id, or 'smollm2'")
@@ -396,7 +408,7 @@ def check_grpo(gr) -> None:
     from pipeline.rl.plan import batch_plan
 
     batch_plan(gr, launch_world(gr)[1])
-    get_task(gr.task).check_question_set(gr.questions)
+    check_question_sets(gr)  # the training set and the held-out curve's, as `grpo` checks them
     check_vllm_installed(gr.rollout.engine)
     check_heldout_apart(gr)
 
@@ -603,14 +615,14 @@ def check_selected(cfg: RunConfig, units: list[Unit]) -> None:
 
 
 def check_launch_devices(units: list[Unit]) -> None:
-    """A DeepSpeed launch that sees no GPU is refused by `train` and `grpo` when their phase
-    starts; refused here before the first phase instead."""
+    """What `train` and `grpo` refuse of every launch when their phase starts (the one list,
+    pipeline/train/preflight.py: devices, QLoRA or an 8-bit optimizer without a GPU, an embedded
+    model's package, a `resume` path), refused here before the first phase instead."""
     for unit in units:
         if unit.action in (launch_train, launch_grpo):
             config, world = launch_world(unit.config)
-            deepspeed = read_yaml(config).get("distributed_type") == "DEEPSPEED"
             try:
-                check_deepspeed_device(deepspeed, gpu_count() > 0, unit.config.deepspeed_on_cpu, world)
+                preflight_launch(unit.config, config, world, gpu_count())
             except PipelineError as exc:
                 raise PipelineError(f"{unit.title}: {exc}") from None
 

@@ -12,9 +12,12 @@ multi_gpu over all of them. The config is resolved once (steps, names, folders) 
 pipeline.finetune --config <output_dir>/finetune_config.yaml`). The batch split is checked before
 anything starts; the training output is streamed through; the exit code is the launch's.
 
-Before launching, what the child would refuse is checked here (dataset present and complete,
-output folder writable, accelerate config readable, a DeepSpeed config with no GPU in sight
-unless `deepspeed_on_cpu=true`). When the child stops on an error, its one
+Before launching, and before the resolved config is written, what the child would refuse is
+checked here, by the one list `run` checks too (pipeline/train/preflight.py: the accelerate config,
+a DeepSpeed config with no GPU in sight unless `deepspeed_on_cpu=true`, QLoRA or an 8-bit optimizer
+without a GPU and bitsandbytes, an embedded model's package, a `resume` path, the output folder; the
+student, the dataset present, complete and not empty, an example over max_length under
+long_examples=error); `--dry-run` runs the same list. When the child stops on an error, its one
 line and exit code are relayed, without the launcher's traceback.
 
 Several machines (docs/several-nodes.md): run `python -m pipeline train` once on
@@ -34,7 +37,6 @@ from pathlib import Path
 
 from pipeline.core.config import add_config_arguments, read_yaml, stage_config
 from pipeline.train.config import FinetuneConfig, resolve
-from pipeline.train.deepspeed_setup import check_deepspeed_device
 from pipeline.train.launcher import (  # noqa: F401  (ACCELERATE_CONFIGS, gpu_count, ...: re-exported for run and tests)
     ACCELERATE_CONFIGS,
     DEFAULT_PORT,
@@ -52,6 +54,7 @@ from pipeline.train.launcher import (  # noqa: F401  (ACCELERATE_CONFIGS, gpu_co
     write_config_file,
 )
 from pipeline.train.plan import foreseen
+from pipeline.train.preflight import check_training_inputs, preflight_launch
 
 RESOLVED_CONFIG = "finetune_config.yaml"  # the resolved config, beside the checkpoints
 
@@ -83,11 +86,9 @@ def train(cfg: FinetuneConfig, *, accelerate_config: str | None = None, num_proc
     config_path = pick_accelerate_config(accelerate_config or cfg.accelerate_config, gpus)
     num_processes = processes_for(config_path, num_processes or cfg.num_processes, gpus)
     world = num_processes * machines.count
-    accelerate = read_yaml(config_path)
-    deepspeed = accelerate.get("distributed_type") == "DEEPSPEED"
-    check_deepspeed_device(deepspeed, gpus > 0, cfg.deepspeed_on_cpu, world)  # before 8 CPU processes start
-    per_device, accum, _ = foreseen(cfg, accelerate, world, gpus).batch
-    preflight(cfg, config_path)  # before the resolved config is written into output_dir; a dry run too
+    preflight_launch(cfg, config_path, world, gpus)  # before the resolved config is written into output_dir; a dry run too
+    per_device, accum, _ = foreseen(cfg, read_yaml(config_path), world, gpus).batch
+    check_training_inputs(cfg)
     with holding_output(cfg.output_dir, machines, dry_run):  # before a byte of output_dir is rewritten
         cmd = launch_command(config_path, num_processes, write_resolved_config(cfg, dry_run), gpus, machines)
         where = "" if machines.count == 1 else f" ({num_processes} here, {machines.describe()})"
@@ -98,17 +99,3 @@ def train(cfg: FinetuneConfig, *, accelerate_config: str | None = None, num_proc
             return 0
         return launch(cmd)
 
-
-def preflight(cfg, config_path: Path) -> None:
-    """Refuse now what the launched child would refuse seconds or minutes later: a dataset that
-    is missing or incomplete by its manifest, an output folder that cannot be written, an
-    accelerate config that is not a readable YAML file."""
-    from pipeline.core.storage import check_writable_dir
-    from pipeline.hub.models import require_installed
-    from pipeline.train.data import check_dataset
-
-    require_installed(cfg.student)  # an embedded model's package (the one-line install hint)
-    require_installed(cfg.tokenizer)
-    read_yaml(config_path)
-    check_dataset(cfg)
-    check_writable_dir(cfg.output_dir, "output_dir")

@@ -10,10 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from pipeline.core.config import at_least
+from pipeline.core.config import at_least, checked, folder_name, in_range, listed
 from pipeline.core.errors import PipelineError
 from pipeline.core.trajectory import FORMATS
 from pipeline.hub.models import model_label
+from pipeline.train.settings import check_optim, check_report_to, check_scheduler
 
 # Paper (appendix B.1): batch 64; steps by size class and trajectory format.
 PAPER_STEPS = {
@@ -31,18 +32,18 @@ FINAL_DIR = "final"
 class LoraSettings:
     r: int = at_least(1, default=16)
     alpha: int = at_least(1, default=32)
-    dropout: float = 0.05
-    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
-                                                               "gate_proj", "up_proj", "down_proj"])
+    dropout: float = checked(in_range(0, 1, below=True), default=0.05)  # PEFT: a probability below 1
+    target_modules: list[str] = checked(listed, default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
+                                                                         "gate_proj", "up_proj", "down_proj"])
 
 
 @dataclass
 class FinetuneConfig:
     RENAMED_KEYS: ClassVar[dict[str, str]] = {"method": "format"}  # old key -> new (pipeline.core.config)
 
-    experiment: str = "default"
+    experiment: str = checked(folder_name, default="default")  # a folder under output_root
     student: str = "smollm2"  # hub id, local dir, or "smollm2" (the embedded SmolLM2-135M-Instruct)
-    student_name: str | None = None  # folder label; default: derived from `student`
+    student_name: str | None = checked(folder_name, default=None)  # folder label; default: derived from `student`
     init: Literal["pretrained", "random"] = "pretrained"  # random: tests only, with `random_model` dims
     random_model: dict = field(default_factory=dict)  # LlamaConfig kwargs, e.g. hidden_size: 64
     tokenizer: str | None = None  # default: the student's own
@@ -59,12 +60,12 @@ class FinetuneConfig:
     per_device_batch_size: int | None = at_least(1, default=None)  # default: the largest divisor <= max_per_device_batch_size (1 for padding_free without a varlen flash kernel: pipeline/train/speed.py)
     max_per_device_batch_size: int = at_least(1, default=8)
     max_steps: int | None = at_least(1, default=None)  # default: PAPER_STEPS[size class][format]
-    learning_rate: float = 2e-5
-    lr_scheduler: str = "cosine"
-    warmup_ratio: float = 0.03
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    optim: str = "adamw_torch"
+    learning_rate: float = checked(in_range(0, above=True), default=2e-5)
+    lr_scheduler: str = checked(check_scheduler, default="cosine")  # transformers' SchedulerType
+    warmup_ratio: float = checked(in_range(0, 1), default=0.03)  # a share of max_steps
+    weight_decay: float = checked(in_range(0), default=0.0)
+    max_grad_norm: float = checked(in_range(0), default=1.0)  # 0: no clipping
+    optim: str = checked(check_optim, default="adamw_torch")  # transformers' OptimizerNames
     finetuning: Literal["full", "lora", "qlora"] = "full"
     lora: LoraSettings = field(default_factory=LoraSettings)
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"  # auto: bf16 on a bf16 GPU or CPU, else fp32
@@ -81,7 +82,7 @@ class FinetuneConfig:
     save_total_limit: int | None = at_least(1, default=3)
     keep_checkpoints: bool = True  # false: delete checkpoint-*/ (optimizer state: ~128 GB each at 8B) once final/ is complete
     logging_steps: int = at_least(1, default=10)
-    report_to: str = "tensorboard"  # offline event files under <output_dir>/runs; "none" to disable
+    report_to: str = checked(check_report_to, default="tensorboard")  # offline event files under <output_dir>/runs; "none" to disable
     seed: int = at_least(0, default=0)
     resume: str = "latest"  # latest (complete checkpoint, if any) | none | a checkpoint path
     dataloader_num_workers: int = at_least(0, default=0)

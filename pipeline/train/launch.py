@@ -56,3 +56,9 @@ class Launch:
 def launch_strategy(env: Mapping[str, str] | None = None) -> str:
     """plain | ddp | zero2 | zero3 | fsdp, from the variables `accelerate launch` sets."""
     return Launch.from_env(env).strategy
+
+
+def deepspeed_variables() -> dict[str, str]:
+    """The variable `accelerate launch` sets for a DeepSpeed launch: the launching process settles
+    the DeepSpeed JSON with it as every rank will (pipeline/train/preflight.py)."""
+    return {"ACCELERATE_USE_DEEPSPEED": "true"}

@@ -1,0 +1,63 @@
+"""The names `train` and `grpo` hand to transformers and TRL, checked when the config is built
+(pipeline.core.config `checked` fields), against the libraries' own lists where they have one: a
+typo in `optim`, `lr_scheduler`, `report_to` or `loss_type` is one line from `--dry-run` and
+`run --print-config`, not a traceback after the model loaded (or, for `loss_type`, after a step of
+rollouts). The lists are read from the installed library when a value is given, so the configs'
+modules import no library and an upgrade's new names are accepted.
+
+    transformers  OptimizerNames (training_args.py), SchedulerType (trainer_utils.py), the
+                  report_to integrations and which are installed (integrations/integration_utils.py)
+    TRL           GRPOConfig.loss_type and scale_rewards: no enumeration in TRL; the values its
+                  GRPOTrainer branches on (trl/trainer/grpo_trainer.py `Unknown loss type`,
+                  `Invalid value for scale_rewards`), which tests/test_preflight.py reads back from
+                  the installed source
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline.core.config import one_of
+
+# TRL's GRPOConfig.loss_type values (its help and GRPOTrainer's branches) and scale_rewards values
+GRPO_LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
+SCALE_REWARDS = ("group", "batch", "none")
+NO_REPORTING = "none"  # ours: report_to=none hands transformers an empty list
+
+
+def optimizer_names() -> list[str]:
+    from transformers.training_args import OptimizerNames
+
+    return [o.value for o in OptimizerNames]
+
+
+def scheduler_names() -> list[str]:
+    from transformers.trainer_utils import SchedulerType
+
+    return [s.value for s in SchedulerType]
+
+
+check_optim = one_of(optimizer_names, "transformers' optimizers (OptimizerNames)")
+check_scheduler = one_of(scheduler_names, "transformers' schedulers (SchedulerType)")
+check_loss_type = one_of(GRPO_LOSS_TYPES, "TRL's GRPO loss types")
+check_scale_rewards = one_of(SCALE_REWARDS, "TRL's reward scalings")
+
+
+def check_report_to(value: Any) -> str | None:
+    """One of transformers' logging integrations, or none; and its package installed (transformers
+    would raise when the Trainer is built, after the model loaded)."""
+    if value in (None, NO_REPORTING):
+        return None
+    from transformers.integrations.integration_utils import (
+        INTEGRATION_TO_CALLBACK,
+        get_available_reporting_integrations,
+    )
+
+    known = [NO_REPORTING, *INTEGRATION_TO_CALLBACK]
+    reason = one_of(tuple(known), "transformers' logging integrations")(value)
+    if reason:
+        return reason
+    if value != "flyte" and value not in get_available_reporting_integrations():  # flyte: not in that list
+        return (f"is {value!r}, whose package is not installed here (transformers finds no {value}); "
+                f"install it, or use report_to=tensorboard or report_to=none")
+    return None
