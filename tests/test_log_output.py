@@ -118,3 +118,14 @@ def test_a_two_process_training_into_a_log_file_has_step_lines_and_no_repeated_l
     # DeepSpeed's notice that it found no GPU (each rank): this machine has none, the plan says so
     assert "Setting accelerator to CPU" not in text, text[-3000:]
     assert "[precision] training:" in text and "[finetune] launch: ddp over 2 process(es)" in text
+
+
+@pytest.mark.parametrize("env, message", [
+    ({STYLE_ENV: "sometimes"}, "REACT_PIPELINE_PROGRESS='sometimes': use one of bars, lines"),
+    ({EVERY_ENV: "-5"}, "REACT_PIPELINE_PROGRESS_EVERY_S='-5': give the seconds between progress lines"),
+])
+def test_a_bad_progress_setting_is_one_line_exit_2(tmp_path, env, message):
+    log = tmp_path / "out.log"
+    code = run_to_file(log, "data", "show", "offline-eval", **{STYLE_ENV: "lines", **env})
+    lines = log.read_text().strip().splitlines()
+    assert code == 2 and lines == [f"error: {lines[0].removeprefix('error: ')}"] and message in lines[0], lines
