@@ -38,8 +38,9 @@ SHORT = {
                                            "the fast subset still takes minutes: one file"),
     "REACT_PIPELINE_PRECISION=bf16 bash scripts/test.sh": (
         "REACT_PIPELINE_PRECISION=bf16 bash scripts/test.sh -n 0 tests/test_layout.py", "as above"),
-    "python -m pipeline grpo --config configs/grpo/smollm2-135m.yaml": (
-        "python -m pipeline grpo --config configs/grpo/smollm2-135m.yaml --dry-run",
+    "python -m pipeline grpo --config configs/grpo/smollm2-135m.yaml student=checkpoints/default/smollm2-135m-instruct/react/final": (
+        "python -m pipeline grpo --config configs/grpo/smollm2-135m.yaml student=checkpoints/default/smollm2-135m-instruct/react/final"
+        " --dry-run",
         "an hour of GRPO: the launch it would make, after the launch's own checks"),
     "bash scripts/small.sh": (
         "for grid in small-sweep small small-exact; do python -m pipeline run --config configs/$grid.yaml --print-config; done",
