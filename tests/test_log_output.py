@@ -63,6 +63,18 @@ def test_redraws_become_a_line_at_most_every_interval_and_the_last_state_always(
     assert lines[-4:] == ["{'loss': 1.5}", "", "last frame", ""]
 
 
+def test_bytes_written_to_the_streams_buffer_reach_the_file():
+    """`run` relays an eval child's stderr as bytes to sys.stderr.buffer (already lines: the child
+    took the same choice); without a `buffer` that relay failed with AttributeError."""
+    raw = io.BytesIO()
+    text = io.TextIOWrapper(raw, encoding="utf-8", line_buffering=True)
+    stream = RedrawsAsLines(text, every_s=30)
+    stream.write("[run] unit 1\n")
+    stream.buffer.write(b"[eval] a child's line\n")
+    stream.buffer.flush()
+    assert raw.getvalue() == b"[run] unit 1\n[eval] a child's line\n"
+
+
 # -- a real CLI process --------------------------------------------------------------------------
 
 @pytest.mark.skipif(not CORPUS.is_file(), reason=f"offline corpus not found at {CORPUS}")

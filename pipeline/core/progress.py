@@ -98,6 +98,13 @@ class RedrawsAsLines(io.TextIOBase):
     def writable(self) -> bool:
         return True
 
+    def __getattr__(self, name: str):
+        """The rest from the stream underneath: `buffer` (a child's output relayed as bytes, already
+        lines: the child took the same choice), `errors`, `reconfigure`, ..."""
+        if name == "stream":  # not set yet: no recursion
+            raise AttributeError(name)
+        return getattr(self.stream, name)
+
 
 def progress_style() -> str:
     """bars | lines: the parent's choice when one was made, else from this process's own output."""
