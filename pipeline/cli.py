@@ -11,6 +11,7 @@ import importlib
 import sys
 
 from pipeline.core.errors import PipelineError, os_error_message  # stdlib only: keeps --help fast
+from pipeline.core.progress import use_lines_off_terminal  # stdlib only too
 
 # stage name -> (module, one-line help)
 STAGES: dict[str, tuple[str, str]] = {
@@ -43,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run a stage. Bad input (PipelineError) and what the operating system refuses (OSError:
     permissions, a full disk, too many open files), raised anywhere, end in one line, exit 2."""
     try:
+        use_lines_off_terminal()  # progress bars as periodic lines in a log file
         return run_stage(argv)
     except PipelineError as exc:
         print(f"error: {exc}", file=sys.stderr)

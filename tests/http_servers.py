@@ -66,7 +66,7 @@ class FaultyServer:
     """A threaded HTTP server in a background thread. Subclasses implement `answer(request)`;
     injected faults replace the answers of the next requests, in order."""
 
-    def __init__(self, latency_s: float = 0.0):
+    def __init__(self, latency_s: float = 0.0, port: int = 0):
         self.latency_s = latency_s  # every normal answer waits this long (to overlap requests)
         self.requests: list[Recorded] = []
         self.outcomes: Counter[str] = Counter()
@@ -75,7 +75,7 @@ class FaultyServer:
         self._faults: deque[Fault] = deque()
         self._lock = threading.Lock()
         self._stopping = threading.Event()
-        self._server = _QuietServer(("127.0.0.1", 0), _handler_for(self))
+        self._server = _QuietServer(("127.0.0.1", port), _handler_for(self))  # 0: any free port
         self._server.daemon_threads = True
         # a short poll interval: shutdown() waits up to one interval, once per test
         self._thread = threading.Thread(target=self._server.serve_forever, args=(0.02,),
@@ -341,8 +341,8 @@ class FakeOpenAI(FaultyServer):
     contains it, whatever the order they arrive in."""
 
     def __init__(self, model: str = "fake-model", api_key: str | None = None,
-                 latency_s: float = 0.0, honour_stop: bool = True, owned_by: str | None = None):
-        super().__init__(latency_s)
+                 latency_s: float = 0.0, honour_stop: bool = True, owned_by: str | None = None, port: int = 0):
+        super().__init__(latency_s, port)
         self.model = model
         self.owned_by = owned_by  # "vllm": /v1/models says so, as `vllm serve` does; None: no such field
         self.api_key = api_key

@@ -209,6 +209,7 @@ def test_the_declared_keys_are_the_ones_the_stages_used_to_list_by_hand():
     assert set(filter_stage.SHARD_SET_KEYS) == set(shard_set_keys(generate.GenerateConfig)) == {
         "task", "teacher", "oracle", "questions", "prompting", "wiki", "samples", "limit"}
     assert set(OPERATIONAL_KEYS) == {"max_batch_size", "max_concurrency", "timeout_s", "max_retries", "device",
+                                     "ready_timeout_s",
                                      "base_url"}
 
 

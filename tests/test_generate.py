@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 from dataclasses import replace
 
 import pytest
@@ -156,7 +157,8 @@ def closed_port() -> int:
     (["oracle=exact", "methods=[cot_sc]"], "the oracle teacher writes"),
     (["teacher.backend=tpu"], "unknown backend 'tpu'"),
     (["teacher.model=/nonexistent/model-dir"], "/nonexistent/model-dir not found"),
-    (["teacher.backend=openai", "teacher.base_url=http://127.0.0.1:{port}/v1"], "endpoint unavailable"),
+    (["teacher.backend=openai", "teacher.base_url=http://127.0.0.1:{port}/v1", "teacher.ready_timeout_s=0"],
+     "endpoint unavailable"),
     (["wiki.backend=cloud"], "wiki.backend 'cloud' is unknown"),
     (["questions=no-such-set"], "unknown question set 'no-such-set'"),
     (["limit=-1"], "'limit' must be >= 1, got -1"),
@@ -213,3 +215,49 @@ def test_a_scripted_llm_teacher_through_the_openai_endpoint_writes_trajectories(
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["teacher"] == "scripted-teacher" and manifest["complete"]
     assert manifest["exemplar_sources"]["react"]["react"].startswith("ours:")
+
+
+def test_the_teacher_waits_for_an_endpoint_that_comes_up_late(tmp_path, index, questions):
+    """The recipe's `vllm serve ... &` then `generate` at once: the port refuses connections for
+    a few seconds (the server still loading), then a real server answers there. Before issue 46,
+    generate stopped in 1-2 s with "endpoint unavailable"."""
+    real = questions[:2]
+    qfile = write_questions(tmp_path / "q.jsonl", real)
+    out = tmp_path / "late"
+    port = closed_port()
+    servers = []
+
+    def come_up():  # binds the port only now: until then a connection is refused
+        server = FakeOpenAI(model="scripted-teacher", port=port)
+        server.replies = ScriptedTeacher(real)
+        servers.append(server.__enter__())
+
+    starter = threading.Timer(5.0, come_up)  # 5 s after the stage started
+    starter.start()
+    try:
+        proc = run_pipeline("generate", "teacher.backend=openai", "teacher.model=scripted-teacher",
+                            f"teacher.base_url=http://127.0.0.1:{port}/v1", "teacher.ready_timeout_s=120",
+                            f"questions={qfile}", f"wiki.index={index}", f"out_dir={out}", "methods=[react]")
+    finally:
+        starter.join()
+        for server in servers:
+            server.__exit__(None, None, None)
+    assert proc.returncode == 0, proc.stderr
+    url = f"http://127.0.0.1:{port}/v1/models"
+    assert f"[endpoint] waiting for {url} to answer: 0 s of 120 s (llm.ready_timeout_s); last: " in proc.stdout
+    assert f"[endpoint] {url} answered after " in proc.stdout
+    assert len(read_records(out / "react.jsonl")) == 2
+
+
+def test_an_endpoint_that_never_comes_up_is_one_line_after_ready_timeout_s(tmp_path, index, question_file):
+    port = closed_port()
+    out = tmp_path / "never"
+    proc = run_pipeline("generate", "teacher.backend=openai", f"teacher.base_url=http://127.0.0.1:{port}/v1",
+                        "teacher.ready_timeout_s=3", f"questions={question_file}", f"wiki.index={index}",
+                        f"out_dir={out}")
+    assert proc.returncode == 2, proc.stderr
+    [error] = proc.stderr.strip().splitlines()
+    assert error.startswith(f"error: OpenAI-compatible endpoint unavailable: GET http://127.0.0.1:{port}/v1/models")
+    assert "(waited 3 s, llm.ready_timeout_s)" in error and "start the server" in error
+    assert "[endpoint] waiting for" in proc.stdout
+    assert not out.exists()

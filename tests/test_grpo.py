@@ -36,6 +36,7 @@ from pipeline.llm.base import cut_at_stop
 from pipeline.rl.config import GrpoConfig, resolve
 from pipeline.rl.policy import TokenCompletion
 from pipeline.rl.trace import TokenTrace
+from pipeline.train.notices import EXPERIMENTAL_TRL_LINE
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -647,6 +648,8 @@ def test_two_process_ddp_launch_matches_one_process(world, warm_student, referen
     log = finish(grpo_launch(world, warm_student, tmp_path, *SMALL, "max_steps=4", config="cpu_ddp", processes=2),
                  timeout=LAUNCH_TIMEOUT)
     assert "4 per device x 1 accumulation x 2 processes" in log
+    # TRL's notice that rollout_func is experimental (each rank printed it): said once, in our words
+    assert "which is an experimental feature" not in log and log.count(EXPERIMENTAL_TRL_LINE) == 1, log[-3000:]
     run_dir = world_cfg(world, warm_student, tmp_path, *SMALL).output_dir
     assert_same_steps({e["step"]: e for e in log_history(run_dir)}, reference, range(1, 5))
     manifest = json.loads((run_dir / "final" / "manifest.json").read_text())

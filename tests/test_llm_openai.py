@@ -177,7 +177,7 @@ def test_check_available_reports_an_unreachable_endpoint_in_one_line(monkeypatch
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     config = LLMConfig(backend="openai", model="m", base_url=f"http://127.0.0.1:{port}/v1",
-                       api_key_env=KEY_ENV)
+                       api_key_env=KEY_ENV, ready_timeout_s=0)  # 0: no wait for it to come up
     llm = OpenAICompatibleLLM(config, backoff_base_s=0.01, sleep=lambda s: None)
     with pytest.raises(PipelineError) as info:
         llm.check_available()
@@ -260,7 +260,7 @@ def test_a_dead_replica_is_named_by_the_check_and_its_requests_fail_over(monkeyp
     monkeypatch.delenv(KEY_ENV, raising=False)
     dead = f"http://127.0.0.1:{free_port()}/v1"
     with FakeOpenAI() as live:
-        llm = make_replicated([], urls=[f"{live.url}/v1", dead], max_concurrency=1)
+        llm = make_replicated([], urls=[f"{live.url}/v1", dead], max_concurrency=1, ready_timeout_s=0)
         with pytest.raises(PipelineError) as info:
             llm.check_available()
         out = llm.generate([GenerationRequest(f"q{i}") for i in range(4)])

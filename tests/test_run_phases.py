@@ -264,3 +264,27 @@ def test_an_eval_whose_child_fails_is_one_error_line(tmp_path, grid):
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert errors == proc.stderr.strip().splitlines()[-1:]
     assert errors[0].startswith("error: eval ") and "'big-model' is not served by" in errors[0]
+
+
+def test_the_documented_70b_teacher_copy_of_the_paper_grid_serves_the_70b_in_both_teacher_units(tmp_path):
+    """docs/full-scale.md's command for a node that cannot hold the 405B, run as written (sed over
+    configs/paper.yaml): the copy's teacher phase needs the 70B-Instruct for generate AND for the
+    teacher's own prompted eval (both in that phase, one server), and nothing names the 405B."""
+    import re
+    import subprocess
+
+    doc = (REPO / "docs" / "full-scale.md").read_text()
+    [command] = [block for block in re.findall(r"```bash\n(.*?)```", doc, re.S) if "paper-70b-teacher.yaml" in block]
+    copy = tmp_path / "configs" / "paper-70b-teacher.yaml"
+    copy.parent.mkdir()
+    (tmp_path / "configs" / "paper.yaml").write_text((REPO / "configs" / "paper.yaml").read_text())
+    subprocess.run(["bash", "-euc", command], cwd=tmp_path, check=True)
+    cfg = build(RunConfig, read_yaml(copy))
+    units = plan(cfg, [build(Student, s) for s in cfg.students])
+    teacher = [u for u in units if u.phase == "teacher"]
+    assert [u.title for u in teacher] == ["generate: the teacher writes trajectories",
+                                          "eval: llama-3.1-70b-instruct-teacher prompted"]
+    assert all(u.needs.startswith("needs meta-llama/Llama-3.1-70B-Instruct served at http://127.0.0.1:8000/v1")
+               for u in teacher)
+    assert "405" not in "\n".join(f"{u.title} {u.needs}" for u in units)
+    assert str(cfg.out_dir) == "runs/paper-70b-teacher" and cfg.experiment == "paper-70b-teacher"

@@ -49,6 +49,9 @@ class LLMConfig:
     max_concurrency: int = same_run("free", default=8, metadata=bound(1))  # requests in flight at once, per replica
     timeout_s: float = same_run("free", default=60.0)
     max_retries: int = same_run("free", default=5, metadata=bound(0))
+    # How long to wait for an external endpoint to come up before the first request: a `vllm serve`
+    # started just before (`&`) loads the 405B for ~10 min; 0 = fail at once when it does not answer.
+    ready_timeout_s: float = same_run("free", default=1800.0, metadata=bound(0))
     extra: dict = same_run("identity", default_factory=dict)  # backend-specific passthrough (e.g. vllm kwargs)
 
     def __post_init__(self):

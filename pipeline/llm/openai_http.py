@@ -42,6 +42,8 @@ from pipeline.llm.config import LLMConfig
 from pipeline.llm.replicas import ReplicaSet
 
 APIS = ("completions", "chat")
+READY_POLL_S = 2.0  # how often a server still loading is asked again (check_available)
+READY_PROGRESS_S = 30.0  # how often the wait for it says so
 
 
 class OpenAICompatibleLLM:
@@ -77,9 +79,12 @@ class OpenAICompatibleLLM:
                     "sleep": sleep, "headers": headers, "secrets": [key]}
         self.client = JsonHttpClient(timeout_s=cfg.timeout_s, max_retries=cfg.max_retries,
                                      **schedule)
-        # The availability check must answer fast: one retry, not the generation schedule.
-        self._probe = JsonHttpClient(timeout_s=min(cfg.timeout_s, 10.0), max_retries=1,
+        # The availability check must answer fast: one attempt per poll, not the generation
+        # schedule; waiting for a server still loading is check_available's own loop.
+        self._probe = JsonHttpClient(timeout_s=min(cfg.timeout_s, 10.0), max_retries=0,
                                      **schedule)
+        self.ready_timeout_s = cfg.ready_timeout_s
+        self._sleep = sleep
         self._has_key = bool(key)
         self._vllm: set[str] = set()  # the replicas whose /models says they are vLLM (check_available)
         self._pool: ThreadPoolExecutor | None = None
@@ -98,7 +103,10 @@ class OpenAICompatibleLLM:
         return list(self._executor().map(self._generate_one, requests))
 
     def check_available(self) -> None:
-        """Raise PipelineError (one line) unless every replica answers and serves `model`."""
+        """Raise PipelineError (one line) unless every replica answers and serves `model`; a
+        replica that does not answer yet (connection refused, a timeout, HTTP 5xx: a server still
+        loading) is waited for up to `ready_timeout_s`, with a progress line every
+        READY_PROGRESS_S."""
         for replica in self.replicas.replicas:
             self._check_replica(replica.url, self.replicas.name(replica))
 
@@ -106,12 +114,14 @@ class OpenAICompatibleLLM:
         url = f"{base_url}/models"
         where = "" if name == base_url else f"{name}: "
         try:
-            payload = self._probe.get_json(url)
+            payload = self._wait_for_answer(url)
         except RequestFailed as e:
             hint = ""
             if "HTTP 401" in e.reason or "HTTP 403" in e.reason:
                 hint = f" (the key from ${self.api_key_env} was {'refused' if self._has_key else 'not set'})"
-            raise PipelineError(f"OpenAI-compatible endpoint unavailable: {where}{e.reason}{hint}; "
+            waited = (f" (waited {self.ready_timeout_s:g} s, llm.ready_timeout_s)"
+                      if e.exhausted and self.ready_timeout_s > 0 else "")
+            raise PipelineError(f"OpenAI-compatible endpoint unavailable: {where}{e.reason}{waited}{hint}; "
                                 "start the server or fix llm.base_url / llm.api_key_env") from None
         models = payload.get("data") if isinstance(payload, dict) else None
         served = [m.get("id") for m in models if isinstance(m, dict)] \
@@ -126,6 +136,28 @@ class OpenAICompatibleLLM:
         """The sampling knobs besides the temperature sent to every replica."""
         every_vllm = all(r.url in self._vllm for r in self.replicas.replicas)
         return {**OPENAI_SAMPLING, **(VLLM_SAMPLING if every_vllm else {})}
+
+    def _wait_for_answer(self, url: str) -> Any:
+        """GET `url` until it answers, for up to `ready_timeout_s`; a failure not worth waiting
+        for (HTTP 401, 404: the server is up and says no) is raised at once."""
+        started = time.monotonic()
+        last_note = None
+        while True:
+            try:
+                payload = self._probe.get_json(url)
+            except RequestFailed as e:
+                waited = time.monotonic() - started
+                if not e.exhausted or waited >= self.ready_timeout_s:
+                    raise
+                if last_note is None or waited - last_note >= READY_PROGRESS_S:
+                    print(f"[endpoint] waiting for {url} to answer: {waited:.0f} s of "
+                          f"{self.ready_timeout_s:g} s (llm.ready_timeout_s); last: {e.reason}", flush=True)
+                    last_note = waited
+                self._sleep(min(READY_POLL_S, max(self.ready_timeout_s - waited, 0.0)))
+                continue
+            if last_note is not None:
+                print(f"[endpoint] {url} answered after {time.monotonic() - started:.0f} s", flush=True)
+            return payload
 
     def close(self) -> None:
         with self._pool_lock:

@@ -36,6 +36,7 @@ from pipeline.train.deepspeed_setup import deepspeed_line, settle_deepspeed_conf
 from pipeline.train.final import check_same_precision, model_params_b, write_final
 from pipeline.train.launch import Launch
 from pipeline.train.model import load_student, peft_config
+from pipeline.train.notices import EXPERIMENTAL_TRL_LINE
 from pipeline.train.plan import TrainPlan, plan_training
 from pipeline.train.run import check_launch
 from pipeline.train.script import script_main
@@ -233,6 +234,7 @@ def run(cfg: GrpoConfig) -> dict:
     rank0 = launch.rank0
     if rank0:
         print(train_plan.precision.line("training"))
+        print(EXPERIMENTAL_TRL_LINE)  # in place of TRL's own notice, silenced on every rank (pipeline.train.notices)
         if deepspeed:
             print(deepspeed_line(*deepspeed).replace("[finetune]", "[grpo]"))
         print(f"[grpo] {cfg.format} on {plan.task.title} from {plan.start.kind} {cfg.student}: {cfg.questions_per_step} "

@@ -23,6 +23,7 @@ from pipeline.train.config import FINAL_DIR, FinetuneConfig, resolve
 from pipeline.train.data import load_sft_records, load_tokenizer
 from pipeline.train.deepspeed_setup import check_deepspeed_device, settle_deepspeed_config
 from pipeline.train.final import check_same_precision, save_final
+from pipeline.train.notices import drop_padding_free_note
 from pipeline.train.plan import TrainPlan, plan_training
 from pipeline.train.trainer import build_trainer
 
@@ -56,6 +57,8 @@ def run(cfg: FinetuneConfig) -> dict:
     if not examples:
         raise PipelineError(f"{dataset_path}: every example is longer than max_length={cfg.max_length}")
     rank0 = plan.launch.rank0
+    if plan.batch.capped:  # the plan says why a micro-batch holds one trajectory: TRL's note would repeat it
+        drop_padding_free_note()
     if rank0:
         print("\n".join(plan.lines(cfg)))
         print(f"[finetune] {cfg.format} on {cfg.student_name}: {report.summary()}")

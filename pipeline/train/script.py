@@ -11,7 +11,9 @@ from collections.abc import Callable
 
 from pipeline.core.config import add_config_arguments, stage_config
 from pipeline.core.errors import PipelineError
+from pipeline.core.progress import use_lines_off_terminal
 from pipeline.train.failures import report_error, storage_error_message
+from pipeline.train.notices import silence_library_notices
 
 
 def script_main(argv: list[str] | None, config_class: type, *, section: str, resolve: Callable, run: Callable,
@@ -21,6 +23,8 @@ def script_main(argv: list[str] | None, config_class: type, *, section: str, res
     args = parser.parse_args(argv)
     cfg = None
     try:
+        use_lines_off_terminal()  # the launching stage chose bars or lines for its whole output
+        silence_library_notices()  # each rank would print them; the plan says what they say, once
         cfg = stage_config(config_class, args, section=section, finish=resolve)
         run(cfg)
     except PipelineError as exc:
