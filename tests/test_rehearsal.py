@@ -17,8 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.core import gpu_memory
 from pipeline.core.config import build, load_config
 from pipeline.core.errors import PipelineError
+from pipeline.core.gpu_memory import GpuNeed
+from pipeline.core.storage import REHEARSAL_ENV, write_manifest
+from pipeline.hub.cards import marked_rehearsal
+from pipeline.rehearsal import node
 from pipeline.rehearsal.cpu_serve import cpu_args
 from pipeline.rehearsal.models import KNOWN, family_of, tiny_config
 from pipeline.rehearsal.rewrite import cpu_launch
@@ -113,3 +118,59 @@ def test_the_cpu_server_keeps_the_gpu_flags_for_the_simulated_node():
     assert args[:4] == ["--tensor-parallel-size", "1", "--gpu-memory-utilization", "0.9"]
     assert "--enforce-eager" in args
     assert gpu == {"tensor-parallel-size": "8", "gpu-memory-utilization": "0.9"}
+
+
+# ---------------------------------------------------------------- the simulated node
+
+
+@pytest.fixture
+def simulated_node(tmp_path, monkeypatch):
+    """The rehearsal's stand-in nvidia-smi installed first on PATH (restored afterwards)."""
+    monkeypatch.setenv("PATH", os.environ["PATH"])
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    return node.install(tmp_path / "node")
+
+
+def holding(env: dict, *argv: str) -> subprocess.Popen:
+    """A real process the stand-in sees (a sleep with the environment of what it stands for)."""
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", *argv],
+                            env={**os.environ, **env})
+
+
+def test_a_server_holds_its_share_of_each_of_its_gpus_and_the_check_names_it(simulated_node):
+    gpus, apps = gpu_memory.query_nvidia_smi()
+    assert [g.free_mib for g in gpus] == [node.IDLE_FREE_MIB] * 8  # an idle 8 x H100 node
+    server = holding({"REHEARSAL_GPUS": "tensor-parallel-size=8,gpu-memory-utilization=0.9"})
+    try:
+        gpus, apps = gpu_memory.query_nvidia_smi()
+        assert {g.free_mib for g in gpus} == {node.IDLE_FREE_MIB - int(0.9 * node.TOTAL_MIB)}
+        assert {a.pid for a in apps} == {server.pid} and len(apps) == 8
+        with pytest.raises(PipelineError, match=rf"needs 90% of each GPU.s memory free on GPU 0-7; .* held by pid "
+                                                rf"{server.pid} "):
+            gpu_memory.check(GpuNeed("eval of the 70B", 8, share=0.9))
+    finally:
+        server.kill()
+        server.wait()
+    gpu_memory.check(GpuNeed("eval of the 70B", 8, share=0.9))  # gone: the GPUs are free again
+
+
+def test_a_training_rank_holds_its_own_gpu_and_other_callers_see_no_gpu(simulated_node):
+    rank = holding({"LOCAL_RANK": "3"}, "-m", "pipeline.finetune")
+    try:
+        gpus, apps = gpu_memory.query_nvidia_smi()
+        assert [a.pid for a in apps] == [rank.pid] and gpus[3].free_mib < gpus[2].free_mib == node.IDLE_FREE_MIB
+    finally:
+        rank.kill()
+        rank.wait()
+    other = subprocess.run(["nvidia-smi", "--query-gpu=count,name", "--format=csv,noheader"], capture_output=True,
+                           text=True)
+    assert other.returncode == 9 and "no GPU here" in other.stderr  # accelerate's launcher: this CPU's truth
+
+
+def test_every_manifest_and_card_of_a_rehearsal_says_so(tmp_path, monkeypatch):
+    monkeypatch.delenv(REHEARSAL_ENV, raising=False)
+    assert "rehearsal" not in write_manifest(tmp_path / "a.json", stage="x", config={}, complete=True)
+    monkeypatch.setenv(REHEARSAL_ENV, "1")
+    assert write_manifest(tmp_path / "b.json", stage="x", config={}, complete=True)["rehearsal"] is True
+    card = marked_rehearsal("---\nlicense: \"other\"\n---\n\n# a student\n")
+    assert card.startswith("---\nlicense: \"other\"\nrehearsal: true\n---\n**REHEARSAL**")

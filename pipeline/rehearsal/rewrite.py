@@ -26,6 +26,7 @@ from urllib.parse import urlparse
 
 from pipeline.core.config import merged, read_section
 from pipeline.core.errors import PipelineError
+from pipeline.rehearsal import fill_in
 from pipeline.rehearsal.models import tiny_model
 
 SUFFIX = "-rehearsal"
@@ -34,6 +35,7 @@ EVAL_QUESTIONS = 2  # questions per eval unit
 TRAIN_STEPS = 2
 TRAIN_BATCH = 4  # global batch: 2 processes x 1 per device x 2 accumulation steps
 TRAIN_PROCESSES = 2
+PLOT_TITLE = "REHEARSAL with tiny random models (not a result)"
 TARGET_GPUS = 8  # the node the grid is written for, unless it says otherwise
 OFFLINE_SETS = ("offline-bootstrap", "offline-eval")
 # The local corpus of each task: what `wiki` becomes where the grid's index is not on disk.
@@ -84,9 +86,12 @@ def rehearse(cfg, students: list) -> Rehearsal:
     c.out_dir, c.experiment = out_dir, f"{cfg.experiment}{SUFFIX}"
     if c.plot.get("out_dir"):
         c.plot = {**c.plot, "out_dir": f"{c.plot['out_dir']}{SUFFIX}"}
+    c.plot = {**c.plot, "title": f"{PLOT_TITLE}: {c.plot['title']}" if c.plot.get("title") else PLOT_TITLE}
     c.wiki = local_wiki(c.task, c.wiki, r.notes)
     c.generate = generate_section(c.generate, models, r)
     c.filter = filter_section(c.filter, models)
+    if c.generate.get("oracle") is None:
+        r.notes.append(fill_in.note(c.task, c.generate["limit"]))
     c.eval = eval_section(c.eval, models, r.notes, "eval")
     c.train = dict(c.train)
     for student in r.students:

@@ -180,6 +180,12 @@ def main(args: argparse.Namespace) -> int:
         rehearsal = rehearse(cfg, students)
         cfg, students = rehearsal.config, rehearsal.students
         print_rehearsal(rehearsal, "#" if args.print_config else "[run]")
+        if not args.print_config:
+            from pipeline.rehearsal.session import session
+
+            with session(rehearsal) as prepare:
+                run(cfg, students, phases, prepare)
+            return 0
     if args.print_config:
         units = select(plan(cfg, students), phases)
         print_plan(units)
@@ -540,9 +546,13 @@ def needs_train(ft) -> str:
     return f"launches accelerate with {n} process{'es' if n > 1 else ''} ({config.stem}; this node has {gpus} GPU(s))"
 
 
-def run(cfg: RunConfig, students: list[Student], phases: list[str] | None = None) -> dict:
+def run(cfg: RunConfig, students: list[Student], phases: list[str] | None = None, prepare=None) -> dict:
+    """`prepare(units)`, where given (a rehearsal's: pipeline/rehearsal/session.py), sees the
+    selected plan before it runs and may wrap units' actions."""
     started = time.monotonic()
     units = select(plan(cfg, students), phases or list(PHASES))
+    if prepare is not None:
+        prepare(units)
     check_selected(cfg, units)
     show_plan(units)
     outputs: dict = {}

@@ -1,0 +1,43 @@
+"""The rehearsal's labelled fill-in: correct trajectories where a tiny random teacher writes none.
+
+A random model's episodes are noise (no finish, no answer), so `filter` would make empty SFT sets
+and every training unit would have nothing to train on. Before the filter unit runs, the oracle
+stand-in teacher (pipeline/agent/answerers.py: it reads the gold supporting facts, asks no model)
+answers the same questions in each format into <out_dir>/fill-in, and that folder is added to the
+filter's inputs: its trajectories are correct and grounded in the environment, its teacher is
+named `oracle` in every row and manifest, and the plan says so. It acts in the environment's
+clean observation style whatever the grid's (in the original style its `Search[...]` is an
+invalid action: it finishes nothing).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from pipeline.core.config import build, to_dict
+
+ORACLE = {"hotpotqa": "agent", "fever": "exact"}  # the stand-in's style for each task
+FOLDER = "fill-in"
+
+
+def note(task: str, questions: int) -> str:
+    return (f"filter: a random teacher writes no correct trajectory, so the oracle stand-in (gold facts, no model; "
+            f"oracle: {ORACLE.get(task, 'exact')}) answers the same {questions} questions into <out_dir>/{FOLDER}, "
+            "added to the filter's inputs (labelled: its teacher is `oracle`; clean observation style)")
+
+
+def filling(action, generate_config):
+    """The filter unit's action, run once the fill-in folder is there, with it among its inputs."""
+    def run_unit(config):
+        from pipeline.stages.generate import GenerateConfig, generate
+
+        folder = Path(config.out_dir).parent / FOLDER
+        layers = {k: v for k, v in to_dict(generate_config).items() if k not in ("teacher", "serve", "out_dir")}
+        layers["wiki"] = {**layers["wiki"], "observation_style": "clean"}  # the stand-in acts in the clean style only
+        oracle = build(GenerateConfig, {**layers, "oracle": ORACLE.get(generate_config.task, "exact"),
+                                        "out_dir": str(folder)}, where="rehearsal fill-in")
+        print(f"[rehearsal] fill-in: the oracle stand-in answers the teacher's questions into {folder}", flush=True)
+        generate(oracle)
+        return action(replace(config, inputs=[*config.inputs, str(folder)]))
+    return run_unit
