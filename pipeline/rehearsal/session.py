@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Callable, Iterator
 
 from pipeline.core.storage import REHEARSAL_ENV
@@ -41,11 +42,29 @@ def session(rehearsal: Rehearsal) -> Iterator[Callable[[list], None]]:
         for unit in units:
             if unit.selected and unit.phase == FILTER_PHASE and generating:
                 unit.action = filling(unit.action, generating[0].config)
+            if unit.selected:
+                unit.action = timed(unit.action, unit.phase, seconds)
+    seconds: dict[str, float] = {}
     try:
         yield prepare
     finally:
         for server in servers:
             server.stop(hurry=True)
+        if seconds:
+            print("[rehearsal] time per phase on this machine: " + ", ".join(
+                f"{phase} {s:.0f} s" for phase, s in seconds.items()) + f"; {sum(seconds.values()):.0f} s in all",
+                flush=True)
+
+
+def timed(action, phase: str, seconds: dict[str, float]):
+    """The unit's action, its wall time added to its phase's (servers' start-ups included)."""
+    def run_unit(config):
+        started = time.monotonic()
+        try:
+            return action(config)
+        finally:
+            seconds[phase] = seconds.get(phase, 0.0) + time.monotonic() - started
+    return run_unit
 
 
 def starting(action, rehearsal: Rehearsal, servers: list):

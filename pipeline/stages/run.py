@@ -551,10 +551,10 @@ def run(cfg: RunConfig, students: list[Student], phases: list[str] | None = None
     selected plan before it runs and may wrap units' actions."""
     started = time.monotonic()
     units = select(plan(cfg, students), phases or list(PHASES))
-    if prepare is not None:
-        prepare(units)
     check_selected(cfg, units)
     show_plan(units)
+    if prepare is not None:  # after the checks, which know the units by their actions
+        prepare(units)
     outputs: dict = {}
     with running(units) as after:  # the servers units share (pipeline/llm/serve_groups.py)
         for i, unit in enumerate(units, start=1):
