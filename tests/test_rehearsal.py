@@ -229,3 +229,10 @@ def test_the_paper_grid_rehearses_on_this_cpu(tmp_path, index, smollm2_dir):
     assert (folder / "plot" / "figure3.png").is_file()
     assert re.search(r"\[rehearsal\] time per phase on this machine: teacher \d+ s, filter \d+ s, train \d+ s, "
                      r"eval \d+ s, plot \d+ s", proc.stdout)
+
+
+def test_self_training_rounds_are_rehearsed_on_a_handful_of_questions(tmp_path):
+    cfg = load_config(RunConfig, REPO / "configs/small-rounds.yaml", [f"out_dir={tmp_path}/rounds"])
+    students = [build(Student, s, where="students") for s in cfg.students]
+    st = rehearse(cfg, students).config.self_training
+    assert (st.rounds, st.limit, st.samples, st.data, st.train["max_steps"]) == (3, 3, 1, "union", 2)

@@ -96,11 +96,24 @@ def rehearse(cfg, students: list) -> Rehearsal:
     c.train = dict(c.train)
     for student in r.students:
         rehearse_student(c, student, models, r)
+    if c.self_training.rounds > 1:
+        c.self_training = rounds_section(c.self_training, r.notes)
     if c.grpo.formats:
         c.grpo = replace(c.grpo, settings=merged(c.grpo.settings, {
             "questions": "offline-bootstrap", "max_steps": 1, "group_size": 2, "questions_per_step": 1}))
         r.notes.append("grpo: 1 step of 1 question x 2 rollouts on the offline bootstrap split")
     return r
+
+
+def rounds_section(st, notes: list[str]):
+    """Self-training rounds on a handful of questions, one sample each, a few steps; each round's
+    set the union with the round before's (a random student solves nothing new: the earlier rows,
+    the fill-in's included, keep every round's set non-empty)."""
+    limit = min(st.limit or GENERATE_QUESTIONS, GENERATE_QUESTIONS)
+    notes.append(f"self_training: {st.rounds} rounds on the first {limit} questions, 1 sample each, "
+                 f"{TRAIN_STEPS} steps, data: union (was {st.data}): a random student solves nothing new")
+    return replace(st, limit=limit, samples=1, data="union", train={**st.train, "max_steps": TRAIN_STEPS},
+                   questions=None if st.questions not in OFFLINE_SETS else st.questions)
 
 
 class Models:
