@@ -38,7 +38,8 @@ def session(rehearsal: Rehearsal) -> Iterator[Callable[[list], None]]:
         if rehearsal.endpoints and chosen:
             chosen[0].action = starting(chosen[0].action, rehearsal, servers)
             chosen[-1].action = stopping(chosen[-1].action, servers)
-        generating = [u for u in units if u.phase == TEACHER_PHASE and type(u.config).__name__ == "GenerateConfig"]
+        generating = [u for u in units if u.phase == TEACHER_PHASE and type(u.config).__name__ == "GenerateConfig"
+                      and u.config.oracle is None]  # the stand-in teacher's own trajectories need no fill-in
         for unit in units:
             if unit.selected and unit.phase == FILTER_PHASE and generating:
                 unit.action = filling(unit.action, generating[0].config)
