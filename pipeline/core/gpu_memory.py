@@ -208,6 +208,8 @@ def check(need: GpuNeed | None) -> None:
     line = shortfall(need, seen, apps)
     if line:
         raise PipelineError(line)
+    amount = f"{need.share:.0%} of each GPU's memory" if need.share is not None else f"{gib(need.mib or 0)} GiB"
+    print(f"[gpu] {need.what}: {amount} free on GPU {span([g.index for g in seen[:need.gpus]])}: ok", flush=True)
 
 
 def llm_need(what: str, llm, serve=None, params_b: float | None = None) -> GpuNeed | None:

@@ -283,9 +283,17 @@ def file_fingerprint(path: str | os.PathLike) -> dict:
     return {"path": str(path), "size": st.st_size, "mtime": int(st.st_mtime)}
 
 
+# Set by `run --rehearse` (pipeline/rehearsal) for itself and every process it starts: every
+# manifest then says `rehearsal: true`, so nothing a rehearsal's tiny random models write can be
+# mistaken for a result.
+REHEARSAL_ENV = "REACT_PIPELINE_REHEARSAL"
+
+
 def write_manifest(path: str | os.PathLike, *, stage: str, config: Any, complete: bool, **extra) -> dict:
     """Write a run manifest atomically. `complete=False` marks outputs a consumer must refuse."""
+    rehearsal = {"rehearsal": True} if os.environ.get(REHEARSAL_ENV) else {}
     manifest = {
+        **rehearsal,
         "stage": stage,
         "complete": complete,
         "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

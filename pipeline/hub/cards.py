@@ -276,9 +276,17 @@ def eval_rows_for(final: Path, summaries: list[Path]) -> list[dict]:
     return rows
 
 
+def marked_rehearsal(card: str) -> str:
+    """A card of a rehearsal's tiny random model (`run --rehearse`): said in its metadata and first line."""
+    head, sep, body = card.partition("\n---\n") if card.startswith("---\n") else ("", "", card)
+    banner = "**REHEARSAL**: a tiny random model from `run --rehearse`; its numbers are not a result.\n\n"
+    return f"{head}\nrehearsal: true{sep}{banner}{body}" if sep else banner + card
+
+
 def write_model_card(final: Path, eval_rows: list[dict]) -> Path:
     """(Re)write `final/README.md` from its manifest and these eval rows."""
     manifest = read_manifest(Path(final) / "manifest.json") or {}
     path = Path(final) / "README.md"
-    atomic_write_text(path, model_card(manifest, eval_rows))
+    atomic_write_text(path, marked_rehearsal(model_card(manifest, eval_rows)) if manifest.get("rehearsal")
+                      else model_card(manifest, eval_rows))
     return path

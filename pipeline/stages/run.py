@@ -165,6 +165,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--only", metavar="PHASE[,PHASE]", help=f"run only these phases ({phases})")
     parser.add_argument("--from", dest="from_phase", metavar="PHASE", help="run from this phase on")
     parser.add_argument("--until", metavar="PHASE", help="run up to and including this phase")
+    parser.add_argument("--rehearse", action="store_true",
+                        help="rehearse the grid on this CPU: tiny models of the same architectures, the local "
+                        "data, CPU launches, in <out_dir>-rehearsal (pipeline/rehearsal)")
     parser.description = (parser.description or "") + "\n\nphases, in the order they run:\n" + "\n".join(
         f"  {name:<8} {text}" for name, text in PHASES.items()) + (
         "\n\nEach phase can run on its own, e.g. with the teacher served: run --only teacher; "
@@ -178,6 +181,18 @@ def main(args: argparse.Namespace) -> int:
     phases = selected_phases(args.only, args.from_phase, args.until)
     cfg = load_config(RunConfig, args.config, args.overrides)
     students = [build(Student, s, where=f"{args.config} students[{i}]") for i, s in enumerate(cfg.students)]
+    if args.rehearse:  # an ordinary config from here on: tiny models, local data, CPU launches
+        from pipeline.rehearsal.rewrite import print_rehearsal, rehearse
+
+        rehearsal = rehearse(cfg, students)
+        cfg, students = rehearsal.config, rehearsal.students
+        print_rehearsal(rehearsal, "#" if args.print_config else "[run]")
+        if not args.print_config:
+            from pipeline.rehearsal.session import session
+
+            with session(rehearsal) as prepare:
+                run(cfg, students, phases, prepare)
+            return 0
     if args.print_config:
         units = select(plan(cfg, students), phases)
         print_plan(units)
@@ -574,11 +589,15 @@ def needs_train(ft) -> str:
     return f"launches accelerate with {n} process{'es' if n > 1 else ''} ({config.stem}; this node has {gpus} GPU(s))"
 
 
-def run(cfg: RunConfig, students: list[Student], phases: list[str] | None = None) -> dict:
+def run(cfg: RunConfig, students: list[Student], phases: list[str] | None = None, prepare=None) -> dict:
+    """`prepare(units)`, where given (a rehearsal's: pipeline/rehearsal/session.py), sees the
+    selected plan before it runs and may wrap units' actions."""
     started = time.monotonic()
     units = select(plan(cfg, students), phases or list(PHASES))
     check_selected(cfg, units)
     show_plan(units)
+    if prepare is not None:  # after the checks, which know the units by their actions
+        prepare(units)
     outputs: dict = {}
     with running(units) as after:  # the servers units share (pipeline/llm/serve_groups.py)
         for i, unit in enumerate(units, start=1):

