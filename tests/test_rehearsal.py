@@ -193,8 +193,8 @@ def test_every_manifest_and_card_of_a_rehearsal_says_so(tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------- the paper grid, end to end
 
-# Defect 1 of issue 49, until its fix: the 70B's units attached to their group's shared server
-# check the GPU memory again, and the simulated node shows the group's own server holding it.
+# Defect 1 of issue 49 (fixed in llm/serve_groups.py): the 70B's units attached to their group's shared server
+# checked the GPU memory again, and the simulated node showed the group's own server holding it.
 DEFECT_1 = re.compile(r"llama-3.1-70b-prompt needs 90% of each GPU's memory free on GPU 0-7 .* held by pid \d+ "
                       r"`[^`]*vllm.entrypoints.openai.api_server")
 
@@ -219,9 +219,7 @@ def test_the_paper_grid_rehearses_on_this_cpu(tmp_path, index, smollm2_dir):
             final = checkpoints / "paper-rehearsal" / student / fmt / "final"
             assert read_manifest(final / "manifest.json")["rehearsal"] is True, final
     assert "[gpu] eval " in proc.stdout and ": ok" in proc.stdout  # the checks' verdicts against the simulated node
-    if proc.returncode != 0 and DEFECT_1.search(proc.stderr):
-        pytest.xfail("defect 1 of issue 49: a unit attached to its group's shared server checks the GPU memory "
-                     "again and finds the server itself holding it")
+    assert not DEFECT_1.search(proc.stderr)  # defect 1 of issue 49: the 70B's own shared server refused
     assert proc.returncode == 0, proc.stderr[-3000:]
     for summary in (folder / "eval").glob("*/manifest.json"):
         assert read_manifest(summary)["rehearsal"] is True, summary
