@@ -74,6 +74,20 @@ def test_question_sets_are_the_notebooks_sample_and_disjoint_pools(shared_data):
         FEVER.load_questions("dev500")
 
 
+def test_a_claims_file_of_its_own_is_not_checked_against_the_released_line_it_shares_an_index_with(shared_data):
+    """The index check reads a claim's pages from ReAct's released trajectory of that paper_dev line:
+    a claim of another file at the same line (here a made-up one) has no known pages (None), where
+    keying by line alone refused a test world's own index (3 of 3 'missing')."""
+    from pipeline.tasks.fever import Claim, local_trajectories
+
+    task, released = get_task("fever"), local_trajectories()
+    line, trajectory = next(iter(released.items()))
+    ours = Claim(id="c-kilo", question="The colour of kilo is gold.", answer="SUPPORTS", index=line)
+    assert task.lacks_pages(ours, lambda title: False) is None
+    theirs = Claim(id="paper", question=trajectory.claim, answer="SUPPORTS", index=line)
+    assert task.lacks_pages(theirs, lambda title: False) is True
+
+
 def test_a_bad_claims_file_names_its_line(tmp_path):
     path = tmp_path / "claims.jsonl"
     path.write_text('{"id": 1, "claim": "A.", "label": "SUPPORTS"}\n{"id": 2, "claim": "B.", "label": "MAYBE"}\n')

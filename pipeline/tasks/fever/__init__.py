@@ -171,7 +171,9 @@ class Fever(Task):
         from pipeline.tasks.fever.replay import searched_titles
 
         released = local_trajectories().get(question.index)
-        titles = searched_titles(released) if released is not None else []
+        if released is None or released.claim != question.question:  # another file's claim at that line
+            return None
+        titles = searched_titles(released)
         return not any(has_page(t) for t in titles) if titles else None
 
     def oracle(self, fmt: str, settings: Any, style: str) -> Any:

@@ -43,6 +43,7 @@ class Released:
 
     steps: list[tuple[str, str]] = field(default_factory=list)
     answer: str | None = None
+    claim: str | None = None  # the claim it answered (the file's `claim`): a line index alone names no claim
 
 
 def parse_released(text: str) -> Released:
@@ -79,7 +80,8 @@ def released_trajectories(path: Path) -> dict[int, Released]:
             continue
         try:
             row = json.loads(line)
-            out[int(row["question_idx"])] = parse_released(row["traj"])
+            out[int(row["question_idx"])] = released = parse_released(row["traj"])
+            released.claim = row.get("claim")
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             raise PipelineError(f"{path}:{lineno}: not a released FEVER trajectory ({exc})") from None
     return out
