@@ -142,6 +142,7 @@ def test_the_cpu_server_keeps_the_gpu_flags_for_the_simulated_node():
 def simulated_node(tmp_path, monkeypatch):
     """The rehearsal's stand-in nvidia-smi installed first on PATH (restored afterwards)."""
     monkeypatch.setenv("PATH", os.environ["PATH"])
+    monkeypatch.setenv(node.NODE_VARIABLE, "")  # install() sets it; restored (unset) afterwards
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     return node.install(tmp_path / "node")
 
@@ -180,6 +181,20 @@ def test_a_training_rank_holds_its_own_gpu_and_other_callers_see_no_gpu(simulate
     other = subprocess.run(["nvidia-smi", "--query-gpu=count,name", "--format=csv,noheader"], capture_output=True,
                            text=True)
     assert other.returncode == 9 and "no GPU here" in other.stderr  # accelerate's launcher: this CPU's truth
+
+
+def test_a_process_outside_the_rehearsal_holds_nothing_of_its_node(simulated_node):
+    """Another program on the laptop (a training test beside the rehearsal, in the fresh-clone
+    suite: it was reported holding 55.8 GiB of GPU 0 and an 8B eval was refused) is not on the node."""
+    outside = {k: v for k, v in os.environ.items() if k != node.NODE_VARIABLE}
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "-m", "pipeline.finetune"],
+                                env={**outside, "LOCAL_RANK": "0"})
+    try:
+        gpus, apps = gpu_memory.query_nvidia_smi()
+        assert apps == [] and [g.free_mib for g in gpus] == [node.IDLE_FREE_MIB] * 8
+    finally:
+        stranger.kill()
+        stranger.wait()
 
 
 def test_every_manifest_and_card_of_a_rehearsal_says_so(tmp_path, monkeypatch):

@@ -9,8 +9,10 @@ what each process holds from what the process is, as a real node would show it:
 - a training rank (LOCAL_RANK set, running pipeline.finetune or the grpo trainer): TRAIN_SHARE of
   its own GPU, what a launch sized for the node (the student headers) fills;
 - anything else: nothing.
-It reads /proc, so only this user's processes are seen, as inside a container. Every GPU check
-the run makes goes through it, and the run prints each verdict (gpu_memory.check).
+It reads /proc and counts only this rehearsal's processes (REHEARSAL_NODE in their environment,
+set by install() and inherited by every child), as a node shows only its own: another program on
+the laptop (a test beside it, another rehearsal) holds nothing of this node. Every GPU check the
+run makes goes through it, and the run prints each verdict (gpu_memory.check).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ GPUS = 8
 TOTAL_MIB = 81559  # memory.total of an H100 80GB HBM3
 IDLE_FREE_MIB = 81004  # memory.free of an idle one (the driver reserves the rest)
 TRAIN_SHARE = 0.7
+NODE_VARIABLE = "REHEARSAL_NODE"  # the node folder, in the environment of every process of the rehearsal
 TRAINERS = ("pipeline.finetune", "pipeline/finetune.py", "pipeline.rl.train", "pipeline/rl/train.py")
 
 # The stand-in itself: run by this interpreter, it imports this module from the project.
@@ -48,6 +51,7 @@ def install(folder: Path, gpus: int = GPUS, total_mib: int = TOTAL_MIB) -> Path:
     smi.write_text(SCRIPT.format(python=sys.executable, root=root, folder=str(folder.resolve())))
     smi.chmod(0o755)
     os.environ["PATH"] = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
+    os.environ[NODE_VARIABLE] = str(folder.resolve())
     return bin_dir
 
 
@@ -60,7 +64,7 @@ def answer(folder: str, args: list[str]) -> int:
     from pipeline.core.gpu_memory import APPS_QUERY, GPU_QUERY
 
     node = json.loads((Path(folder) / "node.json").read_text())
-    held = holdings(node)
+    held = holdings(node, folder)
     if args == GPU_QUERY:
         for i in range(node["gpus"]):
             used = sum(mib for gpu, _, _, mib in held if gpu == i)
@@ -76,9 +80,11 @@ def answer(folder: str, args: list[str]) -> int:
     return 9
 
 
-def holdings(node: dict) -> list[tuple[int, int, str, int]]:
-    """(GPU index, pid, process name, MiB) of every process holding GPU memory on the node."""
-    procs = {pid: info for pid in os.listdir("/proc") if pid.isdigit() and (info := process(int(pid)))}
+def holdings(node: dict, folder: str) -> list[tuple[int, int, str, int]]:
+    """(GPU index, pid, process name, MiB) of every process of this rehearsal (its node `folder`)
+    holding GPU memory on the node."""
+    procs = {pid: info for pid in os.listdir("/proc") if pid.isdigit() and (info := process(int(pid)))
+             and info[0].get(NODE_VARIABLE) == folder}
     held = []
     for pid, (env, argv, parent) in procs.items():
         if "REHEARSAL_GPUS" in env and "REHEARSAL_GPUS" not in procs.get(str(parent), ({}, [], 0))[0]:
