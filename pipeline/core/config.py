@@ -125,12 +125,17 @@ def http_url(value: Any) -> str | None:
     return None
 
 
+def repeated_items(values: list) -> list[str]:
+    """The items a list names more than once, sorted."""
+    return sorted({str(v) for v in values if values.count(v) > 1})
+
+
 def distinct(values: Any) -> str | None:
     """A `checked` test: a list names each item once (a repeated format would train or evaluate
     twice into one folder, or run twice for nothing)."""
     if not isinstance(values, list):
         return None
-    repeated = sorted({str(v) for v in values if values.count(v) > 1})
+    repeated = repeated_items(values)
     return f"names {repeated[0]!r} more than once; name each once" if repeated else None
 
 

@@ -60,6 +60,7 @@ from pipeline.core.config import (
     merged,
     read_section,
     read_yaml,
+    repeated_items,
     to_dict,
     upgrade_keys,
 )
@@ -263,10 +264,9 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
     """Build and check every unit's config before anything runs, so a typo in the eval section
     fails in a second, not after hours of training; return them in phase order."""
     check_unit_keys(cfg, students)
-    repeated = distinct([s.name for s in students])  # two students' units would share folders
+    repeated = repeated_items([s.name for s in students])  # two students' units would share folders
     if repeated:
-        raise PipelineError(f"students: {repeated.split(' more')[0].removeprefix('names ')} names two students; "
-                            "give each its own name (it names its folders)")
+        raise PipelineError(f"students: {repeated[0]!r} names two students; give each its own name (it names its folders)")
     dataset_dir = cfg.out_dir / "sft"
     units = []
     teacher = None
