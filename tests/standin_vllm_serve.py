@@ -99,7 +99,9 @@ class StandIn(FakeOpenAI):
                 self.completions += 1
                 if self.args.standin_die_after is not None and self.completions > self.args.standin_die_after:
                     os._exit(3)  # a crash: no answer, no cleanup
-            self.record({"model": request.body.get("model")})
+                # Recorded under the lock: a request counted here but recorded after the lock was
+                # released could be lost to a concurrent request's os._exit (the record short by one).
+                self.record({"model": request.body.get("model")})
             if request.body.get("model") in self.names:  # the base or a LoRA: both answer here
                 request.body = {**request.body, "model": self.model}
         return super().answer(request)
