@@ -256,6 +256,9 @@ def test_sigkill_twice_then_sigterm_mid_run_leave_no_vllm_process_and_each_next_
     for attempt, sig in enumerate((signal.SIGKILL, signal.SIGKILL, signal.SIGTERM), start=1):
         before = len(kept)
         proc = started_eval(run, lambda p: wait_for("a new record", lambda: len(run.records_written()) > before, p))  # noqa: B023
+        # Mid-run means the engine core up: wait until it is seen (a look at one instant missed it
+        # once in a fresh-clone run under load), rather than kill at a moment that proves less.
+        wait_for("the engine core", lambda: "EngineCore" in run.look(proc), proc, timeout_s=60)  # noqa: B023
         there = run.look(proc)
         what = f"{signal.Signals(sig).name} mid-run #{attempt}"
         took, code = kill_and_check(run, proc, sig, what)
