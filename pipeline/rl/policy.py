@@ -50,16 +50,18 @@ class PolicyLLM(TransformersLLM):
 
 
 @contextlib.contextmanager
-def transformers_policy(trainer: Any, max_batch_size: int, max_context: int | None, llm_class=None):
+def transformers_policy(trainer: Any, max_batch_size: int, max_context: int | None, llm_class=None,
+                        sample_dtype: str = "fp32"):
     """A PolicyLLM (or `llm_class`: TransformersLLM for text prompts) over the trainer's current
-    weights, for one rollout batch. Built afresh each time: its prefix cache holds keys and values
-    of these weights only."""
+    weights, for one rollout batch, in `sample_dtype` (bf16: a bf16 copy of the fp32 weights, made
+    once for the batch; fp32: the weights as they are). Built afresh each time: its prefix cache
+    holds keys and values of these weights only."""
     from trl.models import unwrap_model_for_generation
 
     with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator,
                                      gather_deepspeed3_params=trainer.args.ds3_gather_for_generation,
                                      gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs,
-                                     ) as model, without_cpu_autocast(model):
+                                     ) as model, without_cpu_autocast(model), sampling_weights(model, sample_dtype):
         was_training = model.training
         model.eval()  # no dropout while sampling
         try:
@@ -88,6 +90,35 @@ def without_cpu_autocast(model):
         yield
     finally:
         model.forward = patched
+
+
+@contextlib.contextmanager
+def sampling_weights(model, sample_dtype: str):
+    """The model's fp32 parameters cast to bf16 for the batch (`sample_dtype` "bf16"), put back
+    after it: the optimizer's parameters stay the same objects with the same fp32 values, only
+    their `.data` is swapped while sampling. Buffers (RoPE's inverse frequencies) stay fp32, as
+    in a model loaded in bf16. Why: token-by-token decoding of fp32 weights under bf16 autocast
+    re-casts every weight at every forward, and fp32 decoding reads twice the bytes of bf16; one
+    cast per batch (~0.1 s for 135M parameters) samples from the bf16 rounding of the same weights
+    that the bf16-autocast update computes with (bench/bench_grpo_step.py measures it)."""
+    import torch
+
+    if sample_dtype == "fp32":
+        yield
+        return
+    if sample_dtype != "bf16":
+        raise ValueError(f"sample_dtype: {sample_dtype!r} is not bf16 or fp32")
+    kept = []
+    with torch.no_grad():
+        for param in model.parameters():  # tied weights (embeddings and LM head) come once
+            if param.dtype == torch.float32:
+                kept.append((param, param.data))
+                param.data = param.data.to(torch.bfloat16)
+    try:
+        yield
+    finally:
+        for param, data in kept:
+            param.data = data
 
 
 @contextlib.contextmanager
