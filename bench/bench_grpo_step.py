@@ -13,10 +13,12 @@ step by step (old-new, new-old, ...) so load changes hit both. A step is TRL's o
 training_step over every micro-batch (the first generates and scores the rollouts), then gradient
 clipping and the optimizer's step. Printed per step and path: seconds in rollouts (the rollout
 function's own clock), in the rest (scoring and the update), the rollouts' tokens and the padded
-tokens the update ran; then the medians, and the replay check: the old path's scored rollouts
-through the update in fp32 (autocast off), TRL's padded micro-batches against the regrouped and
-trimmed ones, from the same weights: the step's loss and gradient norm must agree within 1e-5
-(the gradient norm relative to its size). Rollouts differ between the paths (bf16 and fp32 sample
+tokens the update ran; then the medians, and the replay check: the old path's scored rollouts of
+the first step through the update in fp32 (autocast off), TRL's padded micro-batches against the
+regrouped and trimmed ones, from the same weights: the step's loss and gradient norm must agree
+within 1e-5 (the gradient norm relative to its size). Where every group's rewards were equal (an
+untrained student rarely finishes: loss and gradient 0 either way) the replay gives the rollouts
+advantages of +1 and -1 in turn, the same in both layouts, and says so. Rollouts differ between the paths (bf16 and fp32 sample
 different tokens from the same seeds), so their episode lengths do too: the tokens are printed.
 The load average goes with every line. The last line is `RATIO grpo step new/old = X`: the
 median over steps of old seconds / new seconds per step (above 1: the new path is faster).
@@ -125,8 +127,18 @@ def replay(trainer, state, micro_batches: list[dict], max_grad_norm: float) -> d
 
     from pipeline.rl import microbatch
 
+    out = {"advantages": "the step's own"}
+    if all(not b["advantages"].any() for b in micro_batches):
+        # Every group's rewards were equal (the untrained student rarely finishes): the loss and gradient would be 0
+        # in both layouts. The replay then gives the rollouts advantages of +1 and -1 in turn, the same to both.
+        micro_batches = [dict(b) for b in micro_batches]
+        start = 0
+        for b in micro_batches:
+            n = len(b["advantages"])
+            b["advantages"] = torch.tensor([1.0 if (start + i) % 2 == 0 else -1.0 for i in range(n)])
+            start += n
+        out["advantages"] = "+1 and -1 in turn (the step's rewards were all equal)"
     regrouped = microbatch.regroup(micro_batches, microbatch.pairing_keeps_the_loss(trainer))
-    out = {}
     amp, trainer.accelerator.native_amp = trainer.accelerator.native_amp, False
     try:
         for name, batches in (("padded", micro_batches), ("trimmed", regrouped)):
@@ -184,8 +196,7 @@ def main() -> int:
                       "tokens read), "
                       f"{r['padded']} in the update's micro-batches; loss {r['loss']:+.5f}, grad norm "
                       f"{r['grad_norm']:.4f}; {load_average()}", flush=True)
-            if check is None and not args.no_replay and results["old"][-1]["grad_norm"] > 0:
-                # the first step with a learning signal (a step whose groups all had equal rewards has none)
+            if check is None and not args.no_replay:
                 after = snapshot(trainer)  # the step's result, to go on from after the replay
                 check = replay(trainer, state, results["old"][-1]["micro_batches"], cfg.max_grad_norm)
                 check["step"] = step + 1
@@ -204,16 +215,24 @@ def main() -> int:
         update = [o["update"] / n["update"] for o, n in zip(results["old"], results["new"], strict=True)]
         print(f"  old/new per step: {statistics.median(ratios):.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]; rollouts "
               f"{statistics.median(rollout):.2f}x, update {statistics.median(update):.2f}x")
+        # bf16 and fp32 sample different episodes from the same seeds: per token, their lengths drop out
+        sampled = [(n["generated"] / n["rollouts"]) / (o["generated"] / o["rollouts"])
+                   for o, n in zip(results["old"], results["new"], strict=True)]
+        trained = [(n["tokens"] / n["update"]) / (o["tokens"] / o["update"])
+                   for o, n in zip(results["old"], results["new"], strict=True)]
+        print(f"  per token, new/old: rollouts' sampled tokens/s {statistics.median(sampled):.2f}x "
+              f"[{min(sampled):.2f}-{max(sampled):.2f}], update's rollout tokens/s {statistics.median(trained):.2f}x "
+              f"[{min(trained):.2f}-{max(trained):.2f}]")
         ok = True
         if check is None:
-            print("replay: NOT CHECKED" + ("" if args.no_replay else " (no step had a gradient: every group's "
-                                           "rewards were equal; run more steps or larger groups)"))
+            print("replay: NOT CHECKED (--no-replay)")
         else:
             (loss_a, norm_a), (loss_b, norm_b) = check["padded"], check["trimmed"]
             ok = abs(loss_a - loss_b) <= REPLAY_TOLERANCE and abs(norm_a - norm_b) <= REPLAY_TOLERANCE * max(1.0, norm_a)
             print(f"replay of step {check['step']}'s old rollouts in fp32: loss padded {loss_a:+.8f} trimmed {loss_b:+.8f} "
                   f"(diff {abs(loss_a - loss_b):.2e}); grad norm padded {norm_a:.8f} trimmed {norm_b:.8f} "
-                  f"(diff {abs(norm_a - norm_b):.2e}): {'EQUAL' if ok else 'DIFFERENT'} within {REPLAY_TOLERANCE:g}")
+                  f"(diff {abs(norm_a - norm_b):.2e}): {'EQUAL' if ok else 'DIFFERENT'} within {REPLAY_TOLERANCE:g}; "
+                  f"advantages {check['advantages']}")
     print(f"RATIO grpo step new/old = {statistics.median(ratios):.2f}")
     return 0 if ok else 1
 
