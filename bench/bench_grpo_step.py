@@ -169,7 +169,10 @@ def main() -> int:
     parser.add_argument("--max-new-tokens", type=int, default=100, help="tokens per ReAct step at most")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-replay", action="store_true", help="skip the fp32 replay check")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's, one per core)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)  # a machine shared with other jobs: two threads each can wait on each other
 
     print(cpu_line())
     print(f"{torch.get_num_threads()} torch threads; {load_average()}", flush=True)
