@@ -102,8 +102,8 @@ def sampling_weights(model, sample_dtype: str):
     their `.data` is swapped while sampling. Buffers (RoPE's inverse frequencies) stay fp32, as
     in a model loaded in bf16. Why: token-by-token decoding of fp32 weights under bf16 autocast
     re-casts every weight at every forward, and fp32 decoding reads twice the bytes of bf16; one
-    cast per batch (~0.1 s for 135M parameters) samples from the bf16 rounding of the same weights
-    that the bf16-autocast update computes with (bench/bench_grpo_step.py measures it)."""
+    cast per batch samples from the bf16 rounding of the same weights that the bf16-autocast
+    update computes with (bench/bench_grpo_step.py measures the gain)."""
     import torch
 
     if sample_dtype == "fp32":
