@@ -440,6 +440,124 @@ def test_vllm_logprobs_pass_trls_importance_sampling_correction(world, random_st
     assert torch_isfinite(trainer.compute_loss(trainer.model, inputs))
 
 
+class UnevenPolicy(ScriptedPolicy):
+    """STAND-IN for the policy's sampler (labelled as such): ScriptedPolicy's steps with a first
+    thought of 0 to 9 extra sentences, so a step's rollouts differ in length as real episodes do."""
+
+    def generate(self, requests):
+        out = super().generate(requests)
+        for req, [completion] in zip(requests, out, strict=True):
+            if self.tokenizer.decode(req.prompt_ids).endswith("Thought 1:"):
+                self.calls = getattr(self, "calls", 0) + 1
+                name = re.search(r"Search\[(\w+)\]", completion.text).group(1)
+                step = f" I search {name}.{' I am not sure yet.' * (self.calls * 7 % 10)}\nAction 1: Search[{name}]" \
+                       "\nObservation 1:"
+                ids = self.tokenizer(step, add_special_tokens=False)["input_ids"]
+                completion.text, completion.token_ids = cut_at_stop(step, req.stop)[0], ids
+                completion.completion_tokens = len(ids)
+        return out
+
+
+def step_loss_and_grads(trainer, micro_batches: list[dict]) -> tuple[float, list]:
+    """The step's loss (the sum of its micro-batches' as the Trainer accumulates them) and the
+    accumulated gradient of every parameter, from zero."""
+    trainer.model.zero_grad(set_to_none=True)
+    total = 0.0
+    for inputs in micro_batches:
+        loss = trainer.compute_loss(trainer.model, inputs)
+        loss.backward()
+        total += loss.item()
+    return total, [p.grad.clone() for p in trainer.model.parameters() if p.grad is not None]
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "bnpo"])
+def test_trimmed_micro_batches_give_the_same_loss_and_gradient(world, random_student, tmp_path, loss_type):
+    """One step's 8 rollouts of uneven lengths, 4 micro-batches of 2 (real TRL scoring and loss on
+    the tiny model, fp32): TRL's micro-batches (every one padded to the step's longest rollout)
+    against the same rollouts regrouped by length and trimmed (pipeline.rl.microbatch: dapo) or
+    trimmed alone (bnpo, normalised per micro-batch: its grouping stays TRL's). The step's loss
+    and every parameter's accumulated gradient agree within 1e-5, with fewer padded columns; the
+    trainer's own _prepare_inputs buffers the trimmed micro-batches."""
+    import torch
+
+    from pipeline.rl import microbatch
+
+    trainer, _ = scripted_trainer(world, random_student, tmp_path, UnevenPolicy, "per_device_batch_size=2",
+                                  f"loss_type={loss_type}")
+    assert microbatch.pairing_keeps_the_loss(trainer) == (loss_type == "dapo")
+    batch = next(iter(trainer.get_train_dataloader()))
+    trainer.trim_micro_batches = False
+    trainer._prepare_inputs(batch)
+    padded = list(trainer._buffered_inputs)
+    assert len(padded) == 4
+    trimmed = microbatch.regroup(padded, microbatch.pairing_keeps_the_loss(trainer))
+
+    def columns(batches):
+        return sum(b["prompt_ids"].numel() + b["completion_ids"].numel() for b in batches)
+
+    assert columns(trimmed) < (0.8 if loss_type == "dapo" else 1.0) * columns(padded)  # by length: most padding goes
+    def kept(batches, key):  # TRL pads tool_mask with 1: count it where a completion token is
+        return sum(int((b[key] * (b["completion_mask"] if key == "tool_mask" else 1)).sum()) for b in batches)
+
+    for key in ("prompt_mask", "completion_mask", "tool_mask"):  # every token kept (the loss alone would not see
+        assert kept(trimmed, key) == kept(padded, key)  # a cut final EOS)
+    loss_padded, grads_padded = step_loss_and_grads(trainer, padded)
+    loss_trimmed, grads_trimmed = step_loss_and_grads(trainer, trimmed)
+    assert loss_trimmed == pytest.approx(loss_padded, abs=1e-5)  # (bnpo's is 0 here: one advantage per micro-batch)
+    assert len(grads_padded) == len(grads_trimmed) > 0
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads_padded]))
+    assert norm > 0
+    for a, b in zip(grads_padded, grads_trimmed, strict=True):
+        assert torch.allclose(a, b, rtol=0, atol=1e-5)
+    trainer.trim_micro_batches, trainer._step = True, 0
+    trainer._prepare_inputs(batch)  # the override: a fresh step's micro-batches come out trimmed
+    for b in trainer._buffered_inputs:
+        assert b["prompt_mask"][:, 0].any() and b["completion_mask"][:, -1].any()
+
+
+def test_bf16_sampling_weights_sample_as_a_bf16_model_and_leave_the_fp32_weights(world, random_student, tmp_path):
+    """rollout precision bf16 (pipeline.rl.policy.sampling_weights, inside transformers_policy):
+    while sampling, the trainer's model has bf16 parameters and its seeded samples are token for
+    token those of the same checkpoint loaded in bf16; after it, the very same parameter objects
+    (the optimizer's) hold their fp32 values again, bit for bit."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from pipeline.llm.config import LLMConfig
+    from pipeline.rl.policy import PolicyLLM, TokenRequest, transformers_policy
+
+    trainer, tokenizer = scripted_trainer(world, random_student, tmp_path, ScriptedPolicy)
+    params = list(trainer.model.parameters())
+    before = [p.detach().clone() for p in params]
+    prompt = tokenizer("Question: What colour is " + next(iter(world.colour)) + "?\nThought 1:")["input_ids"]
+    requests = [TokenRequest(prompt="", stop=["\nObservation 1:"], max_new_tokens=16, temperature=1.0, seed=s,
+                             prompt_ids=prompt) for s in range(4)]
+    with transformers_policy(trainer, 4, None, sample_dtype="bf16") as policy:
+        assert {p.dtype for p in trainer.model.parameters()} == {torch.bfloat16}
+        sampled = [c[0].token_ids for c in policy.generate(requests)]
+    assert all(a is b for a, b in zip(params, trainer.model.parameters(), strict=True))
+    assert all(p.dtype == torch.float32 and torch.equal(p, b) for p, b in zip(params, before, strict=True))
+    bf16 = AutoModelForCausalLM.from_pretrained(random_student, dtype=torch.bfloat16).eval()
+    alone = PolicyLLM.from_loaded(LLMConfig(model="policy", max_batch_size=4), bf16, tokenizer)
+    assert sampled == [c[0].token_ids for c in alone.generate(requests)]
+    assert any(sampled)
+
+
+def test_rollouts_sample_bf16_only_under_bf16_training(world, random_student, tmp_path):
+    """rollout.precision auto follows the training precision; fp32 keeps the fp32 weights."""
+    from pipeline.rl.plan import plan_grpo
+    from pipeline.rl.train import sample_dtype
+    from pipeline.train.plan import plan_training
+
+    def chosen(*overrides):
+        cfg = world_cfg(world, random_student, tmp_path, *overrides)
+        return sample_dtype(cfg, plan_training(plan_grpo(cfg, 1).student))
+
+    assert chosen("precision=bf16") == "bf16"
+    assert chosen("precision=fp32") == "fp32"
+    assert chosen("precision=bf16", "rollout.precision=fp32") == "fp32"
+
+
 VLLM_POLICY_CHILD = """
 import json, math, sys
 from types import SimpleNamespace as Obj

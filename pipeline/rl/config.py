@@ -48,7 +48,10 @@ class RolloutSettings:
     (GPUs only; not run here)."""
 
     engine: Literal["transformers", "vllm"] = "transformers"
-    max_batch_size: int = at_least(1, default=16)  # transformers: sequences per decoding batch
+    max_batch_size: int = at_least(1, default=16)  # transformers: sequences per decoding batch (a step's rollouts, the held-out questions)
+    # transformers: the weights it samples from. auto: the training's precision (bf16 mixed precision: a bf16 copy
+    # of the fp32 weights, cast once per rollout batch); fp32: the fp32 master weights (the GRPO runs before that)
+    precision: Literal["auto", "fp32"] = "auto"
     # tokens an episode may reach; None = the model's own limit (longer episodes end context_exceeded). vLLM
     # colocated needs it (its vllm_max_model_length): it reserves KV cache for one sequence of this length.
     max_context: int | None = at_least(1, default=None)

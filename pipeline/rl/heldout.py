@@ -35,8 +35,11 @@ class HeldoutSettings:
     limit: int = at_least(1, default=50)  # the first N questions: a few minutes of greedy episodes per point on a CPU
 
 
-def heldout_point(trainer: Any, questions: list, method, backend, max_batch_size: int, step: int) -> dict:
-    """The policy's greedy episodes on `questions`, this process's share, gathered: one point."""
+def heldout_point(trainer: Any, questions: list, method, backend, max_batch_size: int, step: int,
+                  sample_dtype: str = "fp32") -> dict:
+    """The policy's greedy episodes on `questions`, this process's share, gathered: one point.
+    All of the share is in flight at once: each round's requests go to the decoder together
+    (sorted by length there, `max_batch_size` rows per decoding batch)."""
     from accelerate.utils import gather_object
 
     from pipeline.agent.scheduler import run_episodes
@@ -46,8 +49,8 @@ def heldout_point(trainer: Any, questions: list, method, backend, max_batch_size
 
     accelerator = trainer.accelerator
     mine = questions[accelerator.process_index::accelerator.num_processes]
-    with transformers_policy(trainer, max_batch_size, None, llm_class=TransformersLLM) as llm:
-        records = run_episodes(llm, lambda: backend, mine, method, max_in_flight=max_batch_size,
+    with transformers_policy(trainer, max_batch_size, None, llm_class=TransformersLLM, sample_dtype=sample_dtype) as llm:
+        records = run_episodes(llm, lambda: backend, mine, method, max_in_flight=max(1, len(mine)),
                                teacher="policy", source="grpo-heldout")
     records = gather_object([{k: r[k] for k in ("em", "f1", "finished", "steps")} for r in records])
     n = len(records)
@@ -56,7 +59,7 @@ def heldout_point(trainer: Any, questions: list, method, backend, max_batch_size
 
 
 def heldout_callback(trainer: Any, settings: HeldoutSettings, questions: list, method, backend,
-                     max_batch_size: int, output_dir: Path):
+                     max_batch_size: int, output_dir: Path, sample_dtype: str = "fp32"):
     """A TrainerCallback that adds a point at step 0 and every `settings.every` steps;
     `method` is the loop built greedy (temperature 0), as `eval` runs it."""
     from transformers import TrainerCallback
@@ -73,7 +76,7 @@ def heldout_callback(trainer: Any, settings: HeldoutSettings, questions: list, m
                     trainer._metrics["train"][f"heldout/{key}"].append(point[key])
 
         def point(self, step: int) -> dict:
-            point = heldout_point(trainer, questions, method, backend, max_batch_size, step)
+            point = heldout_point(trainer, questions, method, backend, max_batch_size, step, sample_dtype)
             if trainer.accelerator.is_main_process:
                 write_point(output_dir, point)
                 print(f"[grpo] held-out at step {step}: EM {100 * point['em']:.1f}% of {point['n']}, "

@@ -5,8 +5,11 @@ Two engines, chosen by `rollout.engine`:
 - `transformers` (CPU, and any GPU): the project's own decoding loop (pipeline.llm.hf:
   per-row stop strings, a shared-prefix KV cache, seeded sampling) run over the trainer's model
   as it is at this step, inside TRL's `unwrap_model_for_generation` (DDP unwrapped, ZeRO-3
-  parameters gathered, gradient checkpointing off while generating). A request carries its
-  context as token ids (pipeline.rl.trace) and its completion carries the sampled ids back.
+  parameters gathered, gradient checkpointing off while generating); under bf16 training its
+  weights cast to bf16 for the batch (`sampling_weights`). A request carries its context as
+  token ids (pipeline.rl.trace) and its completion carries the sampled ids back. Each call
+  re-reads every episode's whole context (no KV cache is kept from one environment step to the
+  next: see docs/grpo.md, "Rollouts and the update on a CPU").
 - `vllm` (GPUs): TRL's own vLLM engine, colocated or a `trl vllm-serve` server (TRL syncs the
   weights before each rollout); each request is one SamplingParams call with the step's stop
   strings. Written against TRL 1.16's VLLMGeneration; not run here (no GPU, no vLLM).
@@ -50,16 +53,18 @@ class PolicyLLM(TransformersLLM):
 
 
 @contextlib.contextmanager
-def transformers_policy(trainer: Any, max_batch_size: int, max_context: int | None, llm_class=None):
+def transformers_policy(trainer: Any, max_batch_size: int, max_context: int | None, llm_class=None,
+                        sample_dtype: str = "fp32"):
     """A PolicyLLM (or `llm_class`: TransformersLLM for text prompts) over the trainer's current
-    weights, for one rollout batch. Built afresh each time: its prefix cache holds keys and values
-    of these weights only."""
+    weights, for one rollout batch, in `sample_dtype` (bf16: a bf16 copy of the fp32 weights, made
+    once for the batch; fp32: the weights as they are). Built afresh each time: its prefix cache
+    holds keys and values of these weights only."""
     from trl.models import unwrap_model_for_generation
 
     with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator,
                                      gather_deepspeed3_params=trainer.args.ds3_gather_for_generation,
                                      gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs,
-                                     ) as model, without_cpu_autocast(model):
+                                     ) as model, without_cpu_autocast(model), sampling_weights(model, sample_dtype):
         was_training = model.training
         model.eval()  # no dropout while sampling
         try:
@@ -71,13 +76,13 @@ def transformers_policy(trainer: Any, max_batch_size: int, max_context: int | No
 
 @contextlib.contextmanager
 def without_cpu_autocast(model):
-    """On a CPU, sample from the fp32 master weights without bf16 autocast. Under bf16 mixed
-    precision accelerate wraps the model's forward in autocast, which re-casts every weight to
-    bf16 at every forward, a large share of token-by-token decoding (bench/bench_rollout_autocast.py,
-    SmolLM2-135M, one thread of this 2-core Xeon, load 4.6: 1.3x the tokens/s without it at batch
-    8; 2.4x at batch 2). The update still
-    runs under autocast; its old log-probabilities are its own (TRL: on-policy), so only the
-    sampled tokens come from the fp32 rather than the bf16 rounding of the same weights."""
+    """On a CPU, sample without accelerate's bf16 autocast. Under bf16 mixed precision accelerate
+    wraps the model's forward in autocast, which re-casts every weight to bf16 at every forward, a
+    large share of token-by-token decoding (bench/bench_rollout_autocast.py, SmolLM2-135M, one
+    thread of this 2-core Xeon, load 4.6: fp32 weights without it gave 1.3x the tokens/s at batch
+    8; 2.4x at batch 2). The weights are then cast once per batch instead (`sampling_weights`), or
+    sampled in fp32 (rollout.precision fp32). The update still runs under autocast; its old
+    log-probabilities are its own (TRL: on-policy)."""
     original = model.__dict__.get("_original_forward")  # set by accelerate's prepare_model
     if original is None or model.device.type != "cpu":
         yield
@@ -88,6 +93,35 @@ def without_cpu_autocast(model):
         yield
     finally:
         model.forward = patched
+
+
+@contextlib.contextmanager
+def sampling_weights(model, sample_dtype: str):
+    """The model's fp32 parameters cast to bf16 for the batch (`sample_dtype` "bf16"), put back
+    after it: the optimizer's parameters stay the same objects with the same fp32 values, only
+    their `.data` is swapped while sampling. Buffers (RoPE's inverse frequencies) stay fp32, as
+    in a model loaded in bf16. Why: token-by-token decoding of fp32 weights under bf16 autocast
+    re-casts every weight at every forward, and fp32 decoding reads twice the bytes of bf16; one
+    cast per batch samples from the bf16 rounding of the same weights that the bf16-autocast
+    update computes with (bench/bench_grpo_step.py measures the gain)."""
+    import torch
+
+    if sample_dtype == "fp32":
+        yield
+        return
+    if sample_dtype != "bf16":
+        raise ValueError(f"sample_dtype: {sample_dtype!r} is not bf16 or fp32")
+    kept = []
+    with torch.no_grad():
+        for param in model.parameters():  # tied weights (embeddings and LM head) come once
+            if param.dtype == torch.float32:
+                kept.append((param, param.data))
+                param.data = param.data.to(torch.bfloat16)
+    try:
+        yield
+    finally:
+        for param, data in kept:
+            param.data = data
 
 
 @contextlib.contextmanager

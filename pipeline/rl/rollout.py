@@ -57,9 +57,11 @@ class Rollouts:
 
     def __init__(self, questions: dict[str, Any], method: Method, backend, *, seed: int,
                  max_batch_size: int, max_context: int | None, engine: str = "transformers",
-                 log_dir: Path | None = None, on_counts: Callable[[RolloutCounts], None] | None = None):
+                 sample_dtype: str = "fp32", log_dir: Path | None = None,
+                 on_counts: Callable[[RolloutCounts], None] | None = None):
         self.questions, self.method, self.backend = questions, method, backend
         self.seed, self.max_batch_size, self.max_context, self.engine = seed, max_batch_size, max_context, engine
+        self.sample_dtype = sample_dtype  # transformers engine: the weights' dtype while sampling (policy.sampling_weights)
         self.log_dir, self.on_counts = log_dir, on_counts
 
     def __call__(self, prompts: list[str], trainer: Any) -> dict[str, list]:
@@ -101,7 +103,8 @@ class Rollouts:
             with vllm_policy(trainer, self.max_context) as policy:
                 yield policy
             return
-        with transformers_policy(trainer, self.max_batch_size, self.max_context) as policy:
+        with transformers_policy(trainer, self.max_batch_size, self.max_context,
+                                 sample_dtype=self.sample_dtype) as policy:
             yield policy
 
     def run(self, episodes: list[Episode], traces: list[TokenTrace], policy, step: int, offset: int,

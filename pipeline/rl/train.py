@@ -89,11 +89,25 @@ def grpo_arguments(cfg: GrpoConfig, plan: BatchPlan, train_plan: TrainPlan):
 
 
 def grpo_trainer_class():
-    """TRL's GRPOTrainer whose log() adds the throughput figures (tokens/s, TFLOP/s, MFU)."""
+    """TRL's GRPOTrainer whose log() adds the throughput figures (tokens/s, TFLOP/s, MFU) and
+    whose micro-batches of a step are regrouped by length and trimmed (pipeline.rl.microbatch)."""
     from trl import GRPOTrainer
+
+    from pipeline.rl import microbatch
 
     class PipelineGRPOTrainer(GRPOTrainer):
         throughput = None  # a pipeline.rl.throughput.RolloutThroughput
+        trim_micro_batches = True  # False: TRL's micro-batches as it pads them (bench/bench_grpo_step.py's baseline)
+
+        def _prepare_inputs(self, generation_batch):
+            """TRL's, then (on a step that generated) its buffered micro-batches regrouped and trimmed."""
+            fresh = self.model.training and (
+                self._buffered_inputs is None or self._step % (self.args.steps_per_generation * self.num_iterations) == 0)
+            inputs = super()._prepare_inputs(generation_batch)
+            if not (fresh and self.trim_micro_batches):
+                return inputs
+            self._buffered_inputs = microbatch.regroup(self._buffered_inputs, microbatch.pairing_keeps_the_loss(self))
+            return self._buffered_inputs[self._step % self.args.steps_per_generation]
 
         def log(self, logs, *args, **kwargs):
             if self.throughput is not None and "loss" in logs:
@@ -128,7 +142,7 @@ def build_trainer(plan: RlPlan, layout: Layout, train_plan: TrainPlan | None = N
     rollouts = Rollouts(plan.questions.by_prompt, build_method(cfg.format, cfg.prompting, plan.task), backend,
                         seed=cfg.seed,
                         max_batch_size=cfg.rollout.max_batch_size, max_context=cfg.rollout.max_context,
-                        engine=cfg.rollout.engine,
+                        engine=cfg.rollout.engine, sample_dtype=sample_dtype(cfg, train_plan),
                         log_dir=cfg.output_dir / "rollouts" if cfg.log_rollouts else None)
     trainer = grpo_trainer_class()(model=model, reward_funcs=reward_functions(plan.task),
                                    args=args,
@@ -143,11 +157,11 @@ def build_trainer(plan: RlPlan, layout: Layout, train_plan: TrainPlan | None = N
     trainer.add_callback(trainer.throughput.callback())
     rollouts.on_counts = trainer.throughput.add
     if cfg.heldout.every:
-        trainer.add_callback(heldout_callback(trainer, plan, backend))
+        trainer.add_callback(heldout_callback(trainer, plan, backend, train_plan))
     return trainer, tokenizer
 
 
-def heldout_callback(trainer, plan: RlPlan, backend):
+def heldout_callback(trainer, plan: RlPlan, backend, train_plan: TrainPlan):
     """The held-out curve's callback (pipeline.rl.heldout): the task's questions, the loop greedy."""
     from dataclasses import replace
 
@@ -158,7 +172,13 @@ def heldout_callback(trainer, plan: RlPlan, backend):
     questions = plan.task.load_questions(cfg.heldout.questions, limit=cfg.heldout.limit)
     method = build_method(cfg.format, replace(cfg.prompting, temperature=0.0), plan.task)
     return heldout.heldout_callback(trainer, cfg.heldout, questions, method, backend, cfg.rollout.max_batch_size,
-                                    cfg.output_dir)
+                                    cfg.output_dir, sample_dtype(cfg, train_plan))
+
+
+def sample_dtype(cfg: GrpoConfig, train_plan: TrainPlan) -> str:
+    """What the transformers engine samples from: bf16 weights under bf16 mixed precision
+    (rollout.precision auto), else the fp32 master weights (pipeline.rl.policy.sampling_weights)."""
+    return "bf16" if cfg.rollout.precision == "auto" and train_plan.bf16 else "fp32"
 
 
 def extra_forwards(cfg: GrpoConfig) -> int:
