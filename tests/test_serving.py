@@ -178,6 +178,30 @@ def test_a_served_lora_student_is_evaluated_by_name_and_the_server_is_stopped(tm
     assert row["model"] == "tiny-llama (fine-tuned)" and row["mode"] == "finetune"
 
 
+@pytest.mark.parametrize("max_concurrency, expected", [(None, 12), (3, 3)])
+def test_the_episodes_in_flight_reach_the_server_unless_the_model_caps_its_requests(tmp_path, index,
+                                                                                   max_concurrency, expected):
+    """One knob: eval's max_in_flight (12 here, above the HTTP backend's old fixed 8) is the
+    requests the server holds at once and its --max-num-seqs; a model.max_concurrency set in the
+    config caps the requests (a hosted API's limit) and leaves the server's batch alone."""
+    from pipeline.tasks.hotpotqa.questions import load_question_set
+
+    questions = write_questions(tmp_path / "q12.jsonl", load_question_set("offline-eval", limit=12))
+    path = eval_config(tmp_path, questions, index, "--standin-latency", "0.5")
+    config = yaml.safe_load(path.read_text())
+    config["max_in_flight"] = 12
+    if max_concurrency is not None:
+        config["model"]["max_concurrency"] = max_concurrency
+    path.write_text(yaml.safe_dump(config))
+    proc = run_pipeline("eval", "--config", str(path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(read_records(tmp_path / "eval" / "react.jsonl")) == 12
+    log = server_log(tmp_path)
+    assert max(e["in_flight"] for e in log if "in_flight" in e) == expected
+    argv = next(e["argv"] for e in log if "argv" in e)
+    assert argv[argv.index("--max-num-seqs") + 1] == "12"
+
+
 def test_a_server_that_never_becomes_healthy_is_a_clear_error_and_is_killed(tmp_path, question_file, index):
     config = eval_config(tmp_path, question_file, index, "--standin-never-healthy", startup_timeout_s=2)
     line = one_error_line(run_pipeline("eval", "--config", str(config)))

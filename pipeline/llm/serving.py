@@ -92,9 +92,12 @@ class ServerGone(BaseException):  # noqa: N818 (a signal to stop, like KeyboardI
     server must stop the run instead, so that no episode is recorded as failed because of it."""
 
 
-def serve_command(base: LLMConfig, serve: ServeConfig, port: int, adapters: dict[str, str] | None = None) -> list[str]:
+def serve_command(base: LLMConfig, serve: ServeConfig, port: int, adapters: dict[str, str] | None = None,
+                  max_in_flight: int | None = None) -> list[str]:
     """The `vllm serve` command for the model `base` (an in-process description: model, settings),
-    served under `base.label`, and for each LoRA adapter of `adapters` (name -> folder) under its name."""
+    served under `base.label`, and for each LoRA adapter of `adapters` (name -> folder) under its name;
+    batching `max_in_flight` sequences (the episodes its units run at once: --max-num-seqs), unless
+    the model's `extra` sets max_num_seqs itself."""
     if not serve.command:
         raise PipelineError("serve.command is empty; give the command that runs `vllm serve`, e.g. [vllm, serve]")
     from pipeline.hub.models import resolve_model_path
@@ -109,6 +112,8 @@ def serve_command(base: LLMConfig, serve: ServeConfig, port: int, adapters: dict
         cmd += ["--max-model-len", str(base.max_context)]
     if base.trust_remote_code:
         cmd += ["--trust-remote-code"]
+    if max_in_flight is not None and "max_num_seqs" not in base.extra:
+        cmd += ["--max-num-seqs", str(max_in_flight)]
     cmd += extra_flags(base.extra)
     if adapters:
         cmd += ["--enable-lora", "--lora-modules", *(f"{name}={path}" for name, path in adapters.items())]
@@ -486,11 +491,13 @@ class ServedLLM:
 
 
 @contextlib.contextmanager
-def served(llm: LLMConfig, serve: ServeConfig, log_path: Path) -> Iterator[tuple[LLMConfig, ServerView]]:
-    """Start `vllm serve` for `llm` (backend vllm or transformers: a model to load), yield the
-    OpenAI-compatible LLMConfig that reaches it and the server; stop it on the way out (a SIGTERM
-    to this process included: it is turned into KeyboardInterrupt meanwhile, so the way out runs).
-    A server shared by this process's `run` (SHARED_SERVER_ENV) that serves `llm` is used instead."""
+def served(llm: LLMConfig, serve: ServeConfig, log_path: Path,
+           max_in_flight: int | None = None) -> Iterator[tuple[LLMConfig, ServerView]]:
+    """Start `vllm serve` for `llm` (backend vllm or transformers: a model to load), batching the
+    stage's `max_in_flight` episodes (serve_command), yield the OpenAI-compatible LLMConfig that
+    reaches it and the server; stop it on the way out (a SIGTERM to this process included: it is
+    turned into KeyboardInterrupt meanwhile, so the way out runs). A server shared by this
+    process's `run` (SHARED_SERVER_ENV) that serves `llm` is used instead."""
     if llm.backend == "openai":
         raise PipelineError(f"serve: model '{llm.model}' is already an OpenAI-compatible endpoint "
                             f"({llm.base_url}); drop `serve` or set model.backend: vllm")
@@ -504,7 +511,7 @@ def served(llm: LLMConfig, serve: ServeConfig, log_path: Path) -> Iterator[tuple
     base, adapters, name = unit_server(llm)
     with sigterm_as_interrupt():
         port = serve.port or free_port(serve.host)
-        cmd = serve_command(base, serve, port, adapters)
+        cmd = serve_command(base, serve, port, adapters, max_in_flight)
         server = ManagedServer(cmd, serve.host, port, [base.label, *adapters], log_path, serve)
         try:
             server.start()

@@ -160,7 +160,7 @@ def evaluate(cfg: EvalConfig) -> list[dict]:
     record = precision_record(target)
     check_resumable(cfg.out_dir, "eval", cfg, IDENTITY_KEYS)  # refuse before a server loads for minutes
     check_same_precision(cfg.out_dir, record)
-    with served(target.llm, cfg.serve, cfg.out_dir / "serve.log") as (llm, server):
+    with served(target.llm, cfg.serve, cfg.out_dir / "serve.log", cfg.max_in_flight) as (llm, server):
         try:
             return run_evaluation(cfg, target, llm, methods, server)
         except ServerGone as gone:
