@@ -14,7 +14,7 @@ Faults and records for the tests, as extra flags (`serve.extra_args`):
   --standin-ignore-sigterm     only SIGKILL stops it
   --standin-child              start a child that, like vLLM's engine core, has no parent-death
                                signal and outlives this process when it is killed
-  --standin-record FILE        append {"argv": ..., "pid": ...} once and {"model": ..., "in_flight": ...} per
+  --standin-record FILE        append {"argv": ..., "pid": ..., "omp_bind": ...} once and {"model": ..., "in_flight": ...} per
                                completion request (in_flight: the requests the server holds, this one included)
   --standin-latency S          hold each answer S seconds (so that requests in flight overlap, as on a busy server)
 """
@@ -92,7 +92,8 @@ class StandIn(FakeOpenAI):
             import subprocess
 
             child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"]).pid
-        self.record({"argv": sys.argv[1:], "pid": os.getpid(), "child": child})
+        self.record({"argv": sys.argv[1:], "pid": os.getpid(), "child": child,
+                     "omp_bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND")})
 
     def record(self, entry: dict) -> None:
         if self.args.standin_record:

@@ -43,7 +43,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from pipeline.core.config import at_least
+from pipeline.core.config import at_least, check, one_of
 from pipeline.core.errors import PipelineError
 from pipeline.core.transport import openers
 from pipeline.llm import leftovers
@@ -71,6 +71,10 @@ def default_serve_command() -> list[str]:
     return [str(python), *VLLM_SERVER_MODULE] if python.is_file() else ["vllm", "serve"]
 
 
+CPU_THREADS = ("all", "vllm")  # ServeConfig.cpu_threads
+OMP_BIND = "VLLM_CPU_OMP_THREADS_BIND"  # vLLM-CPU's own variable (vllm/envs.py)
+
+
 @dataclass
 class ServeConfig:
     # The command that takes the model as its next argument. Default: the python of the project's
@@ -84,6 +88,19 @@ class ServeConfig:
     stop_grace_s: float = 60.0  # SIGTERM, then SIGKILL after this long (the orderly stop at a unit's end)
     extra_args: list[str] = field(default_factory=list)  # more `vllm serve` flags, e.g. [--enforce-eager]
     env: dict = field(default_factory=dict)  # extra environment variables, e.g. {CUDA_VISIBLE_DEVICES: "0,1"}
+    # vLLM-CPU's OpenMP threads (GPU builds read none of this): "all" binds one thread to each CPU
+    # this process may use (VLLM_CPU_OMP_THREADS_BIND); "vllm" leaves vLLM's own choice, which on
+    # x86 reserves a CPU for its scheduler (vllm/utils/ompmultiprocessing.py): on 2 cores the model
+    # computes on one. VLLM_CPU_OMP_THREADS_BIND in `env` (or this process's environment) wins.
+    cpu_threads: str = field(default="vllm", metadata=check(one_of(CPU_THREADS)))
+
+
+def cpu_binding(serve: ServeConfig) -> dict[str, str]:
+    """The OpenMP binding `serve.cpu_threads` asks for, where neither `serve.env` nor this
+    process's environment sets one."""
+    if serve.cpu_threads != "all" or OMP_BIND in serve.env or OMP_BIND in os.environ:
+        return {}
+    return {OMP_BIND: ",".join(str(cpu) for cpu in sorted(os.sched_getaffinity(0)))}
 
 
 class ServerGone(BaseException):  # noqa: N818 (a signal to stop, like KeyboardInterrupt)
@@ -260,13 +277,15 @@ class ManagedServer(ServerView):
             raise PipelineError(leftovers.leftover_message(found))
         check_port_free(self.host, self.port)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        print(f"[serve] starting: {' '.join(self.cmd)} (log: {self.log_path})", flush=True)
+        binding = cpu_binding(self.serve)  # said here; serve.env may hold secrets, so it is not
+        shown = "".join(f"{k}={v} " for k, v in binding.items())
+        print(f"[serve] starting: {shown}{' '.join(self.cmd)} (log: {self.log_path})", flush=True)
         read_fd, write_fd = os.pipe()
         guardian = [sys.executable, "-m", "pipeline.llm.guardian", "--status-fd", str(write_fd),
                     "--log", str(self.log_path), "--grace", str(self.serve.stop_grace_s),
                     "--records", str(leftovers.records_dir()), "--address", self.host, "--port", str(self.port),
                     "--", *self.cmd]
-        env = {**os.environ, **{k: str(v) for k, v in self.serve.env.items()}}
+        env = {**os.environ, **{k: str(v) for k, v in self.serve.env.items()}, **binding}
         try:
             # Its own session: a Ctrl-C or a signal to the eval's process group must not end the
             # guardian before it has ended the server.
