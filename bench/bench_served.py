@@ -50,7 +50,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 from bench_vllm import build_wiki_index, cpu_flags  # noqa: E402
-from machine import load_average, spread  # noqa: E402
+from machine import interleaved, load_average, spread  # noqa: E402
 
 from pipeline.llm.serving import VLLM_VENV  # noqa: E402
 
@@ -242,11 +242,10 @@ def main(argv: list[str] | None = None) -> int:
           f"block size {args.new_block_size or 'vLLM default'}, preload {args.new_preload or 'vLLM default'}; "
           f"{load_average()}", flush=True)
     runs: dict[str, list[dict]] = {s: [] for s in SETTINGS}
-    for repeat in range(args.repeats):
-        for name in SETTINGS if repeat % 2 == 0 else tuple(reversed(SETTINGS)):
-            run = run_setting(name, root / f"{name}-{repeat}", args, index)
-            runs[name].append(run)
-            describe(name, repeat, run)
+    for repeat, name in interleaved(SETTINGS, args.repeats):
+        run = run_setting(name, root / f"{name}-{repeat}", args, index)
+        runs[name].append(run)
+        describe(name, repeat, run)
     for name in SETTINGS:
         parts = ", ".join(f"{label} {spread([episodes_per_min(r, label) for r in runs[name]])}"
                           for label in runs[name][0]["stages"])
