@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 from bench_server import identical_share  # noqa: E402
-from machine import load_average, spread  # noqa: E402
+from machine import interleaved, load_average, spread  # noqa: E402
 
 from pipeline.llm.serving import VLLM_VENV  # noqa: E402
 
@@ -120,15 +120,14 @@ def main(argv: list[str] | None = None) -> int:
           f"greedy, {args.dtype}, {args.max_in_flight} in flight, {args.max_new_tokens} new tokens/step; "
           f"{load_average()}", flush=True)
     runs: dict[str, list[dict]] = {e: [] for e in ENGINES}
-    for repeat in range(args.repeats):
-        for engine in ENGINES if repeat % 2 == 0 else tuple(reversed(ENGINES)):
-            run = timed_eval(engine, root / f"{engine}-{repeat}", args, index)
-            runs[engine].append(run)
-            n = len(run["records"])
-            print(f"  repeat {repeat + 1} {engine:>12}: {run['total_s']:.0f} s in all, start-up {run['startup_s']:.0f} s, "
-                  f"{60 * n / run['total_s']:.1f} episodes/min with it, "
-                  f"{60 * n / (run['total_s'] - run['startup_s']):.1f} without; before: {run['load_before']}; "
-                  f"after: {run['load_after']}", flush=True)
+    for repeat, engine in interleaved(ENGINES, args.repeats):
+        run = timed_eval(engine, root / f"{engine}-{repeat}", args, index)
+        runs[engine].append(run)
+        n = len(run["records"])
+        print(f"  repeat {repeat + 1} {engine:>12}: {run['total_s']:.0f} s in all, start-up {run['startup_s']:.0f} s, "
+              f"{60 * n / run['total_s']:.1f} episodes/min with it, "
+              f"{60 * n / (run['total_s'] - run['startup_s']):.1f} without; before: {run['load_before']}; "
+              f"after: {run['load_after']}", flush=True)
     speed = {e: {"with start-up": [60 * len(r["records"]) / r["total_s"] for r in runs[e]],
                  "without": [60 * len(r["records"]) / (r["total_s"] - r["startup_s"]) for r in runs[e]]}
              for e in ENGINES}

@@ -51,3 +51,11 @@ def spread(values: list[float]) -> str:
     med = statistics.median(values)
     rel = (max(values) - min(values)) / med if med else 0.0
     return f"{med:.3g} [{min(values):.3g}-{max(values):.3g}, spread {100 * rel:.0f}%, n={len(values)}]"
+
+
+def interleaved(names: tuple[str, ...], repeats: int):
+    """(repeat, name) for each run of a benchmark comparing `names`: every repeat runs each once,
+    in the opposite order to the one before, so that a drift in the machine's load favours none."""
+    for repeat in range(repeats):
+        for name in names if repeat % 2 == 0 else tuple(reversed(names)):
+            yield repeat, name

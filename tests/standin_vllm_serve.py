@@ -14,7 +14,9 @@ Faults and records for the tests, as extra flags (`serve.extra_args`):
   --standin-ignore-sigterm     only SIGKILL stops it
   --standin-child              start a child that, like vLLM's engine core, has no parent-death
                                signal and outlives this process when it is killed
-  --standin-record FILE        append {"argv": ..., "pid": ...} once and {"model": ...} per completion request
+  --standin-record FILE        append {"argv": ..., "pid": ..., "omp_bind": ...} once and {"model": ..., "in_flight": ...} per
+                               completion request (in_flight: the requests the server holds, this one included)
+  --standin-latency S          hold each answer S seconds (so that requests in flight overlap, as on a busy server)
 """
 
 from __future__ import annotations
@@ -48,10 +50,17 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--standin-ignore-sigterm", action="store_true")
     parser.add_argument("--standin-child", action="store_true")
     parser.add_argument("--standin-record")
+    parser.add_argument("--standin-latency", type=float, default=0.0)
     args, _ = parser.parse_known_args(argv)  # vLLM's other flags (--dtype, ...) mean nothing here
     if args.standin_die_file and Path(args.standin_die_file).is_file():
         args.standin_die_after = int(Path(args.standin_die_file).read_text())
     return args
+
+
+class _Listening(_QuietServer):
+    # vLLM's server (uvicorn) queues 2048 connections; socketserver's default 5 would hold back
+    # the sixth connection of a burst for a SYN retry (a second) and understate the requests in flight
+    request_queue_size = 2048
 
 
 class StandIn(FakeOpenAI):
@@ -66,11 +75,12 @@ class StandIn(FakeOpenAI):
             self.names.append(name)
         super().__init__(model=self.names[0])
         self._server.server_close()  # FakeOpenAI binds any port; vllm serve binds the one it is given
-        self._server = _QuietServer((args.host, args.port), _handler_for(self))
+        self._server = _Listening((args.host, args.port), _handler_for(self))
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, args=(0.02,), daemon=True)
         self.args = args
         self.completions = 0
+        self.latency_s = args.standin_latency
         if args.standin_questions:
             from episode_testdata import ScriptedTeacher
 
@@ -82,7 +92,8 @@ class StandIn(FakeOpenAI):
             import subprocess
 
             child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"]).pid
-        self.record({"argv": sys.argv[1:], "pid": os.getpid(), "child": child})
+        self.record({"argv": sys.argv[1:], "pid": os.getpid(), "child": child,
+                     "omp_bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND")})
 
     def record(self, entry: dict) -> None:
         if self.args.standin_record:
@@ -101,7 +112,7 @@ class StandIn(FakeOpenAI):
                     os._exit(3)  # a crash: no answer, no cleanup
                 # Recorded under the lock: a request counted here but recorded after the lock was
                 # released could be lost to a concurrent request's os._exit (the record short by one).
-                self.record({"model": request.body.get("model")})
+                self.record({"model": request.body.get("model"), "in_flight": self.in_flight})
             if request.body.get("model") in self.names:  # the base or a LoRA: both answer here
                 request.body = {**request.body, "model": self.model}
         return super().answer(request)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
 import sys
 import time
@@ -25,7 +26,14 @@ from episode_testdata import CORPUS, read_records, run_pipeline, write_questions
 from pipeline.core.errors import PipelineError
 from pipeline.llm.config import LLMConfig
 from pipeline.llm.leftovers import live
-from pipeline.llm.serving import ServeConfig, max_lora_rank, serve_command, unit_server
+from pipeline.llm.serving import (
+    OMP_BIND,
+    ServeConfig,
+    cpu_binding,
+    max_lora_rank,
+    serve_command,
+    unit_server,
+)
 
 pytestmark = pytest.mark.skipif(not CORPUS.is_file(), reason=f"offline corpus not found at {CORPUS}")
 
@@ -176,6 +184,41 @@ def test_a_served_lora_student_is_evaluated_by_name_and_the_server_is_stopped(tm
     assert_server_gone(tmp_path)
     [row] = json.loads((tmp_path / "eval" / "summary.json").read_text())
     assert row["model"] == "tiny-llama (fine-tuned)" and row["mode"] == "finetune"
+
+
+@pytest.mark.parametrize("max_concurrency, expected", [(None, 12), (3, 3)])
+def test_the_episodes_in_flight_reach_the_server_unless_the_model_caps_its_requests(tmp_path, index,
+                                                                                   max_concurrency, expected):
+    """One knob: eval's max_in_flight (12 here, above the HTTP backend's old fixed 8) is the
+    requests the server holds at once and its --max-num-seqs; a model.max_concurrency set in the
+    config caps the requests (a hosted API's limit) and leaves the server's batch alone."""
+    from pipeline.tasks.hotpotqa.questions import load_question_set
+
+    questions = write_questions(tmp_path / "q12.jsonl", load_question_set("offline-eval", limit=12))
+    path = eval_config(tmp_path, questions, index, "--standin-latency", "0.5", cpu_threads="all")
+    config = yaml.safe_load(path.read_text())
+    config["max_in_flight"] = 12
+    if max_concurrency is not None:
+        config["model"]["max_concurrency"] = max_concurrency
+    path.write_text(yaml.safe_dump(config))
+    proc = run_pipeline("eval", "--config", str(path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(read_records(tmp_path / "eval" / "react.jsonl")) == 12
+    log = server_log(tmp_path)
+    assert max(e["in_flight"] for e in log if "in_flight" in e) == expected
+    start = next(e for e in log if "argv" in e)
+    assert start["argv"][start["argv"].index("--max-num-seqs") + 1] == "12"
+    assert start["omp_bind"] == ",".join(map(str, sorted(os.sched_getaffinity(0))))  # serve.cpu_threads: all
+
+
+def test_cpu_threads_all_binds_vllms_openmp_threads_to_every_cpu_unless_the_environment_says(monkeypatch):
+    every = ",".join(map(str, sorted(os.sched_getaffinity(0))))
+    monkeypatch.delenv(OMP_BIND, raising=False)
+    assert cpu_binding(ServeConfig(cpu_threads="all")) == {OMP_BIND: every}
+    assert cpu_binding(ServeConfig(cpu_threads="vllm")) == {}  # vLLM's own: a CPU kept for its scheduler
+    assert cpu_binding(ServeConfig(cpu_threads="all", env={OMP_BIND: "0"})) == {}  # serve.env's value is used
+    monkeypatch.setenv(OMP_BIND, "1")
+    assert cpu_binding(ServeConfig(cpu_threads="all")) == {}  # and so is this process's
 
 
 def test_a_server_that_never_becomes_healthy_is_a_clear_error_and_is_killed(tmp_path, question_file, index):

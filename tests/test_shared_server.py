@@ -93,6 +93,7 @@ def test_one_server_serves_the_grid_a_killed_one_stops_it_in_one_line_and_the_ne
     assert len(starts) == 2  # one per run, never one per unit
     modules = starts[-1][starts[-1].index("--lora-modules") + 1:]
     assert {m.split("=")[0] for m in modules[:2]} == {"tiny-ft-act", "tiny-ft-react"}
+    assert starts[-1][starts[-1].index("--max-num-seqs") + 1] == "1"  # its units' max_in_flight
     asked = {e["model"] for e in server_events(tmp_path) if "model" in e}
     assert asked == {"SmolLM2", "tiny-ft-act", "tiny-ft-react"}  # each unit by its own name
     assert wait_until_gone(tag, 10) == []

@@ -11,7 +11,7 @@ from pipeline.core.errors import PipelineError
 from pipeline.core.same_run import run_keys
 from pipeline.core.trajectory import FORMATS
 from pipeline.llm.base import LLM
-from pipeline.llm.config import LLMConfig
+from pipeline.llm.config import LLMConfig, with_episodes_in_flight
 from pipeline.llm.factory import load_llm
 from pipeline.methods import Method, MethodSettings, build_method, prompt_prefixes
 from pipeline.tasks import Task, get_task
@@ -37,8 +37,9 @@ class PromptedModel:
     def check_questions(self, name: str, questions: list | None = None) -> None:
         """A model answers any question of the task."""
 
-    def open(self) -> LLM:
-        llm = load_llm(self.cfg)
+    def open(self, max_in_flight: int) -> LLM:
+        """The model, its requests in flight following the run's episodes in flight."""
+        llm = load_llm(with_episodes_in_flight(self.cfg, max_in_flight))
         check = getattr(llm, "check_available", None)
         if check is not None:
             check()
@@ -69,7 +70,7 @@ class OracleTeacher:
         """Refuse a set the stand-in teacher cannot answer (pipeline.tasks.base.check_oracle_questions)."""
         self.task.check_oracle_questions(name, questions)
 
-    def open(self) -> None:
+    def open(self, max_in_flight: int) -> None:
         return None
 
     def method(self, name: str, settings: MethodSettings) -> Method:

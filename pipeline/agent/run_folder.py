@@ -89,7 +89,7 @@ def start_run(cfg: Any, stage: str, who: Answerer, settings: MethodSettings,
         check()
     backend = open_backend(cfg.wiki)
     check_index_covers(who.task, cfg.questions, questions, backend)
-    return questions, backend, who.open(), sources
+    return questions, backend, who.open(cfg.max_in_flight), sources
 
 
 INDEX_SAMPLE = 100  # questions looked up: a mismatch shows in the first few, and 100 lookups take milliseconds

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from pipeline.core.config import bound, check, in_range
@@ -46,7 +46,10 @@ class LLMConfig:
     base_url: str | list[str] = same_run("free", default="http://127.0.0.1:8000/v1")  # or a list: replicas of one model
     api_key_env: str = same_run("identity", default="OPENAI_API_KEY")  # the key is read from this variable, never from config
     api: str = same_run("identity", default="completions")  # completions | chat: the server's endpoint
-    max_concurrency: int = same_run("free", default=8, metadata=bound(1))  # requests in flight at once, per replica
+    # Requests in flight at once, per replica. None: the stage's max_in_flight (one knob for the
+    # episodes, the HTTP pool and a managed server's --max-num-seqs: with_episodes_in_flight); a
+    # value set here caps the requests whatever max_in_flight says (a hosted API's rate limit)
+    max_concurrency: int | None = same_run("free", default=None, metadata=bound(1))
     timeout_s: float = same_run("free", default=60.0)
     max_retries: int = same_run("free", default=5, metadata=bound(0))
     # How long to wait for an external endpoint to come up before the first request: a `vllm serve`
@@ -62,3 +65,14 @@ class LLMConfig:
     @property
     def label(self) -> str:
         return self.name or self.model
+
+
+# The HTTP backend's requests in flight where no stage says how many episodes are (a backend built
+# directly, as the benchmarks and tests do): a stage's max_in_flight sets it otherwise.
+UNSTAGED_CONCURRENCY = 8
+
+
+def with_episodes_in_flight(llm: LLMConfig, max_in_flight: int) -> LLMConfig:
+    """`llm` with its requests in flight following the stage's episodes in flight (each episode
+    has one request out at a time: pipeline.agent.scheduler), unless the config sets its own."""
+    return llm if llm.max_concurrency is not None else replace(llm, max_concurrency=max_in_flight)

@@ -7,12 +7,13 @@
       model: meta-llama/Llama-3.1-70B-Instruct
       api: completions                       # or chat (one user message per prompt)
       api_key_env: OPENAI_API_KEY            # the key is read from this variable only
-      max_concurrency: 8
+      max_concurrency: 8                     # default: the stage's max_in_flight
 
 A PEFT adapter (`adapter:`) is refused: the server applies one only to requests that name it,
 and `eval`'s `serve:` section serves it under a name and sends that name (pipeline/llm/serving.py).
 Each request is one HTTP call (`n` samples in one call); up to `max_concurrency` calls are in
-flight at once to each replica (each base URL). A call that still fails after its retries (and
+flight at once to each replica (each base URL): by default as many as the stage's episodes in
+flight (`max_in_flight`, pipeline.llm.config.with_episodes_in_flight). A call that still fails after its retries (and
 on the other replicas) becomes `n` completions with finish_reason="error" and the reason, so
 the other episodes go on. Stop strings are sent to the server and applied again here, because
 not every server honours them (or all of them). Every sampling knob is sent at its neutral value
@@ -38,7 +39,7 @@ from pipeline.llm.base import (
     GenerationRequest,
     cut_at_stop,
 )
-from pipeline.llm.config import LLMConfig
+from pipeline.llm.config import UNSTAGED_CONCURRENCY, LLMConfig
 from pipeline.llm.replicas import ReplicaSet
 
 APIS = ("completions", "chat")
@@ -59,8 +60,9 @@ class OpenAICompatibleLLM:
         if cfg.api not in APIS:
             raise PipelineError(f"llm.api '{cfg.api}' is unknown; use one of {list(APIS)}")
         base_urls = replica_urls(cfg.base_url)
-        if cfg.max_concurrency < 1:
-            raise PipelineError(f"llm.max_concurrency must be >= 1, got {cfg.max_concurrency}")
+        concurrency = UNSTAGED_CONCURRENCY if cfg.max_concurrency is None else cfg.max_concurrency
+        if concurrency < 1:
+            raise PipelineError(f"llm.max_concurrency must be >= 1, got {concurrency}")
         if cfg.adapter:  # a request names one served model; sending the base's name would score the base
             raise PipelineError(
                 f"llm.adapter={cfg.adapter}: an OpenAI-compatible server applies an adapter only when a "
@@ -70,9 +72,9 @@ class OpenAICompatibleLLM:
         self.name = cfg.label
         self.model = cfg.model
         self.api = cfg.api
-        self.replicas = ReplicaSet(base_urls, cfg.max_concurrency)
+        self.replicas = ReplicaSet(base_urls, concurrency)
         self.api_key_env = cfg.api_key_env
-        self.max_concurrency = cfg.max_concurrency
+        self.max_concurrency = concurrency
         key = os.environ.get(cfg.api_key_env, "") if cfg.api_key_env else ""
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         schedule = {"backoff_base_s": backoff_base_s, "backoff_max_s": backoff_max_s,

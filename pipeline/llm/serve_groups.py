@@ -109,7 +109,8 @@ class ServerGroup:
         log = Path(first.out_dir).parent / f"shared-server-{self.number}.log"
         print(f"[serve] shared server #{self.number}: {self.base} with {len(adapters)} adapter(s) for "
               f"{len(todo)} unit(s) still to do", flush=True)
-        server = ManagedServer(serve_command(base, serve, port, adapters), serve.host, port,
+        in_flight = max(m.config.max_in_flight for m in self.members)  # the most episodes a member runs at once
+        server = ManagedServer(serve_command(base, serve, port, adapters, in_flight), serve.host, port,
                                [base.label, *adapters], log, serve)
         server.start()
         self.server = server

@@ -43,7 +43,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from pipeline.core.config import at_least
+from pipeline.core.config import at_least, check, one_of
 from pipeline.core.errors import PipelineError
 from pipeline.core.transport import openers
 from pipeline.llm import leftovers
@@ -71,6 +71,10 @@ def default_serve_command() -> list[str]:
     return [str(python), *VLLM_SERVER_MODULE] if python.is_file() else ["vllm", "serve"]
 
 
+CPU_THREADS = ("all", "vllm")  # ServeConfig.cpu_threads
+OMP_BIND = "VLLM_CPU_OMP_THREADS_BIND"  # vLLM-CPU's own variable (vllm/envs.py)
+
+
 @dataclass
 class ServeConfig:
     # The command that takes the model as its next argument. Default: the python of the project's
@@ -84,6 +88,19 @@ class ServeConfig:
     stop_grace_s: float = 60.0  # SIGTERM, then SIGKILL after this long (the orderly stop at a unit's end)
     extra_args: list[str] = field(default_factory=list)  # more `vllm serve` flags, e.g. [--enforce-eager]
     env: dict = field(default_factory=dict)  # extra environment variables, e.g. {CUDA_VISIBLE_DEVICES: "0,1"}
+    # vLLM-CPU's OpenMP threads (GPU builds read none of this): "all" binds one thread to each CPU
+    # this process may use (VLLM_CPU_OMP_THREADS_BIND); "vllm" leaves vLLM's own choice, which on
+    # x86 reserves a CPU for its scheduler (vllm/utils/ompmultiprocessing.py): on 2 cores the model
+    # computes on one. VLLM_CPU_OMP_THREADS_BIND in `env` (or this process's environment) wins.
+    cpu_threads: str = field(default="vllm", metadata=check(one_of(CPU_THREADS)))
+
+
+def cpu_binding(serve: ServeConfig) -> dict[str, str]:
+    """The OpenMP binding `serve.cpu_threads` asks for, where neither `serve.env` nor this
+    process's environment sets one."""
+    if serve.cpu_threads != "all" or OMP_BIND in serve.env or OMP_BIND in os.environ:
+        return {}
+    return {OMP_BIND: ",".join(str(cpu) for cpu in sorted(os.sched_getaffinity(0)))}
 
 
 class ServerGone(BaseException):  # noqa: N818 (a signal to stop, like KeyboardInterrupt)
@@ -92,9 +109,12 @@ class ServerGone(BaseException):  # noqa: N818 (a signal to stop, like KeyboardI
     server must stop the run instead, so that no episode is recorded as failed because of it."""
 
 
-def serve_command(base: LLMConfig, serve: ServeConfig, port: int, adapters: dict[str, str] | None = None) -> list[str]:
+def serve_command(base: LLMConfig, serve: ServeConfig, port: int, adapters: dict[str, str] | None = None,
+                  max_in_flight: int | None = None) -> list[str]:
     """The `vllm serve` command for the model `base` (an in-process description: model, settings),
-    served under `base.label`, and for each LoRA adapter of `adapters` (name -> folder) under its name."""
+    served under `base.label`, and for each LoRA adapter of `adapters` (name -> folder) under its name;
+    batching `max_in_flight` sequences (the episodes its units run at once: --max-num-seqs), unless
+    the model's `extra` sets max_num_seqs itself."""
     if not serve.command:
         raise PipelineError("serve.command is empty; give the command that runs `vllm serve`, e.g. [vllm, serve]")
     from pipeline.hub.models import resolve_model_path
@@ -109,6 +129,8 @@ def serve_command(base: LLMConfig, serve: ServeConfig, port: int, adapters: dict
         cmd += ["--max-model-len", str(base.max_context)]
     if base.trust_remote_code:
         cmd += ["--trust-remote-code"]
+    if max_in_flight is not None and "max_num_seqs" not in base.extra:
+        cmd += ["--max-num-seqs", str(max_in_flight)]
     cmd += extra_flags(base.extra)
     if adapters:
         cmd += ["--enable-lora", "--lora-modules", *(f"{name}={path}" for name, path in adapters.items())]
@@ -255,13 +277,15 @@ class ManagedServer(ServerView):
             raise PipelineError(leftovers.leftover_message(found))
         check_port_free(self.host, self.port)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        print(f"[serve] starting: {' '.join(self.cmd)} (log: {self.log_path})", flush=True)
+        binding = cpu_binding(self.serve)  # said here; serve.env may hold secrets, so it is not
+        shown = "".join(f"{k}={v} " for k, v in binding.items())
+        print(f"[serve] starting: {shown}{' '.join(self.cmd)} (log: {self.log_path})", flush=True)
         read_fd, write_fd = os.pipe()
         guardian = [sys.executable, "-m", "pipeline.llm.guardian", "--status-fd", str(write_fd),
                     "--log", str(self.log_path), "--grace", str(self.serve.stop_grace_s),
                     "--records", str(leftovers.records_dir()), "--address", self.host, "--port", str(self.port),
                     "--", *self.cmd]
-        env = {**os.environ, **{k: str(v) for k, v in self.serve.env.items()}}
+        env = {**os.environ, **{k: str(v) for k, v in self.serve.env.items()}, **binding}
         try:
             # Its own session: a Ctrl-C or a signal to the eval's process group must not end the
             # guardian before it has ended the server.
@@ -486,11 +510,13 @@ class ServedLLM:
 
 
 @contextlib.contextmanager
-def served(llm: LLMConfig, serve: ServeConfig, log_path: Path) -> Iterator[tuple[LLMConfig, ServerView]]:
-    """Start `vllm serve` for `llm` (backend vllm or transformers: a model to load), yield the
-    OpenAI-compatible LLMConfig that reaches it and the server; stop it on the way out (a SIGTERM
-    to this process included: it is turned into KeyboardInterrupt meanwhile, so the way out runs).
-    A server shared by this process's `run` (SHARED_SERVER_ENV) that serves `llm` is used instead."""
+def served(llm: LLMConfig, serve: ServeConfig, log_path: Path,
+           max_in_flight: int | None = None) -> Iterator[tuple[LLMConfig, ServerView]]:
+    """Start `vllm serve` for `llm` (backend vllm or transformers: a model to load), batching the
+    stage's `max_in_flight` episodes (serve_command), yield the OpenAI-compatible LLMConfig that
+    reaches it and the server; stop it on the way out (a SIGTERM to this process included: it is
+    turned into KeyboardInterrupt meanwhile, so the way out runs). A server shared by this
+    process's `run` (SHARED_SERVER_ENV) that serves `llm` is used instead."""
     if llm.backend == "openai":
         raise PipelineError(f"serve: model '{llm.model}' is already an OpenAI-compatible endpoint "
                             f"({llm.base_url}); drop `serve` or set model.backend: vllm")
@@ -504,7 +530,7 @@ def served(llm: LLMConfig, serve: ServeConfig, log_path: Path) -> Iterator[tuple
     base, adapters, name = unit_server(llm)
     with sigterm_as_interrupt():
         port = serve.port or free_port(serve.host)
-        cmd = serve_command(base, serve, port, adapters)
+        cmd = serve_command(base, serve, port, adapters, max_in_flight)
         server = ManagedServer(cmd, serve.host, port, [base.label, *adapters], log_path, serve)
         try:
             server.start()

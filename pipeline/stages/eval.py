@@ -85,7 +85,7 @@ class EvalConfig:
     max_error_share: float = same_run("free", default=MAX_ERROR_SHARE)
     # Start `vllm serve` for the model under test (its `model` section's tensor_parallel_size,
     # gpu_memory_utilization, max_context, dtype, extra), evaluate over HTTP, stop it (pipeline/llm/serving.py;
-    # keys: command, host, port, startup_timeout_s, stop_grace_s, extra_args, env)
+    # keys: command, host, port, startup_timeout_s, stop_grace_s, extra_args, env, cpu_threads)
     serve: ServeConfig | None = same_run("free", default=None)
 
 
@@ -160,7 +160,7 @@ def evaluate(cfg: EvalConfig) -> list[dict]:
     record = precision_record(target)
     check_resumable(cfg.out_dir, "eval", cfg, IDENTITY_KEYS)  # refuse before a server loads for minutes
     check_same_precision(cfg.out_dir, record)
-    with served(target.llm, cfg.serve, cfg.out_dir / "serve.log") as (llm, server):
+    with served(target.llm, cfg.serve, cfg.out_dir / "serve.log", cfg.max_in_flight) as (llm, server):
         try:
             return run_evaluation(cfg, target, llm, methods, server)
         except ServerGone as gone:

@@ -115,7 +115,7 @@ def generate(cfg: GenerateConfig) -> dict[str, dict]:
     from pipeline.llm.serving import ServerGone, served
 
     check_resumable(cfg.out_dir, "generate", cfg, identity_keys(cfg))  # refuse before a server loads for minutes
-    with served(cfg.teacher, cfg.serve, cfg.out_dir / "serve.log") as (llm, server):
+    with served(cfg.teacher, cfg.serve, cfg.out_dir / "serve.log", cfg.max_in_flight) as (llm, server):
         try:
             return run_generation(cfg, llm, server)
         except ServerGone as gone:
