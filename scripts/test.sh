@@ -16,4 +16,5 @@ for arg in "$@"; do
     -n|-n[0-9]*|--numprocesses|--numprocesses=*|no:xdist|-pno:xdist) workers=() ;;
   esac
 done
-exec .venv/bin/python -m pytest "${workers[@]}" "$@"
+# --durations: the slowest tests at the end of every run, so that a run over the 25-minute goal says where it went
+exec .venv/bin/python -m pytest "${workers[@]}" --durations=25 "$@"
