@@ -186,7 +186,7 @@ def test_the_prompts_a_released_checkpoint_receives(tiny, tmp_path, index, quest
     for fmt, (reply, first_prompt) in cases.items():
         opened = []
 
-        def scripted(model, reply=reply, opened=opened):  # PromptedModel.open, with a scripted stand-in
+        def scripted(model, max_in_flight, reply=reply, opened=opened):  # PromptedModel.open, with a scripted stand-in
             opened.append((model.cfg, ScriptedLLM(lambda prompt, req: reply, name=model.cfg.label)))
             return opened[-1][1]
 
