@@ -221,6 +221,53 @@ def test_the_shipped_rounds_config_plans_the_500_question_grid_a_grpo_unit_and_t
     assert titles[-2:] == ["plot: self-training rounds (EM by round)", "plot: figure 3 and the table"]
 
 
+def test_the_shipped_chain_config_continues_the_round_3_student_with_grpo_after_round_3():
+    """configs/small-chain.yaml: round 1's ReAct student, rounds 2 and 3, then GRPO of round 3's
+    student and its eval, in the rounds phase; no prompted cell, no Standard, no round-1 GRPO; the
+    GRPO eval is plotted as a GRPO row, the rounds' evals as rounds. Its round-1..3 settings are
+    small-rounds' (the same students, so its figures compare with docs/rounds.md's)."""
+    from pipeline.core.config import read_yaml
+
+    units = planned(read_yaml(REPO / "configs" / "small-chain.yaml"))
+    assert [(u.phase, u.title) for u in units][-6:] == [
+        ("rounds", "train (round 3): smollm2-135m on react"), ("rounds", "eval (round 3): smollm2-135m on react"),
+        ("rounds", "grpo: smollm2-135m from its round-3 react student"),
+        ("rounds", "eval: smollm2-135m after GRPO on react (from round 3)"),
+        ("plot", "plot: self-training rounds (EM by round)"), ("plot", "plot: figure 3 and the table")]
+    assert not [u for u in units if u.phase == "grpo" or "prompted" in u.title or "standard" in u.title]
+    ft3, ev3, gr, ev = (u.config for u in units[-6:-2])
+    assert gr.student == str(ft3.output_dir / "final") and gr.student_name == "smollm2-135m-round3-grpo"
+    assert (gr.max_steps, gr.group_size, gr.questions_per_step, gr.experiment) == (80, 8, 2, "small-chain")
+    assert str(ev.finetuned) == str(gr.output_dir / "final") and ev.limit is None
+    plot = units[-1].config
+    assert str(ev.out_dir / "summary.json") in plot.summaries and str(ev3.out_dir / "summary.json") in plot.rounds
+    assert str(ev.out_dir / "summary.json") not in plot.rounds
+    rounds_grid_units = planned(read_yaml(REPO / "configs" / "small-rounds.yaml"))
+    same = {u.title: u.config for u in rounds_grid_units}
+    for unit in units[:-4]:  # the chain's rounds are small-rounds' own, in their own folders
+        if unit.title in same and hasattr(unit.config, "max_steps"):
+            assert unit.config.max_steps == same[unit.title].max_steps, unit.title
+
+
+@pytest.mark.parametrize("grpo, message", [
+    ({"formats": ["react"], "from_round": 4}, r"grpo.from_round: 4 is past the last self-training round \(self_training.rounds: 3\)"),
+    ({"formats": ["react"], "from_round": 0}, "grpo.from_round"),
+])
+def test_a_grpo_from_a_round_the_grid_does_not_run_is_refused(tmp_path, index, grpo, message):
+    with pytest.raises(PipelineError, match=message):
+        planned({**rounds_grid(tmp_path, index), "grpo": grpo})
+
+
+def test_a_grpo_from_a_round_of_a_format_that_does_not_self_train_is_refused(tmp_path, index):
+    grid = {**rounds_grid(tmp_path, index, formats=["react"]), "formats": ["act", "react"]}
+    grid["grpo"] = {"formats": ["act", "react"], "from_round": 2}
+    with pytest.raises(PipelineError, match="grpo.from_round: 2: tiny on act does not self-train"):
+        planned(grid)
+    grid["grpo"]["formats"] = ["react"]
+    titles = [u.title for u in planned(grid)]
+    assert titles.index("grpo: tiny from its round-2 react student") == titles.index("eval (round 2): tiny on react") + 1
+
+
 def test_a_rounds_eval_and_the_next_rounds_generate_share_one_server_and_no_training_between(tmp_path, index):
     grid = rounds_grid(tmp_path, index)
     grid["eval"].update(model={"backend": "vllm"}, serve={"command": ["vllm-stand-in"], "port": 0})

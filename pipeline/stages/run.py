@@ -51,6 +51,7 @@ from pipeline.agent.answerers import check_oracle, unread_model_dropped
 from pipeline.core import gpu_memory, precision
 from pipeline.core.config import (
     add_config_arguments,
+    at_least,
     build,
     checked,
     distinct,
@@ -118,6 +119,10 @@ class GrpoPhase:
     config: Path | None = None  # a GrpoConfig YAML to start from (its `grpo` section or the whole file)
     students: list[str] | None = checked(distinct, default=None)  # the student names to run it for; None: every student trained here
     settings: dict = field(default_factory=dict)  # GrpoConfig keys over `config` (e.g. max_steps, group_size)
+    # Whose student GRPO continues: 1, the grid's fine-tuned students (the `grpo` phase, before the
+    # evals); N > 1, self-training round N's (after that round, in the `rounds` phase): the chain
+    # round 1 -> rounds -> GRPO of the last round's student in one command (configs/small-chain.yaml)
+    from_round: int = at_least(1, default=1)
 
 
 @dataclass
@@ -153,7 +158,8 @@ PHASES = {
     "teacher": "generate, and the teacher's own prompted eval (while the teacher is served)",
     "filter": "correct trajectories -> SFT datasets (CPU)",
     "train": "every student x format training (accelerate launch)",
-    "grpo": "GRPO of the grid's fine-tuned students, when the `grpo` section names formats (accelerate launch)",
+    "grpo": "GRPO of the grid's fine-tuned students, when the `grpo` section names formats (accelerate launch); "
+            "with grpo.from_round N > 1, round N's students instead, in the rounds phase",
     "eval": "every other eval: prompted students, fine-tuned students, released agents",
     "rounds": "self-training rounds 2..N (self_training:), each: the last student generates, filter, train, eval",
     "plot": "figure 3, the table and the orderings check",
@@ -303,12 +309,13 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
             units.append(Unit(f"eval: {student.name} fine-tuned on {method}", ev,
                               with_model_card(final, skip_or(evaluate_in_child, eval_precision)), "eval", needs_eval(ev),
                               precision=eval_precision, serves=served_as(ft, final)))
-            if method in grpo_formats(cfg, student):
+            if method in grpo_formats(cfg, student) and cfg.grpo.from_round == 1:
                 units += grpo_units(cfg, student, ft)
     summaries = [u.config.out_dir / "summary.json" for u in units if u.title.startswith("eval")]
     later = round_units(cfg, students, dataset_dir)  # self-training rounds 2..N and their report
     units += later
-    rounds_evals = [u.config.out_dir / "summary.json" for u in later if u.title.startswith("eval")]
+    rounds_evals = [u.config.out_dir / "summary.json" for u in later if u.title.startswith("eval (round")]
+    summaries += [u.config.out_dir / "summary.json" for u in later if u.title.startswith("eval:")]  # GRPO after a round
     units.append(Unit("plot: figure 3 and the table", plot_config(cfg, summaries, rounds_evals), run_plot, "plot",
                       "no model: CPU only"))
     order = list(PHASES)
@@ -447,7 +454,9 @@ def check_questions_apart(cfg: RunConfig, units: list[Unit]) -> None:
 
 
 def check_grpo_students(cfg: RunConfig, students: list[Student]) -> None:
-    """A `grpo.students` name that is no student trained here would silently drop its GRPO."""
+    """A `grpo.students` name that is no student trained here, or a `grpo.from_round` no round of
+    the named students and formats reaches, would silently drop its GRPO."""
+    check_grpo_round(cfg, students)
     if cfg.grpo.students is None:
         return
     trained = [s.name for s in students if s.finetune and not s.finetuned]
@@ -477,6 +486,8 @@ def round_units(cfg: RunConfig, students: list[Student], dataset_dir: Path) -> l
             r = rounds.next_round(cfg.out_dir, earlier[-1])
             round_of, ft, ev = one_round(cfg, student, earlier, r, ft, ev)
             units += round_of
+            if r.number == cfg.grpo.from_round and fmt in grpo_formats(cfg, student):
+                units += grpo_units(cfg, student, ft, after_round=r.number)
             earlier.append(r)
         prompted = Path(eval_config(cfg, student, None).out_dir) if student.prompt_model else None
         report.append(rounds.report_line(earlier[0], earlier[1:], prompted))
@@ -603,8 +614,11 @@ def run(cfg: RunConfig, students: list[Student], phases: list[str] | None = None
         for i, unit in enumerate(units, start=1):
             if unit.selected:
                 stage(f"[{i}/{len(units)}] {unit.title}")
+                unit_started = time.monotonic()
                 outputs = unit.action(unit.config) or {}
                 after(unit)
+                # each unit's wall time (a skipped one's too): where a long grid's hours went
+                print(f"[run] [{i}/{len(units)}] done in {time.monotonic() - unit_started:.0f} s", flush=True)
     if "png" not in outputs:
         chosen = [p for p in PHASES if any(u.selected and u.phase == p for u in units)]
         print(f"[run] phases {', '.join(chosen) or '(none)'} done in {time.monotonic() - started:.0f} s")
@@ -983,30 +997,52 @@ def grpo_formats(cfg: RunConfig, student: Student) -> list[str]:
     return phase.formats
 
 
-def grpo_units(cfg: RunConfig, student: Student, ft) -> list[Unit]:
-    """The grpo unit that continues the fine-tuned `ft` student in its loop, and that result's eval."""
-    gr = grpo_config(cfg, student, ft)
+def check_grpo_round(cfg: RunConfig, students: list[Student]) -> None:
+    """`grpo.from_round: N` continues round N's students: a round the `self_training` section runs,
+    of a format and student it self-trains."""
+    n, st = cfg.grpo.from_round, cfg.self_training
+    if n == 1 or not cfg.grpo.formats:
+        return
+    if n > st.rounds:
+        raise PipelineError(f"grpo.from_round: {n} is past the last self-training round (self_training.rounds: "
+                            f"{st.rounds}); set it to a round the grid runs, or 1 for the grid's own students")
+    trained = [s.name for s in students if s.finetune and not s.finetuned]
+    lines = rounds.lines(st, trained, cfg.formats)
+    missing = [f"{s.name} on {fmt}" for s in students for fmt in grpo_formats(cfg, s)
+               if s.name in trained and (s.name, fmt) not in lines]
+    if missing:
+        raise PipelineError(f"grpo.from_round: {n}: {', '.join(missing)} does not self-train (self_training.formats / "
+                            f"students), so it has no round-{n} student; add it there or set grpo.students / grpo.formats")
+
+
+def grpo_units(cfg: RunConfig, student: Student, ft, after_round: int = 1) -> list[Unit]:
+    """The grpo unit that continues the fine-tuned `ft` student (the grid's, or self-training round
+    `after_round`'s) in its loop, and that result's eval; after a round, both in the rounds phase."""
+    gr = grpo_config(cfg, student, ft, after_round)
     final = Path(gr.output_dir) / "final"
     ev = eval_config(cfg, student, final, gr.format)
-    ev = replace(ev, out_dir=cfg.out_dir / "eval" / f"{student.name}-grpo-{gr.format}")
+    ev = replace(ev, out_dir=cfg.out_dir / "eval" / f"{gr.student_name}-{gr.format}")
     check_adapter_reachable(ev, gr)
     sft_final = str(Path(ft.output_dir) / "final")
     base = sft_final if ft.finetuning == "full" else ft.student  # what a LoRA GRPO adapter sits on
-    return [Unit(f"grpo: {student.name} from its {gr.format} fine-tune", gr, launch_grpo, "grpo", needs_train(gr)),
-            Unit(f"eval: {student.name} after GRPO on {gr.format}", ev,
-                 with_model_card(final, skip_or(evaluate_in_child, eval_precision)), "eval", needs_eval(ev),
+    start = f"its {gr.format} fine-tune" if after_round == 1 else f"its round-{after_round} {gr.format} student"
+    phases = ("grpo", "eval") if after_round == 1 else ("rounds", "rounds")
+    return [Unit(f"grpo: {student.name} from {start}", gr, launch_grpo, phases[0], needs_train(gr)),
+            Unit(f"eval: {student.name} after GRPO on {gr.format}" + (f" (from round {after_round})" if after_round > 1 else ""), ev,
+                 with_model_card(final, skip_or(evaluate_in_child, eval_precision)), phases[1], needs_eval(ev),
                  precision=eval_precision, serves=(str(final), None) if gr.finetuning == "full" else (base, str(final)))]
 
 
-def grpo_config(cfg: RunConfig, student: Student, ft):
+def grpo_config(cfg: RunConfig, student: Student, ft, after_round: int = 1):
     """The GrpoConfig of one unit: beside the student's checkpoints (its `output_root`) < the
     section's `config` < the grid's task and wiki < its `settings` < this unit's start, format and names."""
     phase = cfg.grpo
+    name = f"{student.name}-grpo" if after_round == 1 else f"{student.name}-round{after_round}-grpo"
     layers = merged({"output_root": str(ft.output_root)}, read_section(phase.config, "grpo") if phase.config else {},
                     {"task": cfg.task, "wiki": cfg.wiki},
                     {"allow_question_overlap": True} if cfg.allow_question_overlap else {}, phase.settings, {
                         "experiment": cfg.experiment, "student": str(Path(ft.output_dir) / "final"),
-                        "student_name": f"{student.name}-grpo", "format": ft.format})
+                        "student_name": name, "format": ft.format})
     return resolve_grpo(build(GrpoConfig, layers, where=f"grpo ({student.name} on {ft.format})"))
 
 
