@@ -227,12 +227,13 @@ def test_the_paper_grid_rehearses_on_this_cpu(tmp_path, index, smollm2_dir):
     assert find_leftovers() == []  # every server it started is gone, whatever happened
     # the phases before eval: the teacher's server, its trajectories, the labelled fill-in, 8 trainings
     for path in [folder / "generate", folder / "fill-in", folder / "sft", folder / "eval" / "llama-3.1-405b-teacher-prompt"]:
-        manifest = read_manifest(path / "manifest.json")
-        assert manifest["complete"] and manifest["rehearsal"] is True, path
+        manifest = read_manifest(path / "manifest.json") or {}
+        assert manifest.get("complete") and manifest.get("rehearsal") is True, (path, proc.stderr[-3000:])
     for student in ("llama-3.1-8b", "llama-3.1-70b"):
         for fmt in ("standard", "cot", "act", "react"):
             final = checkpoints / "paper-rehearsal" / student / fmt / "final"
-            assert read_manifest(final / "manifest.json")["rehearsal"] is True, final
+            # with the run's stderr: a fresh-clone suite once found 70B/react's final missing, and said no more
+            assert (read_manifest(final / "manifest.json") or {}).get("rehearsal") is True, (final, proc.stderr[-3000:])
     assert "[gpu] eval " in proc.stdout and ": ok" in proc.stdout  # the checks' verdicts against the simulated node
     assert not DEFECT_1.search(proc.stderr)  # defect 1 of issue 49: the 70B's own shared server refused
     assert proc.returncode == 0, proc.stderr[-3000:]
