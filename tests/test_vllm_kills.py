@@ -183,17 +183,30 @@ def run(tmp_path, smollm2_dir, index):
             process.kill()
 
 
-def kill_and_check(run: KilledEval, proc: subprocess.Popen, sig: int, what: str) -> tuple[float, int]:
+def kill_and_check(run: KilledEval, proc: subprocess.Popen, sig: int, what: str) -> tuple[float, int, str]:
     """Send `sig` to the eval and check, while it may still be stopping, that every process of its
     server is gone GONE_WITHIN_S after the signal; then its exit code (the eval is killed if it
-    has not exited 60 s after). The seconds from the signal until all were gone, and the code."""
+    has not exited 60 s after). The seconds from the signal until all were gone, the code, and the
+    eval's signal masks just before the signal."""
     try:
+        masks = signal_masks(proc.pid)
         proc.send_signal(sig)
         took = run.assert_gone(what, time.monotonic())
-        return took, proc.wait(timeout=60)
+        return took, proc.wait(timeout=60), masks
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def signal_masks(pid: int) -> str:
+    """A process's blocked, ignored and caught signals (/proc/<pid>/status, hex bit masks: SIGTERM
+    is bit 15, 0x4000). A fresh-clone suite once saw an eval SIGTERMed 0.6 s after its start run
+    to the end with exit 0, which only an ignored or never-unblocked SIGTERM explains."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return "no /proc status"
+    return " ".join(line.replace(":\t", "=") for line in lines if line.startswith(("SigBlk", "SigIgn", "SigCgt")))
 
 
 def started_eval(run: KilledEval, until) -> subprocess.Popen:
@@ -224,12 +237,12 @@ def kill_once(run: KilledEval, sig: int, moment: float | None) -> bool:
     proc = started_eval(run, until)
     there = run.look(proc)
     at = f"{signal.Signals(sig).name} at " + (f"{time.monotonic() - started:.1f} s" if moment else "engine core up")
-    took, code = kill_and_check(run, proc, sig, at)
+    took, code, masks = kill_and_check(run, proc, sig, at)
     server_started = run.server_starts() > starts
-    print(f"[test] {at} ({'server started' if server_started else 'no server started yet'}; {there}): "
+    print(f"[test] {at} ({'server started' if server_started else 'no server started yet'}; {there}; {masks}): "
           f"eval exit {code}, all gone {took:.1f} s after the kill")
     if sig == signal.SIGTERM:
-        assert code in (130, -signal.SIGTERM), (at, code, run.output()[-3000:])
+        assert code in (130, -signal.SIGTERM), (at, code, masks, run.output()[-3000:])
     return server_started
 
 
@@ -261,7 +274,7 @@ def test_sigkill_twice_then_sigterm_mid_run_leave_no_vllm_process_and_each_next_
         wait_for("the engine core", lambda: "EngineCore" in run.look(proc), proc, timeout_s=60)  # noqa: B023
         there = run.look(proc)
         what = f"{signal.Signals(sig).name} mid-run #{attempt}"
-        took, code = kill_and_check(run, proc, sig, what)
+        took, code, _ = kill_and_check(run, proc, sig, what)
         assert "EngineCore" in there, there
         print(f"[test] {what} ({there}): eval exit {code}, all gone {took:.1f} s after the kill")
         if sig == signal.SIGTERM:
