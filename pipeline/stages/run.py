@@ -456,10 +456,10 @@ def check_questions_apart(cfg: RunConfig, units: list[Unit]) -> None:
 def check_grpo_students(cfg: RunConfig, students: list[Student]) -> None:
     """A `grpo.students` name that is no student trained here, or a `grpo.from_round` no round of
     the named students and formats reaches, would silently drop its GRPO."""
-    check_grpo_round(cfg, students)
+    trained = [s.name for s in students if s.finetune and not s.finetuned]
+    check_grpo_round(cfg, students, trained)
     if cfg.grpo.students is None:
         return
-    trained = [s.name for s in students if s.finetune and not s.finetuned]
     strangers = [name for name in cfg.grpo.students if name not in trained]
     if strangers:
         raise PipelineError(f"grpo.students: {strangers} are not students trained here ({', '.join(trained) or 'none'}); "
@@ -997,16 +997,15 @@ def grpo_formats(cfg: RunConfig, student: Student) -> list[str]:
     return phase.formats
 
 
-def check_grpo_round(cfg: RunConfig, students: list[Student]) -> None:
+def check_grpo_round(cfg: RunConfig, students: list[Student], trained: list[str]) -> None:
     """`grpo.from_round: N` continues round N's students: a round the `self_training` section runs,
-    of a format and student it self-trains."""
+    of a format and student (of those `trained` here) it self-trains."""
     n, st = cfg.grpo.from_round, cfg.self_training
     if n == 1 or not cfg.grpo.formats:
         return
     if n > st.rounds:
         raise PipelineError(f"grpo.from_round: {n} is past the last self-training round (self_training.rounds: "
                             f"{st.rounds}); set it to a round the grid runs, or 1 for the grid's own students")
-    trained = [s.name for s in students if s.finetune and not s.finetuned]
     lines = rounds.lines(st, trained, cfg.formats)
     missing = [f"{s.name} on {fmt}" for s in students for fmt in grpo_formats(cfg, s)
                if s.name in trained and (s.name, fmt) not in lines]
