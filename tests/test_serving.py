@@ -25,7 +25,7 @@ from episode_testdata import CORPUS, read_records, run_pipeline, write_questions
 
 from pipeline.core.errors import PipelineError
 from pipeline.llm.config import LLMConfig
-from pipeline.llm.leftovers import live
+from pipeline.llm.leftovers import find_leftovers, live
 from pipeline.llm.serving import (
     OMP_BIND,
     ServeConfig,
@@ -460,6 +460,60 @@ def test_a_sigterm_during_start_up_ends_a_server_that_ignores_it_within_seconds(
         assert time.monotonic() - started < GRACE_S / 2
     finally:
         kill_all(server)
+
+
+def test_a_sigterm_at_any_moment_of_the_first_seconds_ends_the_eval(tmp_path, question_file, index):
+    """SIGTERM at moments spread over an eval's first 3 s (its imports, the server's command, the
+    stand-in starting, never healthy): each eval ends within seconds, by the signal or with 130.
+    A SIGTERM during `import torch` was once lost (torch's C start-up turns an error in its numpy
+    import into a warning) and the eval waited on; the import now comes before the handler, and a
+    lost SIGTERM is raised again at the next wait."""
+    import signal
+    import subprocess
+
+    from episode_testdata import child_env
+
+    config = eval_config(tmp_path, question_file, index, "--standin-never-healthy", startup_timeout_s=120)
+    env = child_env({"REACT_PIPELINE_SERVERS": str(tmp_path / "servers")})
+    for moment in [0.3 + 0.25 * i for i in range(12)]:
+        proc = subprocess.Popen([sys.executable, "-m", "pipeline", "eval", "--config", str(config)], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        time.sleep(moment)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(timeout=30)  # a lost SIGTERM: it waits for the stand-in's health for 120 s
+        except subprocess.TimeoutExpired:
+            code = "still running 30 s after the SIGTERM"
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert code in (130, -signal.SIGTERM), (moment, code, proc.stderr.read()[-2000:])
+    assert find_leftovers(tmp_path / "servers") == []  # each stand-in the evals started is gone
+
+
+def test_a_sigterm_whose_exception_is_lost_is_raised_again_and_at_the_end():
+    """A Terminated swallowed where the handler raised it (here by an `except KeyboardInterrupt`,
+    standing in for C code that clears errors) is raised again by the next check, and at the end
+    of the handler's scope when nothing checked; the handler and the flag are then gone."""
+    import signal
+
+    from pipeline.llm.serving import Terminated, raise_if_terminated, sigterm_as_interrupt
+
+    def lose_a_sigterm() -> None:
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)  # the handler runs here
+        except KeyboardInterrupt:
+            pass
+
+    with pytest.raises(Terminated), sigterm_as_interrupt():
+        lose_a_sigterm()
+        raise_if_terminated()
+    with pytest.raises(Terminated), sigterm_as_interrupt():
+        lose_a_sigterm()
+    raise_if_terminated()  # cleared with the scope
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
 
 
 def test_a_guardian_killed_under_a_running_eval_leaves_nothing_the_eval_does_not_end(tmp_path, question_file, index):

@@ -348,6 +348,7 @@ class ManagedServer(ServerView):
         started = time.monotonic()
         deadline = started + self.serve.startup_timeout_s
         while time.monotonic() < deadline:
+            raise_if_terminated()
             if self.exit_code() is not None:
                 if self._status_fd is None and self.proc is not None and self.proc.returncode < 0:
                     raise PipelineError(f"serve: the server's guardian was killed (signal {-self.proc.returncode}) "
@@ -512,6 +513,7 @@ class ServedLLM:
         return out
 
     def _check_alive(self) -> None:
+        raise_if_terminated()
         code = self.server.exit_code()
         if code is not None:
             how = f"exited (code {code})" if code >= 0 else "is gone"
@@ -542,9 +544,11 @@ def served(llm: LLMConfig, serve: ServeConfig, log_path: Path,
         yield client_config(llm, attached.base_url, name), attached
         return
     base, adapters, name = unit_server(llm)
+    # Before the SIGTERM handler: serve_command imports torch, whose C start-up imports numpy and
+    # turns any error there into a warning, so a SIGTERM raised inside it would be lost.
+    port = serve.port or free_port(serve.host)
+    cmd = serve_command(base, serve, port, adapters, max_in_flight)
     with sigterm_as_interrupt():
-        port = serve.port or free_port(serve.host)
-        cmd = serve_command(base, serve, port, adapters, max_in_flight)
         server = ManagedServer(cmd, serve.host, port, [base.label, *adapters], log_path, serve)
         try:
             server.start()
@@ -564,6 +568,18 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where the main thread is, so that `finally` blocks (a server's stop) run."""
 
 
+_SIGTERM_SEEN = threading.Event()  # set by sigterm_as_interrupt's handler, cleared as it ends
+
+
+def raise_if_terminated() -> None:
+    """Raise Terminated again if a SIGTERM came while sigterm_as_interrupt was in place. The
+    handler's own exception can be lost where it happens to be raised (C code that clears errors:
+    torch's import of numpy; a finalizer), and the process would then run on as if never told to
+    stop, so the server's waits and each call to it look again."""
+    if _SIGTERM_SEEN.is_set():
+        raise Terminated("SIGTERM (its first exception was lost where it was raised)")
+
+
 @contextlib.contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
     """Python's default SIGTERM ends the process at once, skipping every `finally`: a server
@@ -573,10 +589,13 @@ def sigterm_as_interrupt() -> Iterator[None]:
         return
 
     def interrupt(signum, frame):
+        _SIGTERM_SEEN.set()
         raise Terminated(f"signal {signum}")
 
     previous = signal.signal(signal.SIGTERM, interrupt)
     try:
         yield
+        raise_if_terminated()  # a lost one still ends the process as a SIGTERM does, with exit 130
     finally:
         signal.signal(signal.SIGTERM, previous)
+        _SIGTERM_SEEN.clear()
