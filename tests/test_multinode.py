@@ -44,7 +44,7 @@ SLURM = {"SLURM_NNODES": "4", "SLURM_NODEID": "2", "MASTER_ADDR": "node017", "MA
 def test_one_machine_unless_told_otherwise():
     assert machines_from({}) == Machines()
     assert machines_from({"SLURM_NNODES": "1", "SLURM_NODEID": "0"}) == Machines()
-    assert Machines().launch_args() == []
+    assert Machines().launch_args() == ["--main_process_port", "0"]  # a free port, never a fixed one
 
 
 def test_slurm_variables_give_the_machines_and_arguments_win():
@@ -95,6 +95,33 @@ def test_the_installed_accelerate_reads_the_launch_as_machine_1_of_2(config, lau
         assert env.get("ACCELERATE_USE_FSDP") == ("true" if config == "fsdp" else None)
     assert (args.nnodes, args.node_rank, args.nproc_per_node) == ("2", 1, "8")
     assert args.rdzv_backend == "static" and args.rdzv_endpoint == "10.0.0.7:29555"
+
+
+RENDEZVOUS = """
+import time
+from accelerate import PartialState
+state = PartialState()  # the process group: rank 0 listens on the launch's port
+state.wait_for_everyone()
+time.sleep(2)  # hold the port while the other launch starts
+print("rendezvous", state.process_index, flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_two_launches_started_together_on_one_machine_both_rendezvous(tmp_path):
+    """Three times, two real 2-process launches (cpu_ddp) started at the same moment on this
+    machine. With accelerate's fixed 29500 both found it free and one failed with EADDRINUSE,
+    exit 1 (3 of 4 runs of this test; likely how a CI run's rehearsal lost a training); each now takes
+    a free port."""
+    script = tmp_path / "rendezvous.py"
+    script.write_text(RENDEZVOUS)
+    cmd = launch_command(pick_accelerate_config("cpu_ddp", 0), 2, tmp_path / "unused.yaml")
+    cmd = cmd[:cmd.index("-m", 3)] + [str(script)]  # the launch's own flags, this script instead of finetune
+    for _ in range(3):
+        procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+        for proc in procs:
+            out = proc.communicate(timeout=300)[0]
+            assert proc.returncode == 0 and out.count("rendezvous ") == 2, out[-3000:]
 
 
 def test_a_deepspeed_config_that_would_ssh_into_the_nodes_is_refused(tmp_path):

@@ -64,7 +64,10 @@ class Machines:
 
     def launch_args(self) -> list[str]:
         if self.count == 1:
-            return []
+            # A free port of accelerate's choosing (0), not the fixed 29500: two launches on one
+            # machine (a test on another worker, a second run) that both find 29500 free would
+            # both bind it, and one fails with EADDRINUSE (exit 1).
+            return ["--main_process_port", "0"]
         return ["--num_machines", str(self.count), "--machine_rank", str(self.rank),
                 "--main_process_ip", str(self.main_ip), "--main_process_port", str(self.main_port)]
 
