@@ -201,8 +201,9 @@ def kill_and_check(run: KilledEval, proc: subprocess.Popen, sig: int, what: str)
 def signal_masks(pid: int) -> str:
     """A process's blocked, ignored and caught signals (/proc/<pid>/status, hex bit masks: SIGTERM,
     signal 15, is 0x4000). A fresh-clone suite once saw an eval SIGTERMed 0.6 s after its start run
-    to the end with exit 0: a SIGTERM ignored, blocked, or caught by a handler that swallowed it
-    (alone, the eval already catches SIGTERM 0.6 s after its start)."""
+    to the end with exit 0: the handler's exception had been raised inside `import torch`, whose C
+    start-up turns errors in its numpy import into a warning (pipeline/llm/serving.py now imports
+    it before the handler and raises a lost SIGTERM again; tests/test_serving.py)."""
     try:
         lines = Path(f"/proc/{pid}/status").read_text().splitlines()
     except OSError:
