@@ -233,7 +233,7 @@ def test_the_llm_api_key_was_mode_and_old_files_still_read(tmp_path):
     from pipeline.agent.run_folder import check_resumable
     from pipeline.core.storage import write_manifest
     from pipeline.stages.generate import IDENTITY_KEYS, GenerateConfig
-    from pipeline.stages.run import unit_done
+    from pipeline.stages.grid.children import unit_done
 
     with pytest.raises(PipelineError, match=r"unknown key 'teacher.mode'; it was renamed: use 'teacher.api'"):
         load_config(GenerateConfig, None, ["teacher.mode=chat"])
@@ -275,7 +275,7 @@ def test_a_model_teachers_manifest_written_with_oracle_style_still_resumes_and_s
     from pipeline.agent.run_folder import check_resumable
     from pipeline.core.storage import write_manifest
     from pipeline.stages.generate import IDENTITY_KEYS, GenerateConfig
-    from pipeline.stages.run import unit_done
+    from pipeline.stages.grid.children import unit_done
 
     with pytest.raises(PipelineError, match=r"unknown key 'teacher.oracle_style'; it was removed .*use oracle=agent"):
         load_config(GenerateConfig, None, ["teacher.oracle_style=agent"])

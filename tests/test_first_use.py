@@ -65,10 +65,10 @@ def stage_configs() -> list[type]:
     from pipeline.stages.eval import EvalConfig
     from pipeline.stages.filter import FilterConfig
     from pipeline.stages.generate import GenerateConfig
+    from pipeline.stages.grid.spec import GrpoPhase, RunConfig, Student
     from pipeline.stages.grpo import GrpoConfig
     from pipeline.stages.plot import PlotConfig
     from pipeline.stages.publish import PublishConfig
-    from pipeline.stages.run import GrpoPhase, RunConfig, Student
     from pipeline.train.config import FinetuneConfig
 
     found: list[type] = []

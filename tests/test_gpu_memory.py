@@ -145,29 +145,33 @@ def test_without_gpus_nothing_is_checked(monkeypatch, tmp_path):
 def test_run_checks_each_unit_when_it_starts(node, teacher, monkeypatch, tmp_path):
     """Through `run`'s own unit actions on the paper grid, the GPU count patched to 8: the 8B's
     training and the 70B's served eval stop before anything is launched or written."""
-    from pipeline.stages import run
+    from pipeline.stages.grid import children as grid_children
+    from pipeline.stages.grid import precision as grid_precision
+    from pipeline.stages.grid import spec as grid_spec
+    from pipeline.stages.grid.plan import plan as grid_plan
+    from pipeline.train import launcher
 
-    monkeypatch.setattr(run, "gpu_count", lambda: 8)
+    monkeypatch.setattr(launcher, "gpu_count", lambda: 8)
     # the 8B trains bf16 under ZeRO-2 on GPUs; on this CPU the precision rule would refuse bf16
     # under DeepSpeed before the unit got as far as its GPUs
-    monkeypatch.setattr(run, "training_precision", lambda ft: "bf16")
-    cfg = build(run.RunConfig, read_yaml(REPO / "configs" / "paper.yaml"))
-    units = {u.title: u for u in run.plan(cfg, [build(run.Student, s) for s in cfg.students])}
+    monkeypatch.setattr(grid_precision, "training_precision", lambda ft: "bf16")
+    cfg = build(grid_spec.RunConfig, read_yaml(REPO / "configs" / "paper.yaml"))
+    units = {u.title: u for u in grid_plan(cfg, [build(grid_spec.Student, s) for s in cfg.students])}
     pid, rows = teacher
     node([IDLE_FREE - 73402] * 8, rows)
     ft = units["train: llama-3.1-8b on react"].config
     ft.output_dir = tmp_path / "8b"
     with pytest.raises(PipelineError, match=rf"^training llama-3.1-8b on react needs 90% .*held by pid {pid} `sleep 300`"):
-        run.launch_train(ft)
+        grid_children.launch_train(ft)
     assert not (tmp_path / "8b").exists()  # the launch never started (it writes its resolved config first)
     ev = units["eval: llama-3.1-70b fine-tuned on react"].config
     with pytest.raises(PipelineError, match=r"^eval runs/paper/eval/llama-3.1-70b-ft-react needs 90% of each GPU's "
                                             r"memory free on GPU 0-7 \(vLLM starts only"):
-        run.evaluate_in_child(ev)
+        grid_children.evaluate_in_child(ev)
     node([IDLE_FREE] * 8)
-    assert run.train_gpu_need(ft).gpus == 8
-    monkeypatch.setattr(run, "gpu_count", lambda: 0)  # no GPU: the training unit needs none
-    assert run.train_gpu_need(ft) is None
+    assert grid_children.train_gpu_need(ft).gpus == 8
+    monkeypatch.setattr(launcher, "gpu_count", lambda: 0)  # no GPU: the training unit needs none
+    assert grid_children.train_gpu_need(ft) is None
 
 
 class StubServer:
@@ -199,21 +203,25 @@ def paper_grid(node, monkeypatch):
     """The paper grid's plan on a stand-in 8 x H100 node, its shared servers STAND-INs
     (StubServer) and `run`'s child processes recorded (stage, out_dir), not started."""
     from pipeline.llm import serve_groups
-    from pipeline.stages import run
+    from pipeline.stages.grid import children as grid_children
+    from pipeline.stages.grid import precision as grid_precision
+    from pipeline.stages.grid import spec as grid_spec
+    from pipeline.stages.grid.plan import plan as grid_plan
+    from pipeline.train import launcher
 
-    monkeypatch.setattr(run, "gpu_count", lambda: 8)
-    monkeypatch.setattr(run, "training_precision", lambda ft: "bf16")
+    monkeypatch.setattr(launcher, "gpu_count", lambda: 8)
+    monkeypatch.setattr(grid_precision, "training_precision", lambda ft: "bf16")
     monkeypatch.setattr(serve_groups, "ManagedServer", StubServer)
     monkeypatch.setattr(StubServer, "report", staticmethod(node))
     monkeypatch.setattr(StubServer, "started", [])
     children = []
-    monkeypatch.setattr(run, "in_child", lambda stage, config: children.append((stage, str(config.out_dir))))
+    monkeypatch.setattr(grid_children, "in_child", lambda stage, config: children.append((stage, str(config.out_dir))))
 
     def plan(**changes) -> tuple[list, list]:
-        cfg = build(run.RunConfig, read_yaml(REPO / "configs" / "paper.yaml"))
+        cfg = build(grid_spec.RunConfig, read_yaml(REPO / "configs" / "paper.yaml"))
         for key, value in changes.items():
             setattr(cfg, key, value)
-        return run.plan(cfg, [build(run.Student, s) for s in cfg.students]), children
+        return grid_plan(cfg, [build(grid_spec.Student, s) for s in cfg.students]), children
     return plan
 
 
@@ -222,7 +230,7 @@ def test_a_unit_on_its_groups_shared_server_is_not_stopped_by_that_servers_own_m
     students: the group checks its need once, before the server starts, and the unit attached to
     it does not check again (it would find the group's own server holding the memory)."""
     from pipeline.llm import serve_groups
-    from pipeline.stages import run
+    from pipeline.stages.grid import children as grid_children
 
     units, children = paper_grid()
     prompted = next(u for u in units if u.title == "eval: llama-3.1-70b prompted")
@@ -241,7 +249,7 @@ def test_a_unit_on_its_groups_shared_server_is_not_stopped_by_that_servers_own_m
         assert len(StubServer.started) == 1  # its server now holds 90% of every GPU
         assert children == [("eval", "runs/paper/eval/llama-3.1-70b-prompt")]
         with pytest.raises(PipelineError, match=rf"held by pid {StubServer.started[0].server_pid} "):
-            run.evaluate_in_child(prompted.config)  # the same unit NOT attached to the server: checked
+            grid_children.evaluate_in_child(prompted.config)  # the same unit NOT attached to the server: checked
 
 
 def test_a_rounds_generate_on_the_server_it_shares_with_the_last_rounds_eval_is_not_stopped_by_it(
@@ -270,18 +278,22 @@ def test_runs_round_one_generate_loads_its_teacher_in_a_child_process_as_its_pla
     """An in-process teacher (vLLM engine, transformers model) left loaded in `run` would hold the
     GPUs the next unit's check wants free: round 1's generate runs in its own `python -m pipeline
     generate` process (as the rounds' do), after its GPU check, and the plan line says so truly."""
-    from pipeline.stages import run
+    from pipeline.stages.grid import children as grid_children
+    from pipeline.stages.grid import precision as grid_precision
+    from pipeline.stages.grid import spec as grid_spec
+    from pipeline.stages.grid.plan import plan as grid_plan
+    from pipeline.train import launcher
 
-    monkeypatch.setattr(run, "gpu_count", lambda: 8)
-    monkeypatch.setattr(run, "training_precision", lambda ft: "bf16")
+    monkeypatch.setattr(launcher, "gpu_count", lambda: 8)
+    monkeypatch.setattr(grid_precision, "training_precision", lambda ft: "bf16")
     children, in_process = [], []
-    monkeypatch.setattr(run, "in_child", lambda stage, config: children.append(stage))
-    monkeypatch.setattr(run, "generate", lambda config: in_process.append(config), raising=False)  # what run called in-process
-    cfg = build(run.RunConfig, read_yaml(REPO / "configs" / "paper.yaml"))
+    monkeypatch.setattr(grid_children, "in_child", lambda stage, config: children.append(stage))
+    monkeypatch.setattr(grid_children, "generate", lambda config: in_process.append(config), raising=False)  # what run called in-process
+    cfg = build(grid_spec.RunConfig, read_yaml(REPO / "configs" / "paper.yaml"))
     cfg.out_dir = tmp_path / "paper"
     cfg.generate["teacher"] = {"backend": "vllm", "model": "meta-llama/Llama-3.1-405B-Instruct-FP8",
                                "tensor_parallel_size": 8}
-    units = {u.title: u for u in run.plan(cfg, [build(run.Student, s) for s in cfg.students])}
+    units = {u.title: u for u in grid_plan(cfg, [build(grid_spec.Student, s) for s in cfg.students])}
     gen = units["generate: the teacher writes trajectories"]
     assert gen.needs.endswith("in its own process")
     node([IDLE_FREE - 73402] + [IDLE_FREE] * 7)  # GPU 0 held: the check comes first

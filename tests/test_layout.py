@@ -19,16 +19,26 @@ def imported_modules(path: Path) -> set[str]:
     return found
 
 
+ORCHESTRATED = {f"pipeline.stages.{s}" for s in ("generate", "filter", "train", "grpo", "eval", "plot")}
+GRID = {"pipeline.stages.grid"} | {f"pipeline.stages.grid.{p.stem}" for p in (PACKAGE / "stages" / "grid").glob("*.py")}
+
+
 def test_no_stage_imports_a_sibling_stage_and_only_run_orchestrates():
     stages = sorted(p for p in (PACKAGE / "stages").glob("*.py") if p.name != "__init__.py")
     assert {p.stem for p in stages} == {"data", "wiki", "generate", "filter", "train", "grpo", "eval", "plot", "run",
                                         "publish"}
     for path in stages:
         siblings = {m for m in imported_modules(path) if m.startswith("pipeline.stages")}
-        if path.stem == "run":
-            assert siblings <= {f"pipeline.stages.{s}" for s in ("generate", "filter", "train", "grpo", "eval", "plot")}
+        if path.stem == "run":  # it and its parts (stages/grid/: the plan, the checks, the units' runs)
+            assert siblings <= ORCHESTRATED | GRID, siblings
         else:
             assert not siblings, f"{path.name} imports {siblings}"
+    for path in (PACKAGE / "stages" / "grid").glob("*.py"):
+        siblings = {m for m in imported_modules(path) if m.startswith("pipeline.stages")}
+        assert siblings <= ORCHESTRATED | GRID, f"stages/grid/{path.name} imports {siblings - ORCHESTRATED - GRID}"
+    outside = [p for p in (PACKAGE / "stages").glob("*.py") if p.stem != "run"]
+    for path in outside:  # run's parts are run's alone
+        assert not {m for m in imported_modules(path) if m in GRID or m.startswith("pipeline.stages.grid.")}, path
     below = [p for p in PACKAGE.rglob("*.py") if "stages" not in p.parts]
     for path in below:  # nothing one floor down reaches up into a stage
         assert not {m for m in imported_modules(path) if m.startswith("pipeline.stages")}, path

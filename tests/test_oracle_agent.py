@@ -241,7 +241,7 @@ def test_a_run_folder_written_when_the_oracle_was_a_backend_resumes_and_skips(in
     skipped as done by `run`, and is refused under the other style, as a changed style always was."""
     from pipeline.core.config import load_config
     from pipeline.stages.generate import GenerateConfig
-    from pipeline.stages.run import unit_done
+    from pipeline.stages.grid.children import unit_done
 
     out = tmp_path / "gen"
     args = ("generate", "methods=[react]", "questions=offline-bootstrap", f"wiki.index={index}", f"out_dir={out}")

@@ -28,7 +28,7 @@ def test_the_train_stage_still_holds_back_the_launchers_report(capsys):
 
 
 def test_the_eval_relay_passes_redraws_and_keeps_the_error_line(capfd):
-    from pipeline.stages.run import relay_stderr
+    from pipeline.stages.grid.children import relay_stderr
     child = BAR.replace("sys.stdout", "sys.stderr") + "sys.stderr.write('\\nerror: the one line\\n')\n"
     proc = subprocess.Popen([sys.executable, "-c", child], stderr=subprocess.PIPE)
     assert relay_stderr(proc) == "the one line" and proc.wait() == 0

@@ -60,7 +60,8 @@ def test_the_old_student_key_checkpoint_names_finetuned_and_old_eval_manifests_s
     from pipeline.core.config import to_dict
     from pipeline.core.errors import PipelineError
     from pipeline.core.storage import write_manifest
-    from pipeline.stages.run import finetuned_eval_config, unit_done
+    from pipeline.stages.grid.children import unit_done
+    from pipeline.stages.grid.unit_configs import finetuned_eval_config
 
     with pytest.raises(PipelineError, match=r"unknown key 'checkpoint'; it was renamed: use 'finetuned'"):
         build(Student, {"name": "agent", "checkpoint": "forestai/fireact_llama_2_7b_lora"})

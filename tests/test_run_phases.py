@@ -47,7 +47,7 @@ def test_the_paper_grid_runs_the_teacher_first_then_training_then_the_other_eval
 def test_the_plan_says_which_model_each_unit_needs_served_where(monkeypatch, gpus, processes):
     # the plan counts this node's GPUs: patched, so the test says the same on any machine
     # (0: the accelerate file's own count, 8; otherwise one process per GPU)
-    monkeypatch.setattr("pipeline.stages.run.gpu_count", lambda: gpus)
+    monkeypatch.setattr("pipeline.train.launcher.gpu_count", lambda: gpus)
     needs = {u.title: u.needs for u in paper_units()}
     assert "served at http://127.0.0.1:8000/v1" in needs["generate: the teacher writes trajectories"]
     assert needs["train: llama-3.1-8b on react"] == (f"launches accelerate with {processes} processes "
@@ -157,7 +157,7 @@ def test_a_grpo_unit_whose_final_is_complete_with_its_config_is_skipped(tmp_path
     cfg, students = demo_with_grpo(formats=["react"], settings={"output_root": str(tmp_path), "max_steps": 2})
     [unit] = [u for u in plan(cfg, students) if u.phase == "grpo"]
     launched = []
-    monkeypatch.setattr("pipeline.stages.run.grpo", lambda gr: launched.append(gr) or 0)  # records the launch
+    monkeypatch.setattr("pipeline.stages.grid.children.grpo", lambda gr: launched.append(gr) or 0)  # records the launch
     final = unit.config.output_dir / "final"
     write_manifest(final / "manifest.json", stage="grpo", config=dict(to_dict(unit.config), max_steps=1), complete=True)
     unit.action(unit.config)  # another config's final/: launched again (it resumes or redoes)
@@ -177,7 +177,7 @@ def test_a_grpo_final_written_before_a_later_key_is_still_this_configs(tmp_path,
     cfg, students = demo_with_grpo(formats=["react"], settings={"output_root": str(tmp_path), "max_steps": 2})
     [unit] = [u for u in plan(cfg, students) if u.phase == "grpo"]
     launched = []
-    monkeypatch.setattr("pipeline.stages.run.grpo", lambda gr: launched.append(gr) or 0)  # records the launch
+    monkeypatch.setattr("pipeline.stages.grid.children.grpo", lambda gr: launched.append(gr) or 0)  # records the launch
     final, then = unit.config.output_dir / "final", to_dict(unit.config)
     del then["allow_question_overlap"]
     assert "task" in then and "heldout" in then

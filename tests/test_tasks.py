@@ -70,7 +70,7 @@ def test_an_unknown_task_fails_in_one_line_before_anything_is_written(tmp_path):
 
 def test_a_run_folder_written_before_the_task_key_resumes_and_skips_as_hotpotqas(tmp_path, index):
     from pipeline.stages.generate import GenerateConfig
-    from pipeline.stages.run import unit_done
+    from pipeline.stages.grid.children import unit_done
 
     out = tmp_path / "gen"
     args = ("generate", "oracle=exact", "methods=[standard]", "questions=offline-bootstrap",

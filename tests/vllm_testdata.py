@@ -136,7 +136,9 @@ def mark_trained(config_path: Path, adapter: Path | None = None, phases: tuple[s
     from pipeline.core.config import build, load_config, to_dict
     from pipeline.core.storage import write_manifest
     from pipeline.hub.models import resolve_model_path
-    from pipeline.stages.run import RunConfig, Student, plan, training_precision
+    from pipeline.stages.grid.plan import plan
+    from pipeline.stages.grid.precision import training_precision
+    from pipeline.stages.grid.spec import RunConfig, Student
 
     cfg = load_config(RunConfig, config_path, [])
     finals = []

@@ -283,7 +283,7 @@ def _draw_rounds(ax, rows: list[dict], step: float) -> None:
 
 
 def _round_number(row: dict) -> int | None:
-    """k of a round-k student's label (pipeline/stages/run.py names it `<student> round k (...)`)."""
+    """k of a round-k student's label (pipeline/stages/grid/unit_configs.py eval_config names it `<student> round k (...)`)."""
     match = re.search(r"\bround (\d+)\b", row["model"])
     return int(match.group(1)) if match else None
 

@@ -71,7 +71,7 @@ def main(args: argparse.Namespace) -> int:
 def grpo_keys(path: Path) -> dict:
     """A YAML's GrpoConfig keys. An experiment's `grpo:` section is `run`'s (its GrpoPhase:
     formats, config, students, settings): the keys are then its `config` file's, the grid's
-    experiment and wiki, and its `settings`, as `run` layers them (pipeline.stages.run.grpo_config)."""
+    experiment and wiki, and its `settings`, as `run` layers them (pipeline.stages.grid.unit_configs.grpo_config)."""
     data = read_yaml(path)
     section = data.get("grpo")
     if not is_experiment(data) or not isinstance(section, dict):

@@ -1,7 +1,7 @@
 """The one list of what a training launch (`train` or `grpo`) refuses, run before anything loads
 and before the resolved config is written into the output folder: by the launch and its
 `--dry-run` alike (pipeline/stages/train.py, pipeline/stages/grpo.py), and by `run` for each
-selected train and grpo unit, at `--print-config` and before its first unit (pipeline/stages/run.py
+selected train and grpo unit, at `--print-config` and before its first unit (pipeline/stages/grid/checks.py
 check_selected). What an earlier phase of a grid makes (a dataset, a fine-tuned start) is left out
 there (`made_earlier`) and checked when the unit's phase starts, by the same list.
 

@@ -1,0 +1,261 @@
+"""A grid's plan: every unit (round 1's generate, filter, trainings and evals, the GRPO units,
+the self-training rounds, the plot) with its stage config, in phase order, each checked before
+anything runs; and the plan as printed."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipeline import rounds
+from pipeline.agent.answerers import check_oracle
+from pipeline.core.config import build, merged, repeated_items, to_dict
+from pipeline.core.errors import PipelineError
+from pipeline.llm.serve_groups import plan_groups
+from pipeline.report.rounds import RoundsReport, write_rounds_report
+from pipeline.stages.filter import FilterConfig, run_filter
+from pipeline.stages.generate import GenerateConfig
+from pipeline.stages.grid import checks
+from pipeline.stages.grid.children import (
+    evaluate_in_child,
+    generate_in_child,
+    launch_grpo,
+    launch_train,
+    skip_or,
+    unit_done,
+    with_model_card,
+)
+from pipeline.stages.grid.precision import eval_precision, training_precision_record
+from pipeline.stages.grid.spec import RunConfig, Student
+from pipeline.stages.grid.unit import PHASES, Unit
+from pipeline.stages.grid.unit_configs import (
+    check_adapter_reachable,
+    check_student,
+    eval_config,
+    filter_config,
+    finetuned_eval_config,
+    generate_config,
+    grpo_config,
+    grpo_formats,
+    plot_config,
+    served_as,
+    train_config,
+)
+from pipeline.stages.plot import run_plot
+from pipeline.train import launcher
+
+
+def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
+    """Build and check every unit's config before anything runs, so a typo in the eval section
+    fails in a second, not after hours of training; return them in phase order."""
+    checks.check_unit_keys(cfg, students)
+    repeated = repeated_items([s.name for s in students])  # two students' units would share folders
+    if repeated:
+        raise PipelineError(f"students: {repeated[0]!r} names two students; give each its own name (it names its folders)")
+    dataset_dir = cfg.out_dir / "sft"
+    units = []
+    teacher = None
+    if not students or not all(s.finetuned for s in students):  # a grid of released students needs no data
+        gen = generate_config(cfg)
+        check_oracle(gen.oracle, gen.serve, gen.teacher, "teacher")
+        teacher = gen.teacher if gen.oracle is None else None  # the stand-in teacher is served by no one
+        units = [Unit("generate: the teacher writes trajectories", gen, skip_or(generate_in_child), "teacher",
+                      needs_model(gen.teacher, oracle=gen.oracle)),
+                 Unit("filter: correct trajectories -> SFT datasets", filter_config(cfg, dataset_dir), run_filter,
+                      "filter", "no model: CPU only")]
+    for student in students:
+        check_student(student)
+        if student.prompt_model:
+            ev = eval_config(cfg, student, None)
+            phase = "teacher" if teacher is not None and same_model(ev.model, teacher) else "eval"
+            units.append(Unit(f"eval: {student.name} prompted", ev, skip_or(evaluate_in_child, eval_precision),
+                              phase, needs_eval(ev), precision=eval_precision, serves=(ev.model.model, None)))
+        if student.finetuned:
+            ev = finetuned_eval_config(cfg, student)
+            units.append(Unit(f"eval: {student.name} (already fine-tuned: {student.finetuned})",
+                              ev, skip_or(evaluate_in_child, eval_precision), "eval", needs_eval(ev),
+                              precision=eval_precision))
+            continue
+        if not student.finetune:
+            continue
+        for method in cfg.formats:
+            ft = train_config(cfg, student, method, dataset_dir)
+            final = Path(ft.output_dir) / "final"
+            units.append(Unit(f"train: {student.name} on {method}", ft, launch_train, "train", needs_train(ft),
+                              precision=training_precision_record))
+            ev = eval_config(cfg, student, final, method)
+            check_adapter_reachable(ev, ft)
+            units.append(Unit(f"eval: {student.name} fine-tuned on {method}", ev,
+                              with_model_card(final, skip_or(evaluate_in_child, eval_precision)), "eval", needs_eval(ev),
+                              precision=eval_precision, serves=served_as(ft, final)))
+            if method in grpo_formats(cfg, student) and cfg.grpo.from_round == 1:
+                units += grpo_units(cfg, student, ft)
+    summaries = [u.config.out_dir / "summary.json" for u in units if u.title.startswith("eval")]
+    later = round_units(cfg, students, dataset_dir)  # self-training rounds 2..N and their report
+    units += later
+    rounds_evals = [u.config.out_dir / "summary.json" for u in later if u.title.startswith("eval (round")]
+    summaries += [u.config.out_dir / "summary.json" for u in later if u.title.startswith("eval:")]  # GRPO after a round
+    units.append(Unit("plot: figure 3 and the table", plot_config(cfg, summaries, rounds_evals), run_plot, "plot",
+                      "no model: CPU only"))
+    order = list(PHASES)
+    units = sorted(units, key=lambda u: order.index(u.phase))  # stable: the grid's order within a phase
+    checks.check_grpo_students(cfg, students)
+    for unit in units:
+        checks.check_unit(unit)
+    checks.check_questions_apart(cfg, units)
+    plan_groups(units, done=lambda unit: unit_done(unit.config, unit.precision))  # an eval's, or none
+    return units
+
+
+def round_units(cfg: RunConfig, students: list[Student], dataset_dir: Path) -> list[Unit]:
+    """Self-training rounds 2..N of each student and format that self-trains (pipeline/rounds.py),
+    then the rounds report; none without a `self_training` section."""
+    trained = {s.name: s for s in students if s.finetune and not s.finetuned}
+    st, units, report = cfg.self_training, [], []
+    for name, fmt in rounds.lines(st, list(trained), cfg.formats):
+        student = trained[name]
+        ft = train_config(cfg, student, fmt, dataset_dir)
+        ev = eval_config(cfg, student, Path(ft.output_dir) / "final", fmt)
+        earlier = [rounds.Round(1, name, fmt, cfg.out_dir / "generate", dataset_dir, Path(ft.output_dir) / "final",
+                                Path(ev.out_dir))]
+        for _ in range(2, st.rounds + 1):
+            r = rounds.next_round(cfg.out_dir, earlier[-1])
+            round_of, ft, ev = one_round(cfg, student, earlier, r, ft, ev)
+            units += round_of
+            if r.number == cfg.grpo.from_round and fmt in grpo_formats(cfg, student):
+                units += grpo_units(cfg, student, ft, after_round=r.number)
+            earlier.append(r)
+        prompted = Path(eval_config(cfg, student, None).out_dir) if student.prompt_model else None
+        report.append(rounds.report_line(earlier[0], earlier[1:], prompted))
+    if report:
+        units.append(Unit("plot: self-training rounds (EM by round)", RoundsReport(str(cfg.out_dir / "plot"), report),
+                          write_rounds_report, "plot", "no model: CPU only"))
+    return units
+
+
+def one_round(cfg: RunConfig, student: Student, earlier: list, r, ft_before, ev_before) -> tuple[list[Unit], Any, Any]:
+    """Round r's four units (generate, filter, train, eval: pipeline/rounds.py), and its train and
+    eval configs, from the round before's (`ft_before`, `ev_before`: its student is r's teacher)."""
+    st, before = cfg.self_training, earlier[-1]
+    where = f"self_training (round {r.number} of {student.name} on {r.format})"
+    teacher = rounds.teacher(to_dict(ev_before.model), ft_before.finetuning, ft_before.student, before)
+    serve = to_dict(ev_before.serve) if ev_before.serve is not None else None
+    gen = build(GenerateConfig, merged({"task": cfg.task, "wiki": cfg.wiki}, rounds.generate_layer(
+        st, cfg.generate, merged(cfg.eval, student.eval), teacher, serve, earlier, r)), where=f"{where}: generate")
+    flt = build(FilterConfig, rounds.filter_layer(st, cfg.filter, before, r), where=f"{where}: filter")
+    ft = train_config(cfg, student, r.format, r.dataset_dir, rounds.train_layer(st, before, r))
+    rounds.check_init(st, ft.finetuning, where)
+    ev = eval_config(cfg, student, r.final, r.format, r.number)
+    check_adapter_reachable(ev, ft)
+
+    def generate_unit(config):
+        rounds.check_teacher_ready(r, before)
+        return generate_in_child(config)
+
+    def filter_unit(config):
+        return rounds.check_round_data(run_filter(config, allow_empty=True), r, st)
+
+    title = f"(round {r.number}): {student.name} on {r.format}"
+    teacher_line = needs_model(gen.teacher, gen.serve, what=f"round {before.number}'s student {before.final}")
+    return [
+        Unit(f"generate {title}, round {before.number}'s student as the teacher", gen, skip_or(generate_unit),
+             "rounds", teacher_line, serves=served_as(ft_before, before.final), scope=f"{r.student}-{r.format}-{before.number}"),
+        Unit(f"filter {title}: correct trajectories -> SFT dataset", flt, filter_unit, "rounds", "no model: CPU only"),
+        Unit(f"train {title}", ft, launch_train, "rounds", needs_train(ft), precision=training_precision_record),
+        Unit(f"eval {title}", ev, with_model_card(r.final, skip_or(evaluate_in_child, eval_precision)), "rounds",
+             needs_eval(ev), precision=eval_precision, serves=served_as(ft, r.final), scope=f"{r.student}-{r.format}-{r.number}"),
+    ], ft, ev
+
+
+def grpo_units(cfg: RunConfig, student: Student, ft, after_round: int = 1) -> list[Unit]:
+    """The grpo unit that continues the fine-tuned `ft` student (the grid's, or self-training round
+    `after_round`'s) in its loop, and that result's eval; after a round, both in the rounds phase."""
+    gr = grpo_config(cfg, student, ft, after_round)
+    final = Path(gr.output_dir) / "final"
+    ev = eval_config(cfg, student, final, gr.format)
+    ev = replace(ev, out_dir=cfg.out_dir / "eval" / f"{gr.student_name}-{gr.format}")
+    check_adapter_reachable(ev, gr)
+    sft_final = str(Path(ft.output_dir) / "final")
+    base = sft_final if ft.finetuning == "full" else ft.student  # what a LoRA GRPO adapter sits on
+    start = f"its {gr.format} fine-tune" if after_round == 1 else f"its round-{after_round} {gr.format} student"
+    phases = ("grpo", "eval") if after_round == 1 else ("rounds", "rounds")
+    return [Unit(f"grpo: {student.name} from {start}", gr, launch_grpo, phases[0], needs_train(gr)),
+            Unit(f"eval: {student.name} after GRPO on {gr.format}" + (f" (from round {after_round})" if after_round > 1 else ""), ev,
+                 with_model_card(final, skip_or(evaluate_in_child, eval_precision)), phases[1], needs_eval(ev),
+                 precision=eval_precision, serves=(str(final), None) if gr.finetuning == "full" else (base, str(final)))]
+
+
+def select(units: list[Unit], phases: list[str]) -> list[Unit]:
+    """Mark the units of `phases`; a selection with no unit of this grid (`--only grpo` without
+    a grpo section) is refused rather than run as nothing."""
+    for unit in units:
+        unit.selected = unit.phase in phases
+    if not any(unit.selected for unit in units):
+        present = [p for p in PHASES if any(u.phase == p for u in units)]
+        raise PipelineError(f"this grid has no unit in phase {', '.join(phases)}; its phases: {', '.join(present)}")
+    return units
+
+
+def same_model(a, b) -> bool:
+    """Whether two LLM sections name the same model the same way (the teacher prompted on the
+    eval set is the teacher generate uses: both need it served at once)."""
+    keys = ("backend", "model") + (("base_url",) if a.backend == "openai" else ())
+    return all(getattr(a, k) == getattr(b, k) for k in keys)
+
+
+def needs_model(llm, serve=None, what: str | None = None, oracle: str | None = None) -> str:
+    """What a unit needs running, and where, for the plan: one line."""
+    what = what or llm.model
+    gpus = (f"tensor parallel {llm.tensor_parallel_size}, {llm.gpu_memory_utilization:g} of each GPU's memory"
+            if launcher.gpu_count() else "vLLM's CPU build: this node has no GPU")
+    if oracle is not None:
+        return "no model: the oracle stand-in teacher (gold facts)"
+    if serve is not None:
+        port = serve.port or "a free port"
+        return (f"starts `{' '.join(serve.command)}` for {what} on {serve.host}:{port} ({gpus}), "
+                "stops it when done")
+    if llm.backend == "openai":
+        return f"needs {llm.model} served at {llm.base_url} (start it before this phase)"
+    if llm.backend == "vllm":
+        return f"in-process vLLM engine for {what} ({gpus}), in its own process"
+    return f"in-process transformers model {what} (device {llm.device}), in its own process"
+
+
+def needs_eval(ev) -> str:
+    what = f"fine-tuned model {ev.finetuned}" if ev.finetuned else None
+    if ev.finetuned and ev.model.backend == "openai" and ev.serve is None:
+        return (f"needs {ev.finetuned} served at {ev.model.base_url} under its folder name "
+                "(a LoRA adapter is refused: add a `serve:` section)")
+    return needs_model(ev.model, ev.serve, what, ev.oracle)
+
+
+def needs_train(ft) -> str:
+    gpus = launcher.gpu_count()
+    config = launcher.pick_accelerate_config(ft.accelerate_config, gpus)
+    n = launcher.processes_for(config, ft.num_processes, gpus)
+    return f"launches accelerate with {n} process{'es' if n > 1 else ''} ({config.stem}; this node has {gpus} GPU(s))"
+
+
+def show_plan(units: list[Unit], prefix: str = "[run]") -> None:
+    """Before any work: every unit, its phase, what it needs served where, and whether it runs."""
+    print(f"{prefix} plan (phases run in the order " + " -> ".join(PHASES) + "):", flush=True)
+    for i, unit in enumerate(units, start=1):
+        status = "" if unit.selected else "  -- not selected"
+        print(f"{prefix}  {i:>3}. {unit.phase:<8} {unit.title}{status}\n{prefix}       {unit.needs}")
+    sys.stdout.flush()
+
+
+def print_plan(units: list[Unit]) -> None:
+    """The short plan the real run prints first, then each unit's title and the config it would
+    run with, as YAML (nothing runs)."""
+    show_plan(units, prefix="#")
+    print(f"# the {len(units)} units' configs follow\n")
+    for i, unit in enumerate(units, start=1):
+        status = "" if unit.selected else " (not selected)"
+        print(f"# [{i}/{len(units)}] {unit.phase}: {unit.title}{status}")
+        print(f"#   {unit.needs}")
+        print(yaml.safe_dump(to_dict(unit.config), sort_keys=False))
