@@ -256,11 +256,11 @@ def cpu_launch(name: str) -> tuple[str, str]:
 
 def batch_line(name: str, target: dict, said: str) -> str:
     """The batch arithmetic of the target node beside the rehearsal's, one line."""
-    from pipeline.train.launcher import pick_accelerate_config, processes_for
+    from pipeline.train.launcher import launch_world
     from pipeline.train.sft import split_batch
 
-    config = pick_accelerate_config(target.get("accelerate_config", "auto"), TARGET_GPUS)
-    n = processes_for(config, target.get("num_processes"), TARGET_GPUS)
+    world = launch_world(target.get("accelerate_config", "auto"), target.get("num_processes"), TARGET_GPUS)
+    config, n = world.config, world.processes
     global_batch = int(target.get("global_batch_size", 8))
     per_device, accum = split_batch(global_batch, n, target.get("per_device_batch_size"),
                                     int(target.get("max_per_device_batch_size", 8)))

@@ -41,14 +41,12 @@ from pipeline.rl.plan import RlPlan
 from pipeline.train.launcher import (
     Machines,
     add_launch_arguments,
-    gpu_count,
     holding_output,
     launch,
     launch_command,
+    launch_world,
     machines_from,
     machines_from_args,
-    pick_accelerate_config,
-    processes_for,
     write_config_file,
 )
 from pipeline.train.preflight import check_question_sets, preflight_launch
@@ -88,9 +86,8 @@ def grpo(cfg: GrpoConfig, *, accelerate_config: str | None = None, num_processes
     from pipeline.rl.plan import plan_grpo
 
     machines = machines_from() if machines is None else machines
-    gpus = gpu_count()
-    config_path = pick_accelerate_config(accelerate_config or cfg.accelerate_config, gpus)
-    num_processes = processes_for(config_path, num_processes or cfg.num_processes, gpus)
+    here = launch_world(accelerate_config or cfg.accelerate_config, num_processes or cfg.num_processes)
+    config_path, num_processes, gpus = here.config, here.processes, here.gpus
     world = num_processes * machines.count
     distributed = read_yaml(config_path).get("distributed_type")
     check_rollout_strategy(cfg.rollout.engine, "fsdp" if distributed == "FSDP" else "other")

@@ -47,6 +47,7 @@ from pipeline.train.launcher import (  # noqa: F401  (ACCELERATE_CONFIGS, gpu_co
     holding_output,
     launch,
     launch_command,
+    launch_world,
     machines_from,
     machines_from_args,
     pick_accelerate_config,
@@ -82,9 +83,8 @@ def train(cfg: FinetuneConfig, *, accelerate_config: str | None = None, num_proc
     """Launch pipeline.finetune under accelerate with the resolved `cfg`; return the exit code.
     `run` calls this for each student x format. `machines`: default from the environment."""
     machines = machines_from() if machines is None else machines
-    gpus = gpu_count()
-    config_path = pick_accelerate_config(accelerate_config or cfg.accelerate_config, gpus)
-    num_processes = processes_for(config_path, num_processes or cfg.num_processes, gpus)
+    here = launch_world(accelerate_config or cfg.accelerate_config, num_processes or cfg.num_processes)
+    config_path, num_processes, gpus = here.config, here.processes, here.gpus
     world = num_processes * machines.count
     preflight_launch(cfg, config_path, world, gpus)  # before the resolved config is written into output_dir; a dry run too
     per_device, accum, _ = foreseen(cfg, read_yaml(config_path), world, gpus).batch

@@ -143,6 +143,23 @@ def processes_for(config_path: Path, override: int | None, gpus: int) -> int:
     return int(data.get("num_processes", 1))
 
 
+@dataclass(frozen=True)
+class World:
+    """Where one launch runs: its accelerate config file, its processes on this machine and the
+    GPUs it counted them from."""
+    config: Path
+    processes: int
+    gpus: int
+
+
+def launch_world(accelerate_config: str, num_processes: int | None, gpus: int | None = None) -> World:
+    """The one answer to "what would this launch run as here?" for `train`, `grpo` and `run`'s
+    plan and checks: `gpus` defaults to this machine's count (the rehearsal passes its target's)."""
+    gpus = gpu_count() if gpus is None else gpus
+    config = pick_accelerate_config(accelerate_config, gpus)
+    return World(config, processes_for(config, num_processes, gpus), gpus)
+
+
 def launch_command(config_path: Path, num_processes: int, resolved_config: Path, gpus: int = 0,
                    machines: Machines = Machines(), module: str = FINETUNE_MODULE) -> list[str]:
     """`accelerate launch ... -m <module> --config <resolved config>`; `num_processes` is this

@@ -77,7 +77,7 @@ def check_unit(unit: Unit) -> None:
         elif isinstance(config, EvalConfig):
             check_eval(config)
         elif isinstance(config, FinetuneConfig):
-            split_batch(config.global_batch_size, launch_world(config)[1], config.per_device_batch_size,
+            split_batch(config.global_batch_size, unit_world(config).processes, config.per_device_batch_size,
                         config.max_per_device_batch_size)
         elif isinstance(config, GrpoConfig):
             check_grpo(config)
@@ -131,11 +131,9 @@ def check_model_folders(units: list[Unit]) -> None:
                                     "a hub id, or 'smollm2'")
 
 
-def launch_world(cfg) -> tuple[Path, int]:
-    """(accelerate config, processes) of a train or grpo unit's launch on this machine."""
-    gpus = launcher.gpu_count()
-    config = launcher.pick_accelerate_config(cfg.accelerate_config, gpus)
-    return config, launcher.processes_for(config, cfg.num_processes, gpus)
+def unit_world(cfg) -> launcher.World:
+    """Where a train or grpo unit's launch runs on this machine."""
+    return launcher.launch_world(cfg.accelerate_config, cfg.num_processes)
 
 
 def check_grpo(gr) -> None:
@@ -144,7 +142,7 @@ def check_grpo(gr) -> None:
     from pipeline.rl.config import check_heldout_apart, check_vllm_installed
     from pipeline.rl.plan import batch_plan
 
-    batch_plan(gr, launch_world(gr)[1])
+    batch_plan(gr, unit_world(gr).processes)
     check_question_sets(gr)  # the training set and the held-out curve's, as `grpo` checks them
     check_vllm_installed(gr.rollout.engine)
     check_heldout_apart(gr)
@@ -204,9 +202,9 @@ def check_launch_devices(units: list[Unit]) -> None:
     model's package, a `resume` path), refused here before the first phase instead."""
     for unit in units:
         if launches(unit):
-            config, world = launch_world(unit.config)
+            world = unit_world(unit.config)
             try:
-                preflight_launch(unit.config, config, world, launcher.gpu_count())
+                preflight_launch(unit.config, world.config, world.processes, world.gpus)
             except PipelineError as exc:
                 raise PipelineError(f"{unit.title}: {exc}") from None
 

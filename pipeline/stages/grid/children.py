@@ -177,11 +177,10 @@ def training_errors(ft):
 
 def train_gpu_need(ft) -> gpu_memory.GpuNeed | None:
     """A launch under a GPU accelerate config: one process per GPU, each GPU to itself."""
-    gpus = launcher.gpu_count()
-    config = launcher.pick_accelerate_config(ft.accelerate_config, gpus)
-    if gpus == 0 or read_yaml(config).get("use_cpu"):
+    world = launcher.launch_world(ft.accelerate_config, ft.num_processes)
+    if world.gpus == 0 or read_yaml(world.config).get("use_cpu"):
         return None
-    return gpu_memory.GpuNeed(f"training {ft.student_name} on {ft.format}", launcher.processes_for(config, ft.num_processes, gpus),
+    return gpu_memory.GpuNeed(f"training {ft.student_name} on {ft.format}", world.processes,
                               share=gpu_memory.TRAIN_SHARE, why="a training launch expects its GPUs to itself")
 
 

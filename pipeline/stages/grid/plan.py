@@ -234,10 +234,9 @@ def needs_eval(ev) -> str:
 
 
 def needs_train(ft) -> str:
-    gpus = launcher.gpu_count()
-    config = launcher.pick_accelerate_config(ft.accelerate_config, gpus)
-    n = launcher.processes_for(config, ft.num_processes, gpus)
-    return f"launches accelerate with {n} process{'es' if n > 1 else ''} ({config.stem}; this node has {gpus} GPU(s))"
+    world = launcher.launch_world(ft.accelerate_config, ft.num_processes)
+    n = world.processes
+    return f"launches accelerate with {n} process{'es' if n > 1 else ''} ({world.config.stem}; this node has {world.gpus} GPU(s))"
 
 
 def show_plan(units: list[Unit], prefix: str = "[run]") -> None:

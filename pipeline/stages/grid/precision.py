@@ -18,9 +18,8 @@ from pipeline.train.plan import foreseen
 
 def training_precision(ft) -> str:
     """The precision this training unit would run in (on this machine, under its accelerate config)."""
-    gpus = launcher.gpu_count()
-    config = launcher.pick_accelerate_config(ft.accelerate_config, gpus)
-    return foreseen(ft, read_yaml(config), launcher.processes_for(config, ft.num_processes, gpus), gpus).precision.precision
+    world = launcher.launch_world(ft.accelerate_config, ft.num_processes)
+    return foreseen(ft, read_yaml(world.config), world.processes, world.gpus).precision.precision
 
 
 def training_precision_record(ft) -> dict:
