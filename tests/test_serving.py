@@ -492,6 +492,43 @@ def test_a_sigterm_at_any_moment_of_the_first_seconds_ends_the_eval(tmp_path, qu
     assert find_leftovers(tmp_path / "servers") == []  # each stand-in the evals started is gone
 
 
+# `run`'s own call for a unit's eval (pipeline/stages/grid/children.py: in_child), in a process of its own.
+RUN_UNIT = """import sys
+from pipeline.core.config import load_config
+from pipeline.stages.eval import EvalConfig
+from pipeline.stages.grid.children import in_child
+in_child("eval", load_config(EvalConfig, sys.argv[1], []))
+"""
+
+
+def test_a_run_killed_outright_while_its_eval_waits_for_the_server_ends_both(tmp_path, question_file, index):
+    """`kill -9` of `run` (the OOM killer) while a unit's eval, its child, waits for its server to
+    start: the eval waited on for the whole start-up timeout (30 minutes by default, 120 s here),
+    the server with it, as nothing had yet written to the pipe whose break would have ended it.
+    The kernel now sends the eval SIGTERM when `run` dies (pipeline/core/parent_death.py)."""
+    import signal
+    import subprocess
+
+    from episode_testdata import child_env
+
+    config = eval_config(tmp_path, question_file, index, "--standin-never-healthy", startup_timeout_s=120)
+    run = subprocess.Popen([sys.executable, "-c", RUN_UNIT, str(config)], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, env=child_env({"REACT_PIPELINE_SERVERS": str(tmp_path / "servers")}))
+    deadline = time.monotonic() + 60
+    while not [e for e in server_log(tmp_path) if "pid" in e]:
+        assert time.monotonic() < deadline and run.poll() is None, "the stand-in did not start"
+        time.sleep(0.05)
+    [pid] = [e["pid"] for e in server_log(tmp_path) if "pid" in e]
+    evaluation, server = psutil.Process(run.pid).children()[0], psutil.Process(pid)
+    run.send_signal(signal.SIGKILL)
+    run.wait()
+    try:
+        assert still_live([evaluation, server], timeout=15) == [], "the eval or its server outlived `run`"
+    finally:
+        kill_all(evaluation, server)
+    assert find_leftovers(tmp_path / "servers") == []
+
+
 def test_a_sigterm_whose_exception_is_lost_is_raised_again_and_at_the_end():
     """A Terminated swallowed where the handler raised it (here by an `except KeyboardInterrupt`,
     standing in for C code that clears errors) is raised again by the next check, and at the end

@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import os
 import select
 import signal
@@ -62,21 +61,12 @@ import time
 
 import psutil
 
+from pipeline.core.parent_death import PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG, prctl
 from pipeline.llm.leftovers import ServerRecord, live, record_path, session_members, write_record
 
-PR_SET_PDEATHSIG = 1
-PR_SET_CHILD_SUBREAPER = 36
 # SIGTERM to SIGKILL when the eval is gone or killed: seconds, not the orderly stop's grace.
 HURRY_GRACE_S = 2.0
 TRACKER_GRACE_S = 2.0  # for the resource tracker to clean up once the others are gone
-_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
-
-
-def prctl(option: int, value: int) -> bool:
-    """prctl(2) with its arguments as the unsigned longs the kernel reads; True when it took."""
-    if _LIBC is None:
-        return False
-    return _LIBC.prctl(ctypes.c_int(option), *(ctypes.c_ulong(v) for v in (value, 0, 0, 0))) == 0
 
 
 def say(message: str) -> None:

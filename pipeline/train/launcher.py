@@ -27,6 +27,7 @@ import yaml
 from pipeline.core.config import int_at_least, read_yaml, to_dict
 from pipeline.core.errors import PipelineError
 from pipeline.core.folder_lock import run_lock
+from pipeline.core.parent_death import ends_with_parent
 from pipeline.core.relay import pieces
 from pipeline.core.storage import atomic_write_text
 from pipeline.train.deepspeed_setup import ACCELERATE_CONFIGS
@@ -237,7 +238,12 @@ def stream(cmd: list[str], extra_env: dict[str, str] | None = None) -> tuple[int
     From the first line of a launcher's failure report on, lines are held back and returned
     with the exit code, for the caller to show or drop."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    # its own session (Ctrl-C here reaches it through signal_tree). Should this process be killed
+    # outright, the launch gets SIGTERM, which accelerate and torchrun pass on to the workers: not
+    # left to die at its next write into the broken pipe (measured: within 5 s of a tiny model's
+    # steps, but a launch loading a 70B or saving its checkpoint writes nothing for minutes)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                            preexec_fn=ends_with_parent())
     held: list[str] = []
     try:
         assert proc.stdout is not None

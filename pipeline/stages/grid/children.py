@@ -17,6 +17,7 @@ from pipeline.agent.answerers import unread_model_dropped
 from pipeline.core import gpu_memory
 from pipeline.core.config import read_yaml, to_dict, upgrade_keys
 from pipeline.core.errors import PipelineError
+from pipeline.core.parent_death import ends_with_parent
 from pipeline.core.relay import pieces
 from pipeline.core.storage import is_done, read_manifest
 from pipeline.llm.serve_groups import attached
@@ -115,8 +116,10 @@ def in_child(stage: str, config) -> None:
     with tempfile.TemporaryDirectory(prefix=f"pipeline-{stage}-") as folder:
         path = Path(folder) / f"{stage}.yaml"
         path.write_text(yaml.safe_dump(to_dict(config), sort_keys=False), encoding="utf-8")
+        # SIGTERM should `run` be killed outright: it stops as on Ctrl-C, its server with it
         proc = subprocess.Popen([sys.executable, "-m", "pipeline", stage, "--config", str(path)],
-                                stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                preexec_fn=ends_with_parent())
         try:
             error = relay_stderr(proc)
             code = proc.wait()
