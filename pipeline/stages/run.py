@@ -42,6 +42,7 @@ from pipeline.core.config import add_config_arguments, build, load_config
 from pipeline.core.errors import PipelineError
 from pipeline.llm.serve_groups import running
 from pipeline.stages.grid.checks import check_selected
+from pipeline.stages.grid.children import unit_skips
 from pipeline.stages.grid.plan import plan, print_plan, select, show_plan
 from pipeline.stages.grid.spec import RunConfig, Student
 from pipeline.stages.grid.unit import PHASES
@@ -114,14 +115,14 @@ def check_phase(name: str, option: str) -> str:
 
 
 def run(cfg: RunConfig, students: list[Student], phases: list[str] | None = None, prepare=None) -> dict:
-    """`prepare(units)`, where given (a rehearsal's: pipeline/rehearsal/session.py), sees the
-    selected plan before it runs and may wrap units' actions."""
+    """`prepare(units, done)`, where given (a rehearsal's: pipeline/rehearsal/session.py), sees the
+    selected plan before it runs and may wrap units' actions; `done(unit)`: whether it will skip."""
     started = time.monotonic()
     units = select(plan(cfg, students), phases or list(PHASES))
     check_selected(cfg, units)
     show_plan(units)
     if prepare is not None:  # after the checks, which know the units by their actions
-        prepare(units)
+        prepare(units, unit_skips)
     outputs: dict = {}
     with running(units) as after:  # the servers units share (pipeline/llm/serve_groups.py)
         for i, unit in enumerate(units, start=1):

@@ -58,6 +58,11 @@ def unit_done(config, identity=None) -> bool:
     return was == as_written_then(wanted, was)
 
 
+def unit_skips(unit) -> bool:
+    """Whether a generate or eval unit will skip: complete with its config (and precision)."""
+    return unit_done(unit.config, unit.precision)
+
+
 # Keys a stage config gained after runs were made, each with the value that means what a manifest
 # written without it did: such a finished run is still this config's (task: HotpotQA's before
 # configs named one; heldout: GRPO without a held-out curve; allow_question_overlap: refused overlaps).

@@ -26,7 +26,7 @@ from pipeline.stages.grid.children import (
     launch_grpo,
     launch_train,
     skip_or,
-    unit_done,
+    unit_skips,
     with_model_card,
 )
 from pipeline.stages.grid.precision import eval_precision, training_precision_record
@@ -107,7 +107,7 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
     for unit in units:
         checks.check_unit(unit)
     checks.check_questions_apart(cfg, units)
-    plan_groups(units, done=lambda unit: unit_done(unit.config, unit.precision))  # an eval's, or none
+    plan_groups(units, done=unit_skips)
     return units
 
 
