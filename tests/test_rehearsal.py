@@ -35,6 +35,7 @@ from pipeline.rehearsal.cpu_serve import cpu_args
 from pipeline.rehearsal.models import KNOWN, family_of, tiny_config
 from pipeline.rehearsal.rewrite import VLLM_PYTHON, cpu_launch, rehearse
 from pipeline.stages.run import RunConfig, Student, plan
+from pipeline.train.config import FinetuneConfig
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -202,6 +203,30 @@ def test_a_process_outside_the_rehearsal_holds_nothing_of_its_node(simulated_nod
         stranger.wait()
 
 
+def test_a_training_unit_checks_the_simulated_node_for_its_launch_on_the_target_node(simulated_node, tmp_path, capsys):
+    """On this CPU a training launches on no GPU, so `run`'s own check has nothing to ask; the
+    rehearsal checks the node for the target's launch (8 processes of ZeRO-3 for the 70B)."""
+    from pipeline.rehearsal.session import checking_gpus
+    from pipeline.train.launcher import launch_world
+
+    launch = launch_world("deepspeed_zero3", None, 8)
+    ran = []
+    action = checking_gpus(ran.append, launch)
+    unit = FinetuneConfig(student_name="llama-3.1-70b", format="react", output_dir=str(tmp_path / "react"))
+    action(unit)
+    assert ran == [unit]
+    assert re.search(r"^\[gpu\] training llama-3.1-70b on react \(8 processes of deepspeed_zero3 on the target "
+                     r"node\): 90% of each GPU.s memory free on GPU 0-7: ok$", capsys.readouterr().out, flags=re.M)
+    teacher = holding({"REHEARSAL_GPUS": "tensor-parallel-size=8,gpu-memory-utilization=0.9"})  # left running
+    try:
+        with pytest.raises(PipelineError, match=rf"training llama-3.1-70b on react .* held by pid {teacher.pid} "):
+            action(unit)
+        assert ran == [unit]  # not launched
+    finally:
+        teacher.kill()
+        teacher.wait()
+
+
 def test_every_manifest_and_card_of_a_rehearsal_says_so(tmp_path, monkeypatch):
     monkeypatch.delenv(REHEARSAL_ENV, raising=False)
     assert "rehearsal" not in write_manifest(tmp_path / "a.json", stage="x", config={}, complete=True)
@@ -298,6 +323,8 @@ def test_the_paper_grid_rehearses_on_this_cpu_through_kills_in_its_train_and_eva
     # the checks' verdicts against the simulated node: an eval's own, and the 70B's shared server's, once
     assert re.search(r"^\[gpu\] eval .*: ok$", every_run, flags=re.M)
     assert re.search(r"^\[gpu\] shared server #1 for .*meta-llama-llama-3.1-70b: .* on GPU 0-7: ok$", every_run, flags=re.M)
+    assert re.search(r"^\[gpu\] training llama-3.1-70b on \w+ \(8 processes of deepspeed_zero3 on the target node\): "
+                     r".* on GPU 0-7: ok$", every_run, flags=re.M)
     assert not DEFECT_1.search(every_run)  # defect 1 of issue 49: the 70B's own shared server refused
     # resumed: what the killed runs finished is skipped, the finished teacher phase starts no server
     assert f"[run] skip: {folder / 'generate'} is complete" in proc.stdout

@@ -212,6 +212,11 @@ def check(need: GpuNeed | None) -> None:
     print(f"[gpu] {need.what}: {amount} free on GPU {span([g.index for g in seen[:need.gpus]])}: ok", flush=True)
 
 
+def training_need(what: str, processes: int) -> GpuNeed:
+    """A training launch on GPUs: one process per GPU, each GPU to itself."""
+    return GpuNeed(what, processes, share=TRAIN_SHARE, why="a training launch expects its GPUs to itself")
+
+
 def llm_need(what: str, llm, serve=None, params_b: float | None = None) -> GpuNeed | None:
     """The GPUs an LLM section loads its model on: vLLM (in-process, or a `vllm serve` the unit
     starts) its tensor_parallel_size GPUs at gpu_memory_utilization each; transformers on CUDA its

@@ -73,6 +73,7 @@ class Rehearsal:
     notes: list[str] = field(default_factory=list)  # each substitution, one line
     endpoints: list[Endpoint] = field(default_factory=list)
     batches: list[str] = field(default_factory=list)  # target vs rehearsal batch arithmetic, per trained student
+    target_launches: dict = field(default_factory=dict)  # student name -> its launch on the target node (launcher.World)
 
 
 def rehearse(cfg, students: list) -> Rehearsal:
@@ -243,7 +244,8 @@ def rehearse_student(c, student, models: Models, r: Rehearsal) -> None:
     if launch.startswith("deepspeed"):
         layer["deepspeed_on_cpu"] = True
     student.train = merged(student.train, layer)
-    r.batches.append(batch_line(student.name, target, said))
+    r.target_launches[student.name] = target_launch(target)
+    r.batches.append(batch_line(student.name, target, r.target_launches[student.name], said))
 
 
 def cpu_launch(name: str) -> tuple[str, str]:
@@ -254,12 +256,17 @@ def cpu_launch(name: str) -> tuple[str, str]:
     return CPU_LAUNCH[stem]
 
 
-def batch_line(name: str, target: dict, said: str) -> str:
-    """The batch arithmetic of the target node beside the rehearsal's, one line."""
+def target_launch(target: dict):
+    """The training launch the grid's settings make on the target node (launcher.World)."""
     from pipeline.train.launcher import launch_world
+
+    return launch_world(target.get("accelerate_config", "auto"), target.get("num_processes"), TARGET_GPUS)
+
+
+def batch_line(name: str, target: dict, world, said: str) -> str:
+    """The batch arithmetic of the target node beside the rehearsal's, one line."""
     from pipeline.train.sft import split_batch
 
-    world = launch_world(target.get("accelerate_config", "auto"), target.get("num_processes"), TARGET_GPUS)
     config, n = world.config, world.processes
     global_batch = int(target.get("global_batch_size", 8))
     per_device, accum = split_batch(global_batch, n, target.get("per_device_batch_size"),

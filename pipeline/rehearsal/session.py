@@ -6,7 +6,8 @@ simulated node first on PATH (node.py), REHEARSAL_ENV (pipeline.core.storage wri
 which starts each server the grid expects to be running (an `openai` teacher's base_url) before
 the first selected unit of the teacher phase that is not `done` already and stops it after the
 last one, as the user does on the node (`vllm serve ... &`, `run --only teacher`, `kill %1`): a
-rehearsal resumed after its teacher phase starts no teacher. It also gives the filter unit its
+rehearsal resumed after its teacher phase starts no teacher. Each training unit first checks the
+simulated node for its launch on the target node, the check `run` makes there. It also gives the filter unit its
 labelled fill-in (fill_in.py). Every server is stopped on the way out, whatever happened.
 """
 
@@ -16,6 +17,7 @@ import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 from pipeline.core.storage import REHEARSAL_ENV
 from pipeline.rehearsal import node
@@ -45,6 +47,8 @@ def session(rehearsal: Rehearsal) -> Iterator[Callable[[list], None]]:
         for unit in units:
             if unit.selected and unit.phase == FILTER_PHASE and generating:
                 unit.action = filling(unit.action, generating[0].config)
+            if unit.selected and type(unit.config).__name__ == "FinetuneConfig":
+                unit.action = checking_gpus(unit.action, rehearsal.target_launches[unit.config.student_name])
             if unit.selected:
                 unit.action = timed(unit.action, unit.phase, seconds)
     seconds: dict[str, float] = {}
@@ -67,6 +71,22 @@ def timed(action, phase: str, seconds: dict[str, float]):
             return action(config)
         finally:
             seconds[phase] = seconds.get(phase, 0.0) + time.monotonic() - started
+    return run_unit
+
+
+def checking_gpus(action, launch):
+    """A training unit's action, first checking the simulated node for its launch on the target
+    node (its GPUs to itself), as `run` checks there: on this CPU it launches on no GPU, so its own
+    check has nothing to ask. A unit whose final model is on disk will skip, and is not checked."""
+    from pipeline.core import gpu_memory
+    from pipeline.core.storage import is_done
+
+    def run_unit(config):
+        if not is_done(Path(config.output_dir) / "final" / "manifest.json"):
+            gpu_memory.check(gpu_memory.training_need(
+                f"training {config.student_name} on {config.format} ({launch.processes} processes of "
+                f"{launch.config.stem} on the target node)", launch.processes))
+        return action(config)
     return run_unit
 
 

@@ -188,8 +188,7 @@ def train_gpu_need(ft) -> gpu_memory.GpuNeed | None:
     world = launcher.launch_world(ft.accelerate_config, ft.num_processes)
     if world.gpus == 0 or read_yaml(world.config).get("use_cpu"):
         return None
-    return gpu_memory.GpuNeed(f"training {ft.student_name} on {ft.format}", world.processes,
-                              share=gpu_memory.TRAIN_SHARE, why="a training launch expects its GPUs to itself")
+    return gpu_memory.training_need(f"training {ft.student_name} on {ft.format}", world.processes)
 
 
 def launch_grpo(gr) -> None:
