@@ -128,10 +128,10 @@ def test_a_teacher_on_another_machine_and_a_released_agent_are_refused_in_one_li
 
 
 def test_each_launch_has_its_cpu_form_and_fsdp_is_said():
-    assert cpu_launch("deepspeed_zero3_offload")[0] == "deepspeed_zero3_offload"
-    launch, said = cpu_launch("fsdp")
+    assert cpu_launch("deepspeed_zero3_offload", 8)[0] == "deepspeed_zero3_offload"
+    launch, said = cpu_launch("fsdp", 8)
     assert launch == "cpu_ddp" and "rehearsed as DDP" in said
-    assert cpu_launch("auto")[0] == "cpu_ddp"  # auto on the 8-GPU node is multi-GPU DDP
+    assert cpu_launch("auto", 8)[0] == "cpu_ddp"  # auto on the 8-GPU node is multi-GPU DDP
 
 
 def test_the_cpu_server_keeps_the_gpu_flags_for_the_simulated_node():
@@ -373,6 +373,27 @@ def test_the_paper_grid_with_another_family_of_students_rehearses_too(family, tm
     models = tmp_path / "grid-rehearsal" / "models"
     architectures = {json.loads(c.read_text())["architectures"][0] for c in models.glob("*/config.json")}
     assert {"qwen2.5": "Qwen2ForCausalLM", "gemma3": "Gemma3ForCausalLM"}[family] in architectures
+
+
+def test_a_grid_for_another_node_is_rehearsed_on_that_node(tmp_path, monkeypatch, smollm2_dir):
+    """`node:` names the target (8 x H100 80GB unless it does): a 4 x A100 40GB node here. The
+    launches are planned for its 4 GPUs, and its stand-in reports 4 GPUs of 40 GiB, on which the
+    70B's eval (tensor parallel 8, as paper.yaml has it) is refused before its server starts."""
+    monkeypatch.chdir(REPO)
+    cfg = load_config(RunConfig, REPO / "configs/paper.yaml", [f"out_dir={tmp_path}/grid", "node.gpus=4",
+                                                                "node.gpu_mib=40960"])
+    rehearsal = rehearse(cfg, [build(Student, s, where="students") for s in cfg.students])
+    assert rehearsal.target_launches["llama-3.1-70b"].processes == 4
+    assert any(line.startswith("llama-3.1-70b: target 4-GPU node (deepspeed_zero3): global batch 64 = 4 processes x ")
+               for line in rehearsal.batches), rehearsal.batches
+    assert "node: 4 GPUs of 40960 MiB simulated" in " ".join(rehearsal.notes)
+    monkeypatch.setenv("PATH", os.environ["PATH"])
+    monkeypatch.setenv(node.NODE_VARIABLE, "")
+    node.install(tmp_path / "node", cfg.node.gpus, cfg.node.gpu_mib)
+    gpus, _ = gpu_memory.query_nvidia_smi()
+    assert [g.total_mib for g in gpus] == [40960] * 4
+    with pytest.raises(PipelineError, match=r"eval of the 70B needs 8 GPU\(s\) and sees 4; set its tensor_parallel_size"):
+        gpu_memory.check(GpuNeed("eval of the 70B", 8, share=0.9))
 
 
 def test_self_training_rounds_are_rehearsed_on_a_handful_of_questions(tmp_path):

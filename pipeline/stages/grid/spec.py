@@ -47,6 +47,14 @@ class GrpoPhase:
 
 
 @dataclass
+class TargetNode:
+    """The GPU node the grid is written for. `run --rehearse` simulates it (pipeline/rehearsal/node.py:
+    its stand-in nvidia-smi, its launches' process counts); the real run uses the GPUs it finds."""
+    gpus: int = at_least(1, default=8)
+    gpu_mib: int = at_least(1, default=81559)  # each GPU's memory.total: 81559 an H100 80GB, 40960 an A100 40GB
+
+
+@dataclass
 class RunConfig:
     RENAMED_KEYS: ClassVar[dict[str, str]] = {"methods": "formats"}  # old key -> new (pipeline.core.config)
 
@@ -72,3 +80,4 @@ class RunConfig:
     # true: the questions a student trains on (generate's, the rounds', GRPO's) may be among those
     # its fine-tuned evals score (pipeline/tasks/overlap.py); refused otherwise
     allow_question_overlap: bool = False
+    node: TargetNode = field(default_factory=TargetNode)  # what --rehearse simulates
