@@ -401,3 +401,9 @@ def test_self_training_rounds_are_rehearsed_on_a_handful_of_questions(tmp_path):
     students = [build(Student, s, where="students") for s in cfg.students]
     st = rehearse(cfg, students).config.self_training
     assert (st.rounds, st.limit, st.samples, st.data, st.train["max_steps"]) == (3, 3, 1, "union", 2)
+    # `data: new` stays new (it was rehearsed as union): each round's filter gets its own labelled fill-in
+    cfg = load_config(RunConfig, REPO / "configs/small-rounds.yaml", [f"out_dir={tmp_path}/new", "self_training.data=new"])
+    rehearsal = rehearse(cfg, students)
+    assert rehearsal.config.self_training.data == "new"
+    assert any("data: new; a random student solves nothing, so each round's filter also reads the oracle" in note
+               for note in rehearsal.notes)

@@ -108,13 +108,14 @@ def rehearse(cfg, students: list) -> Rehearsal:
 
 
 def rounds_section(st, notes: list[str]):
-    """Self-training rounds on a handful of questions, one sample each, a few steps; each round's
-    set the union with the round before's (a random student solves nothing new: the earlier rows,
-    the fill-in's included, keep every round's set non-empty)."""
+    """Self-training rounds on a handful of questions, one sample each, a few steps, with the
+    grid's own `data` (new or union): a random student solves nothing, so each round's filter gets
+    the labelled fill-in of its round's questions (session.py), as round 1's does."""
     limit = min(st.limit or GENERATE_QUESTIONS, GENERATE_QUESTIONS)
     notes.append(f"self_training: {st.rounds} rounds on the first {limit} questions, 1 sample each, "
-                 f"{TRAIN_STEPS} steps, data: union (was {st.data}): a random student solves nothing new")
-    return replace(st, limit=limit, samples=1, data="union", train={**st.train, "max_steps": TRAIN_STEPS},
+                 f"{TRAIN_STEPS} steps, data: {st.data}; a random student solves nothing, so each round's filter "
+                 f"also reads the oracle stand-in's answers to its questions (<round>/{fill_in.FOLDER}, labelled)")
+    return replace(st, limit=limit, samples=1, train={**st.train, "max_steps": TRAIN_STEPS},
                    questions=None if st.questions not in OFFLINE_SETS else st.questions)
 
 

@@ -6,7 +6,8 @@ simulated node first on PATH (node.py), REHEARSAL_ENV (pipeline.core.storage wri
 which starts each server the grid expects to be running (an `openai` teacher's base_url) before
 the first selected unit of the teacher phase that is not `done` already and stops it after the
 last one, as the user does on the node (`vllm serve ... &`, `run --only teacher`, `kill %1`): a
-rehearsal resumed after its teacher phase starts no teacher. Each training unit first checks the
+rehearsal resumed after its teacher phase starts no teacher. Each self-training round's filter gets
+the same fill-in for its round's questions. Each training unit first checks the
 simulated node for its launch on the target node, the check `run` makes there. It also gives the filter unit its
 labelled fill-in (fill_in.py). Every server is stopped on the way out, whatever happened.
 """
@@ -24,7 +25,7 @@ from pipeline.rehearsal import node
 from pipeline.rehearsal.fill_in import filling
 from pipeline.rehearsal.rewrite import Endpoint, Rehearsal, serve_section
 
-TEACHER_PHASE, FILTER_PHASE = "teacher", "filter"
+TEACHER_PHASE, FILTER_PHASE, ROUNDS_PHASE = "teacher", "filter", "rounds"
 
 
 @contextlib.contextmanager
@@ -43,12 +44,17 @@ def session(rehearsal: Rehearsal) -> Iterator[Callable[[list], None]]:
             for unit in chosen:
                 unit.action = starting(unit, done, rehearsal, servers)
             chosen[-1].action = stopping(chosen[-1].action, servers)
-        generating = [u for u in units if u.phase == TEACHER_PHASE and type(u.config).__name__ == "GenerateConfig"
+        generating = [u for u in units if u.phase == TEACHER_PHASE and kind(u) == "GenerateConfig"
                       and u.config.oracle is None]  # the stand-in teacher's own trajectories need no fill-in
+        round_generate = None  # a self-training round's generate unit: its filter comes next
         for unit in units:
             if unit.selected and unit.phase == FILTER_PHASE and generating:
                 unit.action = filling(unit.action, generating[0].config)
-            if unit.selected and type(unit.config).__name__ == "FinetuneConfig":
+            if unit.phase == ROUNDS_PHASE and kind(unit) == "GenerateConfig":
+                round_generate = unit.config
+            if unit.selected and unit.phase == ROUNDS_PHASE and kind(unit) == "FilterConfig" and round_generate:
+                unit.action = filling(unit.action, round_generate)  # the round's student is random too
+            if unit.selected and kind(unit) == "FinetuneConfig":
                 unit.action = checking_gpus(unit.action, rehearsal.target_launches[unit.config.student_name])
             if unit.selected:
                 unit.action = timed(unit.action, unit.phase, seconds)
@@ -62,6 +68,11 @@ def session(rehearsal: Rehearsal) -> Iterator[Callable[[list], None]]:
             print("[rehearsal] time per phase on this machine: " + ", ".join(
                 f"{phase} {s:.0f} s" for phase, s in seconds.items()) + f"; {sum(seconds.values()):.0f} s in all",
                 flush=True)
+
+
+def kind(unit) -> str:
+    """The unit's stage config class by name (the stages are not imported here)."""
+    return type(unit.config).__name__
 
 
 def timed(action, phase: str, seconds: dict[str, float]):
