@@ -1,15 +1,18 @@
 """A rehearsal run's environment: the simulated node, the label on every output, the teacher's server.
 
 `session(rehearsal)` sets, for `run` and every process it starts: the stand-in nvidia-smi of the
-simulated node first on PATH (node.py), REHEARSAL_ENV (pipeline.core.storage writes
-`rehearsal: true` into every manifest, and the cards say it), and yields `prepare(units, done)`,
-which starts each server the grid expects to be running (an `openai` teacher's base_url) before
-the first selected unit of the teacher phase that is not `done` already and stops it after the
-last one, as the user does on the node (`vllm serve ... &`, `run --only teacher`, `kill %1`): a
-rehearsal resumed after its teacher phase starts no teacher. Each self-training round's filter gets
-the same fill-in for its round's questions. Each training unit first checks the
-simulated node for its launch on the target node, the check `run` makes there. It also gives the filter unit its
-labelled fill-in (fill_in.py). Every server is stopped on the way out, whatever happened.
+simulated node first on PATH (node.py), and REHEARSAL_ENV (pipeline.core.storage writes
+`rehearsal: true` into every manifest, and the cards say it). It yields `prepare(units, done)`,
+which wraps the units' actions:
+- the teacher phase: each server the grid expects to be running (an `openai` teacher's base_url)
+  starts before its first unit that is not `done` and stops after its last, as the user does on
+  the node (`vllm serve ... &`, `run --only teacher`, `kill %1`); a rehearsal resumed after that
+  phase starts no teacher;
+- the filter unit, and each self-training round's filter: the labelled fill-in of the questions
+  its teacher answered (fill_in.py), since a random teacher solves none;
+- each training unit: the simulated node is checked for its launch on the target node, the
+  check `run` makes there.
+Every server is stopped on the way out, whatever happened.
 """
 
 from __future__ import annotations
