@@ -33,7 +33,10 @@ SHORT = {
     "bash scripts/demo.sh": ("bash scripts/demo.sh --print-config",
                              "the demo grid takes 5-6 min: set-up, then its plan with every unit's checks"),
     "bash scripts/test.sh": ("bash scripts/test.sh -n 0 tests/test_layout.py",
-                             "the suite takes ~20 min: the same script on one test file"),
+                             "the suite takes ~27 min: the same script on one test file"),
+    "python -m pipeline run --config configs/paper.yaml --rehearse": (
+        "python -m pipeline run --config configs/paper.yaml --rehearse --print-config",
+        "the rehearsal takes ~7 min: its plan, with every substitution (it runs in tests/test_rehearsal.py)"),
     'bash scripts/test.sh -m "not slow"': ('bash scripts/test.sh -m "not slow" -n 0 tests/test_layout.py',
                                            "the fast subset still takes minutes: one file"),
     "REACT_PIPELINE_PRECISION=bf16 bash scripts/test.sh": (
