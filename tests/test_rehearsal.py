@@ -371,8 +371,11 @@ def test_the_paper_grid_with_another_family_of_students_rehearses_too(family, tm
     real, rehearsed = rehearsed_plan(cfg, students)
     assert rehearsed == real and any("fine-tuned on react" in title for title in real)
     models = tmp_path / "grid-rehearsal" / "models"
-    architectures = {json.loads(c.read_text())["architectures"][0] for c in models.glob("*/config.json")}
-    assert {"qwen2.5": "Qwen2ForCausalLM", "gemma3": "Gemma3ForCausalLM"}[family] in architectures
+    configs = [json.loads(c.read_text()) for c in models.glob("*/config.json")]
+    assert {"qwen2.5": "Qwen2ForCausalLM", "gemma3": "Gemma3ForCausalLM"}[family] in {c["architectures"][0] for c in configs}
+    for config in configs:  # vLLM's Qwen2 reads its head size as hidden_size // heads: 19 killed its engine
+        if config["model_type"] == "qwen2":
+            assert config["hidden_size"] == config["num_attention_heads"] * config["head_dim"], config
 
 
 def test_a_grid_for_another_node_is_rehearsed_on_that_node(tmp_path, monkeypatch, smollm2_dir):

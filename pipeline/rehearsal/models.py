@@ -110,6 +110,11 @@ def tiny_config(family: Family, vocab: dict) -> dict:
     """A config.json of the same class and attention layout, a few layers and widths wide."""
     ratio = max(1, family.heads // family.kv_heads)  # query heads per key/value head, as in the real model
     hidden = -(-HIDDEN // ratio) * ratio  # transformers wants the width a multiple of the head count
+    if family.model_type == "qwen2":
+        # vLLM's Qwen2 takes its head size as hidden_size // heads, not from head_dim
+        # (vllm/model_executor/models/qwen2.py), as the real Qwen2.5 models have it: 7 heads of a
+        # 133 width gave 19, which vLLM-CPU's attention refuses ("head_dim=19"), killing the engine
+        hidden = ratio * HEAD_DIM
     config = {
         "architectures": [family.architecture], "model_type": family.model_type,
         "num_hidden_layers": LAYERS, "hidden_size": hidden, "intermediate_size": INTERMEDIATE,
@@ -125,6 +130,11 @@ def tiny_config(family: Family, vocab: dict) -> dict:
     return config
 
 
+def same_shape(made: dict, wanted: dict) -> bool:
+    keys = ("architectures", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "num_hidden_layers")
+    return all(made.get(k) == wanted.get(k) for k in keys)
+
+
 def slug(model: str) -> str:
     return re.sub(r"[^a-z0-9.]+", "-", model.lower()).strip("-")
 
@@ -133,9 +143,11 @@ def tiny_model(model: str, root: Path) -> Path:
     """<root>/<slug>: a tiny random model of `model`'s architecture with SmolLM2's tokenizer,
     made once (it appears by one rename: never half-written) and reused by later rehearsals."""
     target = root / slug(model)
-    if (target / "config.json").is_file() and (target / "tokenizer_config.json").is_file():
-        return target
     family, _ = family_of(model)
+    if (target / "config.json").is_file() and (target / "tokenizer_config.json").is_file():
+        if same_shape(json.loads((target / "config.json").read_text()), tiny_config(family, {})):
+            return target
+        shutil.rmtree(target)  # made by an earlier version of tiny_config (a Qwen2 one vLLM cannot serve)
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
