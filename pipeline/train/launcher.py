@@ -161,6 +161,11 @@ def launch_world(accelerate_config: str, num_processes: int | None, gpus: int | 
     return World(config, processes_for(config, num_processes, gpus), gpus)
 
 
+def config_world(cfg) -> World:
+    """Where a train or grpo config's launch (its accelerate_config, num_processes) runs on this machine."""
+    return launch_world(cfg.accelerate_config, cfg.num_processes)
+
+
 def launch_command(config_path: Path, num_processes: int, resolved_config: Path, gpus: int = 0,
                    machines: Machines = Machines(), module: str = FINETUNE_MODULE) -> list[str]:
     """`accelerate launch ... -m <module> --config <resolved config>`; `num_processes` is this

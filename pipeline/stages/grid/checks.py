@@ -77,7 +77,7 @@ def check_unit(unit: Unit) -> None:
         elif isinstance(config, EvalConfig):
             check_eval(config)
         elif isinstance(config, FinetuneConfig):
-            split_batch(config.global_batch_size, unit_world(config).processes, config.per_device_batch_size,
+            split_batch(config.global_batch_size, launcher.config_world(config).processes, config.per_device_batch_size,
                         config.max_per_device_batch_size)
         elif isinstance(config, GrpoConfig):
             check_grpo(config)
@@ -131,18 +131,13 @@ def check_model_folders(units: list[Unit]) -> None:
                                     "a hub id, or 'smollm2'")
 
 
-def unit_world(cfg) -> launcher.World:
-    """Where a train or grpo unit's launch runs on this machine."""
-    return launcher.launch_world(cfg.accelerate_config, cfg.num_processes)
-
-
 def check_grpo(gr) -> None:
     """A grpo unit's batch split over its launch, its training question set's name, its held-out
     set apart from it, and vLLM where its rollouts need it."""
     from pipeline.rl.config import check_heldout_apart, check_vllm_installed
     from pipeline.rl.plan import batch_plan
 
-    batch_plan(gr, unit_world(gr).processes)
+    batch_plan(gr, launcher.config_world(gr).processes)
     check_question_sets(gr)  # the training set and the held-out curve's, as `grpo` checks them
     check_vllm_installed(gr.rollout.engine)
     check_heldout_apart(gr)
@@ -202,7 +197,7 @@ def check_launch_devices(units: list[Unit]) -> None:
     model's package, a `resume` path), refused here before the first phase instead."""
     for unit in units:
         if launches(unit):
-            world = unit_world(unit.config)
+            world = launcher.config_world(unit.config)
             try:
                 preflight_launch(unit.config, world.config, world.processes, world.gpus)
             except PipelineError as exc:

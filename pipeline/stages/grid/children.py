@@ -185,7 +185,7 @@ def training_errors(ft):
 
 def train_gpu_need(ft) -> gpu_memory.GpuNeed | None:
     """A launch under a GPU accelerate config: one process per GPU, each GPU to itself."""
-    world = launcher.launch_world(ft.accelerate_config, ft.num_processes)
+    world = launcher.config_world(ft)
     if world.gpus == 0 or read_yaml(world.config).get("use_cpu"):
         return None
     return gpu_memory.training_need(f"training {ft.student_name} on {ft.format}", world.processes)

@@ -234,7 +234,7 @@ def needs_eval(ev) -> str:
 
 
 def needs_train(ft) -> str:
-    world = launcher.launch_world(ft.accelerate_config, ft.num_processes)
+    world = launcher.config_world(ft)
     n = world.processes
     return f"launches accelerate with {n} process{'es' if n > 1 else ''} ({world.config.stem}; this node has {world.gpus} GPU(s))"
 

@@ -18,7 +18,7 @@ from pipeline.train.plan import foreseen
 
 def training_precision(ft) -> str:
     """The precision this training unit would run in (on this machine, under its accelerate config)."""
-    world = launcher.launch_world(ft.accelerate_config, ft.num_processes)
+    world = launcher.config_world(ft)
     return foreseen(ft, read_yaml(world.config), world.processes, world.gpus).precision.precision
 
 
