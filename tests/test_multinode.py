@@ -98,12 +98,16 @@ def test_the_installed_accelerate_reads_the_launch_as_machine_1_of_2(config, lau
 
 
 RENDEZVOUS = """
-import time
+import os, time
 from accelerate import PartialState
-state = PartialState()  # the process group: rank 0 listens on the launch's port
+# cpu=True as the trainer says it (pipeline/train/trainer.py): the launch does not pass use_cpu on, and
+# without it each rank would see a world of one (process_index 0 on both).
+state = PartialState(cpu=True)  # the process group: rank 0 listens on the launch's port
 state.wait_for_everyone()
 time.sleep(2)  # hold the port while the other launch starts
-print("rendezvous", state.process_index, flush=True)
+# One write per rank: the ranks share the launch's pipe, and under PYTHONUNBUFFERED a print's
+# pieces interleave (a CI run read "rendezvousrendezvous 0 0"); a write this short is atomic.
+os.write(1, f"rendezvous {state.process_index} of {state.num_processes}\\n".encode())
 """
 
 
@@ -121,7 +125,8 @@ def test_two_launches_started_together_on_one_machine_both_rendezvous(tmp_path):
         procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
         for proc in procs:
             out = proc.communicate(timeout=300)[0]
-            assert proc.returncode == 0 and out.count("rendezvous ") == 2, out[-3000:]
+            ranks = sorted(line for line in out.splitlines() if line.startswith("rendezvous "))
+            assert proc.returncode == 0 and ranks == ["rendezvous 0 of 2", "rendezvous 1 of 2"], out[-3000:]
 
 
 def test_a_deepspeed_config_that_would_ssh_into_the_nodes_is_refused(tmp_path):
