@@ -102,6 +102,27 @@ def test_trls_loss_types_and_reward_scalings_are_the_installed_trls():
     assert scalings and set(re.findall(r"'(\w+)'", scalings[1])) == set(SCALE_REWARDS)
 
 
+def test_transformers_optimizer_and_scheduler_names_read_from_its_source_are_its_enumerations(tmp_path, monkeypatch):
+    """`optim` and `lr_scheduler` are checked against transformers' enumerations read from their
+    source files (importing them costs every train/grpo/run process 3-5 s of torch and PEFT):
+    the same names as the imported enumerations; a class built another way is refused, not misread."""
+    from transformers.trainer_utils import SchedulerType
+    from transformers.training_args import OptimizerNames
+
+    from pipeline.train import settings
+
+    assert settings.optimizer_names() == tuple(o.value for o in OptimizerNames)
+    assert settings.scheduler_names() == tuple(s.value for s in SchedulerType)
+    (tmp_path / "fakelib").mkdir()
+    (tmp_path / "fakelib" / "__init__.py").write_text("")
+    (tmp_path / "fakelib" / "names.py").write_text('class Names:\n    """doc"""\n    A = "a"\n    B = "b".upper()\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(RuntimeError, match=r"Names is not a list of NAME = \"value\" lines"):
+        settings.enum_values("fakelib.names", "Names")
+    with pytest.raises(RuntimeError, match="defines no class Other"):
+        settings.enum_values("fakelib.names", "Other")
+
+
 # The keys each config hands to transformers' TrainingArguments / TRL's GRPOConfig / PEFT as they are
 HANDED_TO_LIBRARIES = {
     "FinetuneConfig": ("learning_rate", "lr_scheduler", "warmup_ratio", "weight_decay", "max_grad_norm", "optim", "report_to"),

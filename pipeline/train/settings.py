@@ -3,7 +3,9 @@
 typo in `optim`, `lr_scheduler`, `report_to` or `loss_type` is one line from `--dry-run` and
 `run --print-config`, not a traceback after the model loaded (or, for `loss_type`, after a step of
 rollouts). The lists are read from the installed library when a value is given, so the configs'
-modules import no library and an upgrade's new names are accepted.
+modules import no library and an upgrade's new names are accepted. transformers' two enumerations
+are read from its source files, not imported: their modules import torch and PEFT, 3-5 s of CPU in
+every `train`, `grpo` and `run` process (most of a `--dry-run`), spent on a name check.
 
     transformers  OptimizerNames (training_args.py), SchedulerType (trainer_utils.py), the
                   report_to integrations and which are installed (integrations/integration_utils.py)
@@ -15,6 +17,10 @@ modules import no library and an upgrade's new names are accepted.
 
 from __future__ import annotations
 
+import ast
+import functools
+import importlib.util
+from pathlib import Path
 from typing import Any
 
 from pipeline.core.config import one_of
@@ -25,16 +31,33 @@ SCALE_REWARDS = ("group", "batch", "none")
 NO_REPORTING = "none"  # ours: report_to=none hands transformers an empty list
 
 
-def optimizer_names() -> list[str]:
-    from transformers.training_args import OptimizerNames
+@functools.cache
+def enum_values(module: str, name: str) -> tuple[str, ...]:
+    """The values of the string enumeration `name` (class NAME(ExplicitEnum): A = "a", ...) in the
+    installed `module`'s source file, read without importing the module. Anything but `A = "a"`
+    lines in the class raises: a library that builds its names another way must be read another way."""
+    package, *parts = module.split(".")
+    spec = importlib.util.find_spec(package)  # a top-level package: found, not imported
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(f"No module named {package!r}", name=package)
+    path = Path(spec.submodule_search_locations[0], *parts).with_suffix(".py")
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            members = [stmt for stmt in node.body if isinstance(stmt, ast.Assign | ast.AnnAssign)]
+            values = [stmt.value.value for stmt in members
+                      if isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)]
+            if values and len(values) == len(members):
+                return tuple(values)
+            raise RuntimeError(f"{path}: {name} is not a list of NAME = \"value\" lines; read its names another way")
+    raise RuntimeError(f"{path} defines no class {name}")
 
-    return [o.value for o in OptimizerNames]
+
+def optimizer_names() -> tuple[str, ...]:
+    return enum_values("transformers.training_args", "OptimizerNames")
 
 
-def scheduler_names() -> list[str]:
-    from transformers.trainer_utils import SchedulerType
-
-    return [s.value for s in SchedulerType]
+def scheduler_names() -> tuple[str, ...]:
+    return enum_values("transformers.trainer_utils", "SchedulerType")
 
 
 check_optim = one_of(optimizer_names, "transformers' optimizers (OptimizerNames)")
