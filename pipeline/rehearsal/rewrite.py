@@ -26,6 +26,7 @@ from urllib.parse import urlparse
 
 from pipeline.core.config import merged, read_section
 from pipeline.core.errors import PipelineError
+from pipeline.methods.base import MethodSettings
 from pipeline.rehearsal import fill_in
 from pipeline.rehearsal.models import tiny_model
 
@@ -33,6 +34,10 @@ SUFFIX = "-rehearsal"
 GENERATE_QUESTIONS = 3  # questions per generate unit (a `target_correct` of 3,000 becomes these)
 EVAL_QUESTIONS = 2  # questions per eval unit
 TRAIN_STEPS = 2
+# An episode's length: a random model never writes an answer, so each episode runs every step to the
+# token limit (the paper grid's 7 ReAct steps of 100 tokens: 10 s per episode on vLLM-CPU)
+EPISODE_STEPS = 3
+EPISODE_TOKENS = 32
 TRAIN_BATCH = 4  # global batch: 2 processes x 1 per device x 2 accumulation steps
 TRAIN_PROCESSES = 2
 PLOT_TITLE = "REHEARSAL with tiny random models (not a result)"
@@ -159,8 +164,20 @@ def fewer_questions(section: dict, offline: str, count: int, where: str, notes: 
     return section
 
 
+def shorter_episodes(section: dict, where: str, notes: list[str]) -> dict:
+    """At most EPISODE_STEPS steps of EPISODE_TOKENS new tokens per episode."""
+    prompting = dict(section.get("prompting") or {})
+    default = MethodSettings()
+    steps, tokens = prompting.get("max_steps", default.max_steps), prompting.get("max_new_tokens", default.max_new_tokens)
+    prompting.update(max_steps=min(steps, EPISODE_STEPS), max_new_tokens=min(tokens, EPISODE_TOKENS))
+    notes.append(f"{where}: episodes of at most {prompting['max_steps']} steps of {prompting['max_new_tokens']} new "
+                 f"tokens (a random model never answers: each would run to its {steps} steps of {tokens})")
+    return {**section, "prompting": prompting}
+
+
 def generate_section(gen: dict, models: Models, r: Rehearsal) -> dict:
     gen = fewer_questions(gen, "offline-bootstrap", GENERATE_QUESTIONS, "generate", r.notes)
+    gen = shorter_episodes(gen, "generate", r.notes)
     if gen.get("oracle") is None:
         gen["teacher"] = llm_section(gen.get("teacher") or {}, models, r, "generate.teacher")
         if gen["teacher"].get("backend") == "vllm" and "serve" not in gen:  # no in-process vLLM here
@@ -183,6 +200,7 @@ def eval_section(ev: dict, models: Models, notes: list[str], where: str) -> dict
     ev = dict(ev)
     if where == "eval":
         ev = fewer_questions(ev, "offline-eval", EVAL_QUESTIONS, where, notes)
+        ev = shorter_episodes(ev, where, notes)
     model = ev.get("model") or {}
     if model.get("model"):
         ev["model"] = {**model, "model": models(model["model"])}
