@@ -49,8 +49,8 @@ SHORT = {
         "python -m pipeline train --config configs/students/smollm2-135m.yaml format=react dataset_dir=runs/sft max_steps=1 global_batch_size=2",
         "4 steps of 8 trajectories took 2.5-10 min of the suite on 2 cores: 1 step of 2, the same launch and final/"),
     "python -m pipeline eval finetuned=checkpoints/default/smollm2-135m-instruct/react/final limit=8 out_dir=runs/eval/react": (
-        "python -m pipeline eval finetuned=checkpoints/default/smollm2-135m-instruct/react/final limit=2 out_dir=runs/eval/react",
-        "8 episodes of the CPU engine: 2, the same records and summary.json"),
+        "python -m pipeline eval finetuned=checkpoints/default/smollm2-135m-instruct/react/final limit=1 out_dir=runs/eval/react",
+        "8 episodes of the CPU engine: 1 (13 s a ReAct episode here), the same records and summary.json"),
     "bash scripts/small.sh": (
         "for grid in small-sweep small small-exact; do python -m pipeline run --config configs/$grid.yaml --print-config; done",
         "two hours: the plans of its three grids, with every unit's checks"),
