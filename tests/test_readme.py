@@ -36,7 +36,7 @@ SHORT = {
                              "the suite takes ~27 min: the same script on one test file"),
     "python -m pipeline run --config configs/paper.yaml --rehearse": (
         "python -m pipeline run --config configs/paper.yaml --rehearse --print-config",
-        "the rehearsal takes ~7 min: its plan, with every substitution (it runs in tests/test_rehearsal.py)"),
+        "the rehearsal takes ~6 min: its plan, with every substitution (it runs in tests/test_rehearsal.py)"),
     'bash scripts/test.sh -m "not slow"': ('bash scripts/test.sh -m "not slow" -n 0 tests/test_layout.py',
                                            "the fast subset still takes minutes: one file"),
     "REACT_PIPELINE_PRECISION=bf16 bash scripts/test.sh": (
