@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from sft_testdata import DATA, fireact_records, write_dataset
 
-from pipeline.core import precision
+from pipeline.core import devices, precision
 from pipeline.core.config import load_config
 from pipeline.core.errors import PipelineError
 from pipeline.train.config import FinetuneConfig, resolve
@@ -28,11 +28,9 @@ BF16_LOSS_RTOL = 0.02
 @pytest.fixture
 def native(monkeypatch):
     """Pretend the CPU does (True) or does not (False) have bf16 units, with no GPU."""
-    import torch
-
     def set_native(value: bool):
         monkeypatch.setattr(precision, "cpu_bf16", lambda flags=None: (value, "test: native" if value else "test: none"))
-        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+        monkeypatch.setattr(devices, "gpu_count", lambda: 0)
     monkeypatch.delenv(precision.ENV, raising=False)
     return set_native
 

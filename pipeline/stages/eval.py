@@ -29,6 +29,7 @@ from pipeline.agent.answerers import ORACLE, answerer, check_oracle, upgrade_ora
 from pipeline.agent.episodes import MAX_ERROR_SHARE, run_methods
 from pipeline.agent.run_folder import check_resumable, sampling_record, start_run, writing_run
 from pipeline.agent.run_folder import check_settings as check_run_settings
+from pipeline.core import devices
 from pipeline.core.config import add_config_arguments, bound, check, listed, stage_config, to_dict
 from pipeline.core.errors import PipelineError
 from pipeline.core.same_run import run_keys, same_run
@@ -324,8 +325,7 @@ def precision_record(target: ModelUnderTest) -> dict:
     if target.oracle is not None:  # the stand-in teacher: no model, no precision
         inference = None
     elif llm.backend == "transformers":
-        import torch
-        device = ("cuda" if torch.cuda.is_available() else "cpu") if llm.device == "auto" else llm.device
+        device = ("cuda" if devices.gpu_count() else "cpu") if llm.device == "auto" else llm.device
         inference = precision.inference(llm.dtype, device.split(":")[0]).precision
     else:
         inference = precision.DTYPE_NAMES.get(llm.dtype) if llm.backend == "vllm" else None

@@ -31,6 +31,7 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from pipeline.core import devices
 from pipeline.core.errors import PipelineError
 from pipeline.train.launch import Launch
 
@@ -270,8 +271,7 @@ def check_devices(launch: Launch, cuda_devices: int | None = None) -> None:
     """A launch that starts more processes on this node than it has GPUs fails (or hangs in
     NCCL) deep inside the first collective: say so first, on every rank, before any collective."""
     if cuda_devices is None:
-        import torch
-        cuda_devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        cuda_devices = devices.gpu_count()
     if cuda_devices == 0 or launch.use_cpu:
         return  # a CPU launch: processes are not tied to devices
     local = launch.local_world_size

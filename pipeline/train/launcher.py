@@ -25,6 +25,7 @@ from pathlib import Path
 import yaml
 
 from pipeline.core.config import int_at_least, read_yaml, to_dict
+from pipeline.core.devices import gpu_count
 from pipeline.core.errors import PipelineError
 from pipeline.core.folder_lock import run_lock
 from pipeline.core.parent_death import ends_with_parent
@@ -112,11 +113,6 @@ def machines_from(env: dict[str, str] | None = None, *, count: int | None = None
     if not 0 < port < 65536:
         raise PipelineError(f"main process port {port} is not a TCP port (1-65535)")
     return Machines(count, rank, main_ip, port)
-
-
-def gpu_count() -> int:
-    import torch
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def pick_accelerate_config(name: str, gpus: int) -> Path:

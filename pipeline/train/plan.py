@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from pipeline.core import precision
+from pipeline.core import devices, precision
 from pipeline.train.config import FinetuneConfig
 from pipeline.train.deepspeed_setup import deepspeed_line
 from pipeline.train.launch import Launch
@@ -87,8 +87,7 @@ def plan_training(cfg: FinetuneConfig, launch: Launch | None = None, *, env: Map
     env = os.environ if env is None else env
     launch = Launch.from_env(env) if launch is None else launch
     if cuda is None:
-        import torch
-        cuda = torch.cuda.is_available()
+        cuda = devices.gpu_count() > 0
     trains_in = precision.training(cfg.precision, deepspeed=launch.deepspeed)
     # rank 0's kernels for every rank: the attention kernel sets the micro-batch, which all must share
     attention, attention_why = choose_attention(cfg.attn_implementation, launch_kernels(launch, env),

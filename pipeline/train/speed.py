@@ -13,6 +13,7 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 
+from pipeline.core import devices
 from pipeline.core.errors import PipelineError
 from pipeline.train.launch import Launch
 
@@ -32,10 +33,12 @@ class Kernels:
 
 
 def installed_kernels() -> Kernels:
+    def found(name: str) -> bool:
+        return importlib.util.find_spec(name) is not None
+    if not devices.gpu_count():
+        return kernels_on(False, 0, found)
     import torch
-    cuda = torch.cuda.is_available()
-    major = torch.cuda.get_device_capability()[0] if cuda else 0
-    return kernels_on(cuda, major, lambda name: importlib.util.find_spec(name) is not None)
+    return kernels_on(True, torch.cuda.get_device_capability()[0], found)
 
 
 RANK0_KERNELS_KEY = "pipeline/kernels"  # in the launch's rendezvous store

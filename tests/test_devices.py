@@ -1,0 +1,66 @@
+"""The GPU count (pipeline/core/devices.py): torch's own answer, asked only where a GPU driver is
+installed, so that planning a grid or a launch on a machine without one imports no torch.
+
+    .venv/bin/python -m pytest tests/test_devices.py -q
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from episode_testdata import REPO, child_env
+from sft_testdata import fireact_records, write_dataset
+
+from pipeline.core import devices
+
+NO_DRIVER = not any(os.path.exists(f) for f in devices.DRIVER_FILES)
+
+
+def in_child(code: str) -> str:
+    """What `code` prints in a fresh interpreter (no torch imported before it runs)."""
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=child_env(), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+def test_the_count_is_torchs_own():
+    import torch
+    assert devices.gpu_count() == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
+
+
+def test_without_a_driver_file_the_count_is_zero_and_torch_is_not_imported():
+    said = in_child("import sys; from pipeline.core import devices; devices.DRIVER_FILES = ('/nonexistent/nvidiactl',); "
+                    "print(devices.gpu_count(), 'torch' in sys.modules)")
+    assert said == "0 False"
+
+
+def test_with_a_driver_file_torch_is_asked(tmp_path):
+    driver = tmp_path / "nvidiactl"
+    driver.touch()
+    said = in_child(f"import sys; from pipeline.core import devices; devices.DRIVER_FILES = ({str(driver)!r},); "
+                    "n = devices.gpu_count(); import torch; "
+                    "print(n == (torch.cuda.device_count() if torch.cuda.is_available() else 0))")
+    assert said == "True"
+
+
+def planning(command: str, tmp_path) -> list[str]:
+    """A grid's plan (`run --print-config`) or a launch's checks (`train --dry-run`)."""
+    if command == "run":
+        return ["run", "--config", "configs/small-rounds.yaml", "--print-config"]
+    write_dataset(tmp_path / "sft", "react", fireact_records(limit=4))
+    return ["train", "--config", "configs/students/tiny.yaml", "format=react", f"dataset_dir={tmp_path / 'sft'}",
+            f"output_root={tmp_path / 'out'}", "--dry-run"]
+
+
+@pytest.mark.skipif(not NO_DRIVER, reason="a GPU driver is installed here: torch is asked, as it should be")
+@pytest.mark.parametrize("command", ["run", "train"])
+def test_planning_on_a_machine_without_a_gpu_imports_no_torch(command, tmp_path):
+    """torch (1.4 s of a 2.3 s `run --print-config`) is left to the processes that compute."""
+    args = planning(command, tmp_path)
+    said = in_child("import atexit, runpy, sys; "
+                    "atexit.register(lambda: print('torch imported:', 'torch' in sys.modules)); "
+                    f"sys.argv = ['pipeline', *{args!r}]; runpy.run_module('pipeline', run_name='__main__')")
+    assert said.splitlines()[-1] == "torch imported: False", said
