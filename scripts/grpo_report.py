@@ -1,5 +1,6 @@
 """EM before and after GRPO: two eval folders of one method, each EM with its 95% Wilson interval,
-and the gap with Newcombe's 95% interval; the GRPO run's reward at its first and last steps.
+and the gap with Newcombe's 95% interval; the paired counts with McNemar's exact p; the GRPO run's
+reward at its first and last steps.
 
     python scripts/grpo_report.py runs/small/eval/<the SFT student> runs/small-grpo/eval \\
         --run checkpoints/small/smollm2-135m-grpo/react
@@ -18,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from pipeline.core.storage import read_jsonl  # noqa: E402
-from pipeline.report.intervals import difference_interval, wilson  # noqa: E402
+from pipeline.report.intervals import difference_interval, mcnemar_exact, wilson  # noqa: E402
 
 
 def em_by_id(folder: Path, method: str) -> dict[str, float]:
@@ -47,6 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---:|---:|---:|")
     print(f"| | {100 * k1 / n:.1f} {percent(wilson(k1, n))} | {100 * k2 / n:.1f} {percent(wilson(k2, n))} | "
           f"{100 * (k2 - k1) / n:+.1f} {percent(gap)} |")
+    both = sum(1 for i in ids if before[i] and after[i])
+    only_before = sum(1 for i in ids if before[i] and not after[i])
+    only_after = sum(1 for i in ids if after[i] and not before[i])
+    print(f"\nPaired: {both} right in both, {only_before} only before, {only_after} only after; "
+          f"McNemar's exact p = {mcnemar_exact(only_before, only_after):.3g}")
     if args.run:
         manifest = json.loads((args.run / "final" / "manifest.json").read_text(encoding="utf-8"))
         grpo = manifest.get("grpo") or {}

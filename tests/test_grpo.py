@@ -281,7 +281,8 @@ def test_eval_reads_a_grpo_final_as_a_student_whose_rows_say_grpo(random_student
 
 
 def test_grpo_report_compares_em_with_intervals(tmp_path, capsys):
-    """scripts/grpo_report.py: EM before / after on the questions both evaluated, Wilson and Newcombe."""
+    """scripts/grpo_report.py: EM before / after on the questions both evaluated, Wilson and Newcombe,
+    the paired counts and McNemar's p."""
     sys.path.insert(0, str(REPO / "scripts"))
     import grpo_report
 
@@ -297,6 +298,7 @@ def test_grpo_report_compares_em_with_intervals(tmp_path, capsys):
     low, high = difference_interval(4, 10, 1, 10)
     assert "n=10" in out and "| 10.0 [" in out and "| 40.0 [" in out
     assert f"+30.0 [{100 * low:.1f}, {100 * high:.1f}]" in out
+    assert "Paired: 1 right in both, 0 only before, 3 only after; McNemar's exact p = 0.25" in out
 
 
 # ----------------------------------------------------------------------------- the loss mask, per token

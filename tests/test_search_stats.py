@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.agent.search_stats import episode_searches, search_stats
-from pipeline.report.intervals import difference_interval, wilson
+from pipeline.report.intervals import difference_interval, mcnemar_exact, wilson
 
 REPO = Path(__file__).resolve().parents[1]
 PAGE = "Adorable was an alternative rock band, formed in Coventry in 1990."
@@ -143,3 +143,11 @@ def test_probe_report_without_records_exits_2(tmp_path):
     for root in (tmp_path / "missing", tmp_path):
         proc = subprocess.run([sys.executable, script, str(root)], capture_output=True, text=True, timeout=60)
         assert proc.returncode == 2 and proc.stderr.startswith("error: "), proc.stderr
+
+
+def test_mcnemars_exact_p_by_hand():
+    """Two-sided: twice the smaller tail of Binomial(b + c, 1/2), at most 1."""
+    assert mcnemar_exact(0, 5) == mcnemar_exact(5, 0) == 2 / 32
+    assert mcnemar_exact(1, 9) == 2 * (1 + 10) / 1024
+    assert mcnemar_exact(4, 4) == 1.0 and mcnemar_exact(0, 0) == 1.0
+    assert mcnemar_exact(7, 36) < 1e-4 < mcnemar_exact(14, 17)

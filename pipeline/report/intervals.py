@@ -4,7 +4,9 @@ gap between two such rates: what the plot, the orderings check and the reports p
 Wilson's score interval for one rate (it stays inside [0, 1] and is sensible at 0 or n
 successes, where the normal approximation gives a zero-width interval), and Newcombe's hybrid
 score interval for a difference of two independent rates, built from the two Wilson intervals
-(Newcombe 1998, method 10): a gap is "within noise" when that interval contains 0.
+(Newcombe 1998, method 10): a gap is "within noise" when that interval contains 0. For two
+models evaluated on the same questions, McNemar's exact test on the questions only one of them
+got right.
 """
 
 from __future__ import annotations
@@ -43,3 +45,13 @@ def difference_interval(k1: int, n1: int, k2: int, n2: int) -> tuple[float, floa
     gap = p1 - p2
     return (gap - math.sqrt((p1 - a[0]) ** 2 + (b[1] - p2) ** 2),
             gap + math.sqrt((a[1] - p1) ** 2 + (p2 - b[0]) ** 2))
+
+
+def mcnemar_exact(only_first: int, only_second: int) -> float:
+    """McNemar's exact two-sided p for paired 0/1 outcomes: under "no difference" each question
+    that only one model got right is equally likely to be either's, so the split of the
+    discordant questions is Binomial(n, 1/2)."""
+    n, low = only_first + only_second, min(only_first, only_second)
+    if n == 0:
+        return 1.0
+    return min(1.0, 2 * sum(math.comb(n, i) for i in range(low + 1)) / 2 ** n)
