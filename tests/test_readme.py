@@ -33,7 +33,7 @@ SHORT = {
     "bash scripts/demo.sh": ("bash scripts/demo.sh --print-config",
                              "the demo grid takes 5-6 min: set-up, then its plan with every unit's checks"),
     "bash scripts/test.sh": ("bash scripts/test.sh -n 0 tests/test_layout.py",
-                             "the suite takes ~27 min: the same script on one test file"),
+                             "the suite takes ~28 min with its set-up: the same script on one test file"),
     "python -m pipeline run --config configs/paper.yaml --rehearse": (
         "python -m pipeline run --config configs/paper.yaml --rehearse --print-config",
         "the rehearsal takes ~6 min: its plan, with every substitution (it runs in tests/test_rehearsal.py)"),
