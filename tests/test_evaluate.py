@@ -88,9 +88,9 @@ def test_prompted_eval_writes_summary_rows_and_records(prompted_run, questions, 
     rows = json.loads((out / "summary.json").read_text())
     assert [r["method"] for r in rows] == ["standard", "cot", "act", "react", "cot_sc"]
     for row in rows:
-        assert set(row) == SUMMARY_FIELDS, set(row) ^ SUMMARY_FIELDS
-        assert (row["model"], row["size_class"], row["params_b"], row["mode"], row["source"]) == \
-            ("big-model", "70b", 70.6, "prompt", "ours")
+        assert set(row) == SUMMARY_FIELDS | {"exemplars"}, set(row) ^ SUMMARY_FIELDS
+        assert (row["model"], row["size_class"], row["params_b"], row["mode"], row["source"], row["exemplars"]) == \
+            ("big-model", "70b", 70.6, "prompt", "ours", "ours")  # the prompts' exemplars: ours by default
         assert row["question_set"] == str(question_file) and row["n"] == 4
         assert row["em"] == pytest.approx(0.75) and row["f1"] < 1.0  # one question answered wrong
         assert row["finish_rate"] == 1.0 and row["prompt_tokens"] > 0 and row["completion_tokens"] > 0

@@ -315,6 +315,30 @@ def test_a_grids_print_config_starts_with_the_short_plan_and_speaks_of_gpus_only
         assert "of each GPU's memory" not in proc.stdout and "vLLM's CPU build: this node has no GPU" in proc.stdout
 
 
+def test_compare_exemplars_adds_a_prompted_eval_per_set_in_its_own_folder_for_the_plots_table():
+    proc = run_pipeline("run", "--config", "configs/small-rounds.yaml", "compare_exemplars=[paper]", "--print-config")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert re.search(r"#\s+\d+\. eval     eval: smollm2-135m prompted with the paper's exemplars", out)
+    unit = out[out.index("] eval: eval: smollm2-135m prompted with the paper's exemplars\n"):]  # its config
+    unit = unit[:unit.index("\n# [")]
+    assert "out_dir: runs/small-rounds/eval/smollm2-135m-prompt-paper" in unit and "  exemplars: paper" in unit
+    plot = out[out.rindex("plot: figure 3 and the table"):]
+    assert "exemplar_comparison:\n- runs/small-rounds/eval/smollm2-135m-prompt-paper/summary.json" in plot
+    assert "smollm2-135m-prompt-paper/summary.json" not in plot[:plot.index("exemplar_comparison:")]  # not in figure 3
+
+
+@pytest.mark.parametrize("config, value, pattern", [
+    ("configs/small-rounds.yaml", "[ours]", r"compare_exemplars: 'ours' must be another set than figure 3's "
+                                            r"\(eval.prompting.exemplars: ours\), one of ours, paper"),
+    ("configs/small-rounds.yaml", "[pape]", r"compare_exemplars: 'pape' must be another set"),
+    ("configs/small-chain.yaml", "[paper]", r"compare_exemplars: \['paper'\] but no student here is prompted"),
+])
+def test_compare_exemplars_refuses_the_figures_own_set_an_unknown_one_and_a_grid_without_prompted_students(
+        config, value, pattern):
+    refused(run_pipeline("run", "--config", config, f"compare_exemplars={value}", "--print-config"), pattern)
+
+
 # -------------------------------------------------------------------------- plans checked when made
 
 

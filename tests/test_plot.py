@@ -257,6 +257,33 @@ def test_a_grpo_student_is_a_triangle_beside_the_fine_tuned_points_and_a_column_
     plt.close(fig)
 
 
+def test_another_exemplar_sets_prompted_cells_are_set_beside_figure_3s_with_the_gap(tmp_path):
+    """exemplar_comparison: prompted evals with another exemplar set (a grid's compare_exemplars) go
+    to exemplars.md beside figure 3's cell of the same model and method, with Newcombe's interval
+    of the gap; figure 3's table and orderings never see them."""
+    from pipeline.report.summaries import em_gap_interval
+
+    figure_rows = [dict(r, exemplars="ours") if r["mode"] == "prompt" else r for r in PAPER_LIKE]
+    paper = [dict(row("M-8B", "8b", 8.0, "prompt", "react", 0.40, n=500), exemplars="paper"),
+             dict(row("M-8B", "8b", 8.0, "prompt", "standard", 0.10, n=500), exemplars="paper")]
+    summary = write_summary(tmp_path / "summary.json", figure_rows)
+    other = write_summary(tmp_path / "paper.json", paper)
+    out = tmp_path / "plot"
+    paths = run_plot(PlotConfig(summaries=[str(summary)], exemplar_comparison=[str(other)], out_dir=str(out),
+                                reference_points=False))
+    text = paths["exemplars"].read_text()
+    react8 = next(r for r in figure_rows if (r["model"], r["mode"], r["method"]) == ("M-8B", "prompt", "react"))
+    low, high = em_gap_interval(paper[0], react8)
+    assert (f"| M-8B | 8b | ReAct | ours | {100 * react8['em']:.1f} [" in text
+            and f"| paper | 40.0 [35.8, 44.4] (500) | {100 * (0.40 - react8['em']):+.1f} "
+                f"[{100 * low:+.1f}, {100 * high:+.1f}] |" in text)
+    assert text.index("| Standard |") < text.index("| ReAct |")  # the figure's method order
+    plain = run_plot(PlotConfig(summaries=[str(summary)], out_dir=str(tmp_path / "plain"), reference_points=False))
+    assert "exemplars" not in plain
+    for kind in ("md", "csv", "orderings"):  # figure 3's tables and checks: as without the comparison
+        assert paths[kind].read_text() == plain[kind].read_text()
+
+
 @pytest.mark.skipif(not FIREACT_TRAJS.is_dir(), reason="FireAct data not present")
 def test_fireact_runs_as_reference_points(tmp_path, capsys):
     summary = write_summary(tmp_path / "summary.json", [dict(r, question_set="react-dev500") for r in PAPER_LIKE])

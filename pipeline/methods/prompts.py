@@ -24,6 +24,8 @@ from pipeline.core.storage import read_json
 from pipeline.core.trajectory import FORMATS, Trajectory, render
 from pipeline.tasks import Task
 
+NAMED_EXEMPLARS = ("ours", "paper")  # the sets known by name (load_prompt also reads a path)
+
 
 @dataclass(frozen=True)
 class PromptPrefix:

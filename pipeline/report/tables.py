@@ -119,3 +119,22 @@ def gap_text(a: dict | None, b: dict | None) -> str:
         return "–"
     gap, ci = f"{100 * (a['em'] - b['em']):+.1f}", em_gap_interval(a, b)
     return gap if ci is None else f"{gap} [{100 * ci[0]:+.1f}, {100 * ci[1]:+.1f}]"
+
+
+def exemplars_markdown(figure_rows: list[dict], other_rows: list[dict], task: Task | None = None) -> str:
+    """exemplars.md: each prompted cell with another exemplar set beside figure 3's cell of the same
+    model and method, and the gap (other minus figure 3's, with Newcombe's 95% interval)."""
+    task = get_task(task)
+    metric = task.metric_label
+    lines = [f"# Prompted {task.title} {metric} (%) by exemplar set", "",
+             f"Each cell: {metric} [95% Wilson interval] (n); gap: the other set minus figure 3's, "
+             "[Newcombe's 95% interval]; within noise when it contains 0.", "",
+             f"| model | size | method | figure 3's exemplars | {metric} | other exemplars | {metric} | gap |",
+             "|---|---|---|---|---:|---|---:|---:|"]
+    for other in sorted(other_rows, key=lambda r: (r["params_b"], r["model"], figure_rank(r["method"]))):
+        figure = next((r for r in figure_rows if r["mode"] == "prompt"
+                       and (r["model"], r["method"]) == (other["model"], other["method"])), None)
+        lines.append(f"| {other['model']} | {other['size_class']} | {method_label(other)} | "
+                     f"{(figure or {}).get('exemplars', '–')} | {_pct_n(figure)} | {other.get('exemplars', '?')} | "
+                     f"{_pct_n(other)} | {gap_text(other, figure)} |")
+    return "\n".join(lines) + "\n"

@@ -193,7 +193,8 @@ def run_evaluation(cfg: EvalConfig, target: ModelUnderTest, llm_cfg: LLMConfig, 
             stats = run_methods(model, llm, methods, questions, settings, backend, cfg.out_dir,
                                 max_in_flight=cfg.max_in_flight, source="eval",
                                 max_error_share=cfg.max_error_share)
-            rows = [summary_row(target, name, cfg.questions, s, record, task.name) for name, s in stats.items()]
+            rows = [summary_row(target, name, cfg.questions, s, record, task.name, settings.exemplars)
+                    for name, s in stats.items()]
             if cfg.shard is not None:  # plot merges a shard set's rows into one (pipeline.core.shards)
                 rows = [dict(row, shard=str(parse_shard(cfg.shard))) for row in rows]
             atomic_write_json(cfg.out_dir / "summary.json", rows)
@@ -299,14 +300,17 @@ def check_finetuned_methods(methods: list[str], target: ModelUnderTest) -> None:
 
 
 def summary_row(target: ModelUnderTest, method: str, question_set: str, stats: dict, record: dict,
-                task: str = "hotpotqa") -> dict:
+                task: str = "hotpotqa", exemplars: str | None = None) -> dict:
     """One row of summary.json; `em` is the task's metric (FEVER: accuracy). `task` is written for
-    a task other than HotpotQA (a row without it is HotpotQA's, as every row before the key)."""
+    a task other than HotpotQA (a row without it is HotpotQA's, as every row before the key); a
+    prompted row says which exemplars its prompts carried (plot compares two sets: exemplars.md)."""
     row = {"model": target.label, "size_class": target.size_class, "params_b": target.params_b,
            "mode": target.mode, "method": method, "question_set": question_set, **stats, **record,
            "source": "ours"}
     if task != DEFAULT_TASK:
         row["task"] = task
+    if target.mode == "prompt" and exemplars is not None:
+        row["exemplars"] = exemplars
     if target.released:  # evaluated here, trained elsewhere: plot draws it apart from our students
         row["released"] = target.released
     if target.training:  # a GRPO student: plot draws it beside the fine-tuned ones, with its own marker

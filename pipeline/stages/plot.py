@@ -18,7 +18,7 @@ filled plus markers labelled with their own name, apart from our students' lines
 by the orderings check; GRPO students' rows (`training: grpo`) are triangles with their intervals
 beside the fine-tuned points of their size, a column of their own in the table, not judged either. Writes <name>.png, <name>.svg,
 results.csv, results.md, orderings.md, orderings.json and manifest.json into out_dir, each by an
-atomic rename.
+atomic rename; with `exemplar_comparison` (prompted evals with another exemplar set), exemplars.md.
 
 Summaries of more than one model size of ours (released agents aside) also get the figure with
 sizes on its x axis, <name>-sizes.png / .svg (pipeline.report.figure.draw_sizes_figure: per method
@@ -74,7 +74,7 @@ from pipeline.report.summaries import (
     label_precisions,
     load_summaries,
 )
-from pipeline.report.tables import results_csv, results_markdown, sizes_markdown
+from pipeline.report.tables import exemplars_markdown, results_csv, results_markdown, sizes_markdown
 
 
 @dataclass
@@ -91,6 +91,9 @@ class PlotConfig:
     # sizes on its x axis, beside the fine-tuned point of their size; figure 3 and its tables leave
     # them to the rounds report (rounds.md)
     rounds: list[str] = field(default_factory=list)
+    # summary.json files of prompted evals with other exemplar sets than figure 3's (a grid's
+    # `compare_exemplars`): exemplars.md sets each beside figure 3's cell; no figure shows them
+    exemplar_comparison: list[str] = field(default_factory=list)
 
 
 def run_plot(cfg: PlotConfig) -> dict[str, Path]:
@@ -132,6 +135,10 @@ def run_plot(cfg: PlotConfig) -> dict[str, Path]:
         remove_sizes_outputs(out, cfg.name)  # a multi-size plot's, from an earlier run into this folder
     atomic_write_text(paths["orderings"], text)
     atomic_write_json(paths["orderings_json"], [r.to_dict() for r in results])
+    if cfg.exemplar_comparison:
+        paths["exemplars"] = out / "exemplars.md"
+        others = [row for row in load_summaries(cfg.exemplar_comparison) if row["mode"] == "prompt"]
+        atomic_write_text(paths["exemplars"], exemplars_markdown(rows, others, task))
     write_manifest(out / "manifest.json", stage="plot", config=to_dict(cfg), complete=True, task=task.name,
                    inputs=[file_fingerprint(p) for p in cfg.summaries], rows=len(rows),
                    references=len(references), outputs={k: str(v) for k, v in paths.items()},

@@ -16,6 +16,7 @@ from pipeline.agent.answerers import check_oracle
 from pipeline.core.config import build, merged, repeated_items, to_dict
 from pipeline.core.errors import PipelineError
 from pipeline.llm.serve_groups import plan_groups
+from pipeline.methods.prompts import NAMED_EXEMPLARS
 from pipeline.report.rounds import RoundsReport, write_rounds_report
 from pipeline.stages.filter import FilterConfig, run_filter
 from pipeline.stages.generate import GenerateConfig
@@ -57,7 +58,7 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
     if repeated:
         raise PipelineError(f"students: {repeated[0]!r} names two students; give each its own name (it names its folders)")
     dataset_dir = cfg.out_dir / "sft"
-    units = []
+    units, compared = [], []  # compared: prompted evals with the other exemplar sets
     teacher = None
     if not students or not all(s.finetuned for s in students):  # a grid of released students needs no data
         gen = generate_config(cfg)
@@ -74,6 +75,7 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
             phase = "teacher" if teacher is not None and same_model(ev.model, teacher) else "eval"
             units.append(Unit(f"eval: {student.name} prompted", ev, skip_or(evaluate_in_child, eval_precision),
                               phase, needs_eval(ev), precision=eval_precision, serves=(ev.model.model, None)))
+            compared += compared_exemplars(cfg, student, ev.prompting.exemplars)
         if student.finetuned:
             ev = finetuned_eval_config(cfg, student)
             units.append(Unit(f"eval: {student.name} (already fine-tuned: {student.finetuned})",
@@ -99,8 +101,13 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
     units += later
     rounds_evals = [u.config.out_dir / "summary.json" for u in later if u.title.startswith("eval (round")]
     summaries += [u.config.out_dir / "summary.json" for u in later if u.title.startswith("eval:")]  # GRPO after a round
-    units.append(Unit("plot: figure 3 and the table", plot_config(cfg, summaries, rounds_evals), run_plot, "plot",
-                      "no model: CPU only"))
+    if cfg.compare_exemplars and not any(s.prompt_model for s in students):
+        raise PipelineError(f"compare_exemplars: {cfg.compare_exemplars} but no student here is prompted "
+                            "(a `prompt_model`): nothing to compare; drop the key or prompt a student")
+    units += compared
+    units.append(Unit("plot: figure 3 and the table",
+                      plot_config(cfg, summaries, rounds_evals, [u.config.out_dir / "summary.json" for u in compared]),
+                      run_plot, "plot", "no model: CPU only"))
     order = list(PHASES)
     units = sorted(units, key=lambda u: order.index(u.phase))  # stable: the grid's order within a phase
     checks.check_grpo_students(cfg, students)
@@ -108,6 +115,21 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
         checks.check_unit(unit)
     checks.check_questions_apart(cfg, units)
     plan_groups(units, done=unit_skips)
+    return units
+
+
+def compared_exemplars(cfg: RunConfig, student: Student, figure_set: str) -> list[Unit]:
+    """A prompted student's eval with each of the grid's other exemplar sets (compare_exemplars)."""
+    units = []
+    for name in cfg.compare_exemplars:
+        if name not in NAMED_EXEMPLARS or name == figure_set:
+            raise PipelineError(f"compare_exemplars: '{name}' must be another set than figure 3's "
+                                f"(eval.prompting.exemplars: {figure_set}), one of {', '.join(NAMED_EXEMPLARS)}")
+        ev = eval_config(cfg, student, None, exemplars=name)
+        whose = {"ours": "our", "paper": "the paper's"}[name]
+        units.append(Unit(f"eval: {student.name} prompted with {whose} exemplars", ev,
+                          skip_or(evaluate_in_child, eval_precision), "eval", needs_eval(ev),
+                          precision=eval_precision, serves=(ev.model.model, None)))
     return units
 
 

@@ -80,4 +80,8 @@ class RunConfig:
     # true: the questions a student trains on (generate's, the rounds', GRPO's) may be among those
     # its fine-tuned evals score (pipeline/tasks/overlap.py); refused otherwise
     allow_question_overlap: bool = False
+    # other exemplar sets (ours | paper) the prompted students are also evaluated with, each in its
+    # own folder (<student>-prompt-<set>); figure 3 keeps `eval.prompting.exemplars`' cells and
+    # plot sets these beside them in exemplars.md
+    compare_exemplars: list[str] = checked(distinct, default_factory=list)
     node: TargetNode = field(default_factory=TargetNode)  # what --rehearse simulates

@@ -41,14 +41,17 @@ def train_config(cfg: RunConfig, student: Student, fmt: str, dataset_dir: Path, 
 
 
 def eval_config(cfg: RunConfig, student: Student, final: Path | None, fmt: str | None = None,
-                round_number: int = 1):
-    """The eval unit of a prompted base model (final=None) or of the fine-tuned `final`
-    trained on trajectory format `fmt` (evaluated with the method of the same name), in round 1
-    or a later self-training round (pipeline/rounds.py: its own folder and model label)."""
+                round_number: int = 1, exemplars: str | None = None):
+    """The eval unit of a prompted base model (final=None; with `exemplars`, one of the grid's
+    compare_exemplars, in a folder of its own) or of the fine-tuned `final` trained on trajectory
+    format `fmt` (evaluated with the method of the same name), in round 1 or a later
+    self-training round (pipeline/rounds.py: its own folder and model label)."""
     if final is None:
         name, layer = f"{student.name}-prompt", {
             "model": student.prompt_model, "methods": cfg.formats,
             "size_class": student.size_class, "params_b": student.params_b}
+        if exemplars is not None:
+            name, layer = f"{name}-{exemplars}", merged(layer, {"prompting": {"exemplars": exemplars}})
     else:
         name, layer = f"{student.name}-ft-{fmt}", {
             "finetuned": str(final), "methods": [fmt],
@@ -77,12 +80,15 @@ def finetuned_eval_config(cfg: RunConfig, student: Student):
     return ev
 
 
-def plot_config(cfg: RunConfig, summaries: list[Path], rounds_evals: list[Path] | None = None):
+def plot_config(cfg: RunConfig, summaries: list[Path], rounds_evals: list[Path] | None = None,
+                compared: list[Path] | None = None):
     """The plot unit: every eval's summary, the self-training rounds' (points of the figure with
-    sizes on its x axis), into <out_dir>/plot unless the `plot` section names its own out_dir (a
-    grid that extends another's folders keeps that grid's figure: configs/small-scaling.yaml)."""
+    sizes on its x axis), the prompted evals with other exemplars (exemplars.md), into
+    <out_dir>/plot unless the `plot` section names its own out_dir (a grid that extends another's
+    folders keeps that grid's figure: configs/small-scaling.yaml)."""
     layers = merged({"out_dir": str(cfg.out_dir / "plot")}, cfg.plot, {
-        "summaries": [str(s) for s in summaries], "rounds": [str(s) for s in rounds_evals or []]})
+        "summaries": [str(s) for s in summaries], "rounds": [str(s) for s in rounds_evals or []],
+        "exemplar_comparison": [str(s) for s in compared or []]})
     return build(PlotConfig, layers, where="plot")
 
 
