@@ -75,7 +75,9 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
             phase = "teacher" if teacher is not None and same_model(ev.model, teacher) else "eval"
             units.append(Unit(f"eval: {student.name} prompted", ev, skip_or(evaluate_in_child, eval_precision),
                               phase, needs_eval(ev), precision=eval_precision, serves=(ev.model.model, None)))
-            compared += compared_exemplars(cfg, student, ev.prompting.exemplars)
+            other_sets = compared_exemplars(cfg, student, ev.prompting.exemplars)
+            units += other_sets  # beside it: one server serves both
+            compared += other_sets
         if student.finetuned:
             ev = finetuned_eval_config(cfg, student)
             units.append(Unit(f"eval: {student.name} (already fine-tuned: {student.finetuned})",
@@ -96,7 +98,7 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
                               precision=eval_precision, serves=served_as(ft, final)))
             if method in grpo_formats(cfg, student) and cfg.grpo.from_round == 1:
                 units += grpo_units(cfg, student, ft)
-    summaries = [u.config.out_dir / "summary.json" for u in units if u.title.startswith("eval")]
+    summaries = [u.config.out_dir / "summary.json" for u in units if u.title.startswith("eval") and u not in compared]
     later = round_units(cfg, students, dataset_dir)  # self-training rounds 2..N and their report
     units += later
     rounds_evals = [u.config.out_dir / "summary.json" for u in later if u.title.startswith("eval (round")]
@@ -104,7 +106,6 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
     if cfg.compare_exemplars and not any(s.prompt_model for s in students):
         raise PipelineError(f"compare_exemplars: {cfg.compare_exemplars} but no student here is prompted "
                             "(a `prompt_model`): nothing to compare; drop the key or prompt a student")
-    units += compared
     units.append(Unit("plot: figure 3 and the table",
                       plot_config(cfg, summaries, rounds_evals, [u.config.out_dir / "summary.json" for u in compared]),
                       run_plot, "plot", "no model: CPU only"))
