@@ -329,9 +329,9 @@ def test_compare_exemplars_adds_a_prompted_eval_per_set_in_its_own_folder_for_th
 
 
 @pytest.mark.parametrize("config, value, pattern", [
-    ("configs/small-rounds.yaml", "[ours]", r"compare_exemplars: 'ours' must be another set than figure 3's "
+    ("configs/small-rounds.yaml", "[ours]", r"compare_exemplars: 'ours' must be a set other than figure 3's "
                                             r"\(eval.prompting.exemplars: ours\), one of ours, paper"),
-    ("configs/small-rounds.yaml", "[pape]", r"compare_exemplars: 'pape' must be another set"),
+    ("configs/small-rounds.yaml", "[pape]", r"compare_exemplars: 'pape' must be a set other"),
     ("configs/small-chain.yaml", "[paper]", r"compare_exemplars: \['paper'\] but no student here is prompted"),
 ])
 def test_compare_exemplars_refuses_the_figures_own_set_an_unknown_one_and_a_grid_without_prompted_students(

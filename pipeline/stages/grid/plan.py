@@ -124,7 +124,7 @@ def compared_exemplars(cfg: RunConfig, student: Student, figure_set: str) -> lis
     units = []
     for name in cfg.compare_exemplars:
         if name not in NAMED_EXEMPLARS or name == figure_set:
-            raise PipelineError(f"compare_exemplars: '{name}' must be another set than figure 3's "
+            raise PipelineError(f"compare_exemplars: '{name}' must be a set other than figure 3's "
                                 f"(eval.prompting.exemplars: {figure_set}), one of {', '.join(NAMED_EXEMPLARS)}")
         ev = eval_config(cfg, student, None, exemplars=name)
         whose = {"ours": "our", "paper": "the paper's"}[name]
