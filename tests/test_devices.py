@@ -64,3 +64,21 @@ def test_planning_on_a_machine_without_a_gpu_imports_no_torch(command, tmp_path)
                     "atexit.register(lambda: print('torch imported:', 'torch' in sys.modules)); "
                     f"sys.argv = ['pipeline', *{args!r}]; runpy.run_module('pipeline', run_name='__main__')")
     assert said.splitlines()[-1] == "torch imported: False", said
+
+
+@pytest.mark.parametrize("gpus, device, expected", [
+    (0, "auto", "cpu"), (2, "auto", "cuda"), (2, "cuda:1", "cuda:1"),
+    (0, "cuda", r"llm.device: cuda asked for but no CUDA device is available; use device=cpu"),
+    (2, "cuda:2", r"llm.device: cuda:2 does not exist: this machine has 2 CUDA device\(s\), cuda:0 to cuda:1"),
+])
+def test_the_in_process_backend_resolves_its_device_by_the_same_count(monkeypatch, gpus, device, expected):
+    """pipeline/llm/hf.py's `auto` and its checks follow devices.gpu_count(), as eval's plan does."""
+    from pipeline.core.errors import PipelineError
+    from pipeline.llm import hf
+
+    monkeypatch.setattr(devices, "gpu_count", lambda: gpus)
+    if expected.startswith("llm.device"):
+        with pytest.raises(PipelineError, match=expected):
+            hf._resolve_device(device)
+    else:
+        assert hf._resolve_device(device) == expected

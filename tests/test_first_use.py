@@ -333,8 +333,9 @@ def test_compare_exemplars_adds_a_prompted_eval_per_set_in_its_own_folder_for_th
                                             r"\(eval.prompting.exemplars: ours\), one of ours, paper"),
     ("configs/small-rounds.yaml", "[pape]", r"compare_exemplars: 'pape' must be a set other"),
     ("configs/small-chain.yaml", "[paper]", r"compare_exemplars: \['paper'\] but no student here is prompted"),
+    ("configs/fever.yaml", "[ours]", r"compare_exemplars: the FEVER task has no 'ours' exemplars \(it has: paper\)"),
 ])
-def test_compare_exemplars_refuses_the_figures_own_set_an_unknown_one_and_a_grid_without_prompted_students(
+def test_compare_exemplars_refuses_the_figures_own_set_an_unknown_one_a_set_the_task_lacks_and_no_prompted_student(
         config, value, pattern):
     refused(run_pipeline("run", "--config", config, f"compare_exemplars={value}", "--print-config"), pattern)
 

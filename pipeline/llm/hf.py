@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.core import devices
 from pipeline.core.errors import PipelineError
 from pipeline.hub.models import EMBEDDED, load_tokenizer, looks_like_path, resolve_model_path
 from pipeline.llm.base import Completion, GenerationRequest, cut_at_stop
@@ -368,15 +369,16 @@ def _pick_tokens(logits, rows: list[_Row], generators):
 def _resolve_device(device: str) -> str:
     import torch
 
+    gpus = devices.gpu_count()  # the count every stage plans with (eval's `auto` too)
     if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
+        return "cuda" if gpus else "cpu"
+    if device.startswith("cuda") and not gpus:
         raise PipelineError(f"llm.device: {device} asked for but no CUDA device is available; use device=cpu")
     index = device.partition(":")[2]
-    if device.startswith("cuda") and index and int(index) >= torch.cuda.device_count():
+    if device.startswith("cuda") and index and int(index) >= gpus:
         # torch would fail at the first tensor moved there ("invalid device ordinal"), a traceback
-        raise PipelineError(f"llm.device: {device} does not exist: this machine has {torch.cuda.device_count()} "
-                            f"CUDA device(s), cuda:0 to cuda:{torch.cuda.device_count() - 1}; use one of them or device=auto")
+        raise PipelineError(f"llm.device: {device} does not exist: this machine has {gpus} "
+                            f"CUDA device(s), cuda:0 to cuda:{gpus - 1}; use one of them or device=auto")
     if device == "mps" and not torch.backends.mps.is_available():
         raise PipelineError("llm.device: mps asked for but this machine has no Apple GPU; use device=auto or cpu")
     return device

@@ -56,6 +56,7 @@ class Task:
     correct_rule: str = "exact match 1"  # how cards state `is_correct`
     answer_space: tuple[str, ...] | None = None  # the closed set of answers, or None (free text)
     question_sets: tuple[str, ...] = ()  # the named sets `load_questions` knows (for messages)
+    exemplar_sets: tuple[str, ...] = ("ours", "paper")  # the named exemplar sets it has (`our_instruction`)
     # ReAct's step limit inside the two hybrids (the paper: 7 for HotpotQA, 5 for FEVER); None:
     # `prompting.max_steps`, as for plain ReAct and Act.
     hybrid_react_steps: int | None = None

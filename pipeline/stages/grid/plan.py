@@ -47,6 +47,7 @@ from pipeline.stages.grid.unit_configs import (
     train_config,
 )
 from pipeline.stages.plot import run_plot
+from pipeline.tasks import get_task
 from pipeline.train import launcher
 
 
@@ -126,6 +127,10 @@ def compared_exemplars(cfg: RunConfig, student: Student, figure_set: str) -> lis
         if name not in NAMED_EXEMPLARS or name == figure_set:
             raise PipelineError(f"compare_exemplars: '{name}' must be a set other than figure 3's "
                                 f"(eval.prompting.exemplars: {figure_set}), one of {', '.join(NAMED_EXEMPLARS)}")
+        task = get_task(cfg.task)
+        if name not in task.exemplar_sets:  # else the unit's own check says "set prompting.exemplars=..."
+            raise PipelineError(f"compare_exemplars: the {task.title} task has no '{name}' exemplars (it has: "
+                                f"{', '.join(task.exemplar_sets)}): nothing to compare figure 3's with; drop the key")
         ev = eval_config(cfg, student, None, exemplars=name)
         whose = {"ours": "our", "paper": "the paper's"}[name]
         units.append(Unit(f"eval: {student.name} prompted with {whose} exemplars", ev,
