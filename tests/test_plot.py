@@ -348,3 +348,22 @@ def test_cli_exit_codes(tmp_path):
     proc = subprocess.run([*run, f"summaries=[{empty}]", f"out_dir={tmp_path / 'plot2'}"], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.startswith("error: ") and "empty" in proc.stderr
+
+
+def test_one_student_evaluated_in_a_grid_and_alone_gets_one_tick_and_one_x(tmp_path):
+    """A grid's eval states SmolLM2-135M's size (0.135); `eval` of a final/ alone reads its manifest's
+    count (0.134515008): the figure drew two overlapping ticks ("135M" over "134.515M") for one
+    student. Rows of one size class within 2% share the first row's x; other models stay apart."""
+    from pipeline.report.summaries import one_x_per_size
+
+    tuned = row("S (fine-tuned)", "135m", 0.135, "finetune", "react", 0.04, n=500)
+    grpo = dict(row("S-grpo (GRPO)", "135m", 0.134515008, "finetune", "react", 0.042, n=500), training="grpo")
+    paths = run_plot(PlotConfig(summaries=[str(write_summary(tmp_path / "a.json", [tuned])),
+                                           str(write_summary(tmp_path / "b.json", [grpo]))],
+                                out_dir=str(tmp_path / "plot"), reference_points=False))
+    assert {r["params_b"] for r in csv.DictReader(paths["csv"].open())} == {"0.135"}
+    svg = paths["svg"].read_text()
+    assert "134.515M" not in svg and svg.count("<!-- 135M -->") == 1
+    other = row("T", "8b", 7.6, "finetune", "react", 0.3, n=10)
+    assert [r["params_b"] for r in one_x_per_size([row("L", "8b", 8.03, "finetune", "react", 0.3, n=10), other])] == \
+        [8.03, 7.6]

@@ -43,6 +43,23 @@ def load_summaries(paths: list[str | Path]) -> list[dict]:
     return merge_shards(rows)
 
 
+def one_x_per_size(rows: list[dict]) -> list[dict]:
+    """Rows of one model size at one x: the first row's `params_b` for every later row of the same
+    size class within 2% of it. A grid's eval states a student's size (0.135 for SmolLM2-135M),
+    an `eval` of a final/ alone reads the count its manifest wrote (0.134515008): two ticks
+    ("135M" over "134.515M") and two columns in the sizes figure for one student otherwise.
+    Different models of one class (8B: 8.03 and 7.6) stay apart."""
+    seen: dict[str, list[float]] = {}
+    out = []
+    for row in rows:
+        xs = seen.setdefault(row.get("size_class") or "", [])
+        x = next((x for x in xs if abs(row["params_b"] - x) <= 0.02 * x), None)
+        if x is None:
+            xs.append(row["params_b"])
+        out.append(row if x is None or x == row["params_b"] else dict(row, params_b=x))
+    return out
+
+
 # Per-question means of eval's summary rows (pipeline.agent.episodes.method_stats), and sums.
 SHARD_MEANS = ("em", "f1", "finish_rate", "mean_steps")
 SHARD_SUMS = ("n", "errors", "prompt_tokens", "completion_tokens", "seconds")

@@ -73,6 +73,7 @@ from pipeline.report.summaries import (
     is_grpo,
     label_precisions,
     load_summaries,
+    one_x_per_size,
 )
 from pipeline.report.tables import exemplars_markdown, results_csv, results_markdown, sizes_markdown
 
@@ -105,10 +106,13 @@ def run_plot(cfg: PlotConfig) -> dict[str, Path]:
     label_precisions(rows)
     check_duplicates(rows)
     references = collect_references(task, cfg.reference_points, cfg.fireact_runs)
+    rounds = round_rows(cfg.rounds, task, question_sets)
+    unified = one_x_per_size([*rows, *rounds])
+    rows, rounds = unified[:len(rows)], unified[len(rows):]
     # The paper's orderings are about students trained by this recipe: released agents and GRPO students
     # are plotted, not judged; they are stated about HotpotQA only.
     ours = [r for r in rows if not r.get("released") and not is_grpo(r)]
-    extra = [r for r in rows if is_grpo(r)] + round_rows(cfg.rounds, task, question_sets)  # beside the lines
+    extra = [r for r in rows if is_grpo(r)] + rounds  # beside the lines
     results = check_orderings(ours, references, cfg.clear_margin) if task.states_orderings else []
     out = Path(cfg.out_dir)
     paths = {"png": out / f"{cfg.name}.png", "svg": out / f"{cfg.name}.svg", "csv": out / "results.csv",
