@@ -52,10 +52,12 @@ def test_the_scaling_grid_reuses_every_135m_unit_of_small_rounds_and_adds_the_27
 
 
 @WITHOUT_THE_PACKAGE
-def test_the_scaling_grid_prints_its_plan_and_refuses_at_plan_time_without_the_gemma_package():
+def test_the_scaling_grid_prints_its_plan_and_refuses_at_plan_time_without_the_gemma_package(tmp_path):
     """Issue 46: without the package the plan passed, the 135M units trained, and the run stopped at
-    the 270M unit; the plan is still printed, then refused in one line (exit 2) with the install."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    the 270M unit; the plan is still printed, then refused in one line (exit 2) with the install.
+    Its own empty cache: a Gemma folder converted earlier on this machine (a run of the grid) counts
+    as installed, and CI's home had one."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "REACT_PIPELINE_CACHE": str(tmp_path / "cache")}
     proc = subprocess.run([sys.executable, "-m", "pipeline", "run", "--config", "configs/small-scaling.yaml",
                            "--print-config"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
