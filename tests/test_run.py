@@ -206,6 +206,16 @@ def test_a_tiny_grid_killed_mid_training_resumes_from_its_checkpoint_and_then_sk
     assert again.stdout.count("[run] skip:") == 6  # generate, 1 prompted eval, 2 trainings, 2 evals
     assert outputs(run_dir) == before
 
+    # 3b. Keys that say what a training keeps and logs are not what it learned: changed, nothing is
+    # retrained, and `keep_checkpoints: false` removes the checkpoints the finished runs kept.
+    assert list(first_training.glob("checkpoint-*"))
+    tidy = run_pipeline("run", "--config", str(grid), "train.keep_checkpoints=false", "train.save_total_limit=1",
+                        "train.logging_steps=2", "train.report_to=none", timeout=600)
+    assert tidy.returncode == 0, tidy.stderr[-3000:]
+    assert tidy.stdout.count("[run] skip:") == 6 and outputs(run_dir) == before
+    assert f"checkpoint folder(s) of {first_training}," in tidy.stdout
+    assert not list((tmp_path / "ckpt").rglob("checkpoint-*"))
+
     # 4. In another precision (forced here; `auto` on other hardware is the same), nothing runs: one
     # line names the first unit whose results hold the old precision and how to go on.
     was = final["precision"]
@@ -221,6 +231,27 @@ def test_a_tiny_grid_killed_mid_training_resumes_from_its_checkpoint_and_then_sk
     assert f"REACT_PIPELINE_PRECISION={was}, or" in line
     assert "[run] ===" not in changed.stdout  # before the first unit
     assert outputs(run_dir) == before
+
+
+def test_a_finished_training_is_this_configs_whatever_it_kept_and_logged_but_not_whatever_it_learned(tmp_path):
+    """The rule `run` skips a training unit by (and the grpo unit), on a real manifest."""
+    from pipeline.core.storage import write_manifest
+    from pipeline.stages.grid.children import trained_then
+
+    final, checkpoint = tmp_path / "final", tmp_path / "checkpoint-20"
+    final.mkdir()
+    checkpoint.mkdir()
+    config = {"learning_rate": 1e-4, "max_steps": 20, "save_steps": 5, "save_total_limit": 3,
+              "keep_checkpoints": True, "logging_steps": 1, "report_to": "none"}
+    write_manifest(final / "manifest.json", stage="train", config=config, complete=True, precision="bf16")
+    kept_and_logged = {"save_steps": 2, "save_total_limit": 1, "logging_steps": 10, "report_to": "tensorboard"}
+    assert trained_then(final, {**config, **kept_and_logged}, precision="bf16") and checkpoint.is_dir()
+    assert not trained_then(final, {**config, "learning_rate": 2e-4}, precision="bf16")
+    assert not trained_then(final, {**config, "max_steps": 40}, precision="bf16")
+    assert not trained_then(final, config, precision="fp32")
+    assert checkpoint.is_dir()  # a training that is redone resumes from its checkpoints
+    assert trained_then(final, {**config, "keep_checkpoints": False}, precision="bf16")
+    assert not checkpoint.exists() and final.is_dir()
 
 
 GRPO_STEPS = 2

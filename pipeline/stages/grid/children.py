@@ -76,6 +76,34 @@ def as_written_then(config: dict, was: dict) -> dict:
     return {k: v for k, v in config.items() if k in was or not (k in ADDED_LATER and v == ADDED_LATER[k])}
 
 
+# Keys that say what a training keeps and logs, not what it learns: a final model made with other
+# values is still this config's (`keep_checkpoints: false` set after a grid filled the disk must
+# not retrain its finished units).
+HOUSEKEEPING = ("save_steps", "save_total_limit", "keep_checkpoints", "logging_steps", "report_to")
+
+
+def housekeeping_as_then(config: dict, was: dict) -> dict:
+    """`config` with its HOUSEKEEPING keys as the finished run's config `was` had them."""
+    return {**config, **{key: was[key] for key in HOUSEKEEPING if key in was}}
+
+
+def trained_then(final: Path, config: dict, **expected) -> bool:
+    """Whether final/ is complete with this training config, its housekeeping aside, and the
+    `expected` manifest values (precision). Where `keep_checkpoints` is now false, the checkpoints
+    the finished run kept are removed, as the run itself would have."""
+    was = (read_manifest(final / "manifest.json") or {}).get("config") or {}
+    if not is_done(final / "manifest.json", config=housekeeping_as_then(config, was), **expected):
+        return False
+    if not config.get("keep_checkpoints", True):
+        from pipeline.train.checkpoints import remove_checkpoints
+
+        freed = remove_checkpoints(final.parent)
+        if freed:
+            print(f"[run] keep_checkpoints: false: removed {len(freed)} checkpoint folder(s) of {final.parent}, "
+                  f"{sum(size for _, size in freed) / 1e9:.1f} GB")
+    return True
+
+
 def with_model_card(final: Path, action):
     """Evaluate, then rewrite final/README.md with the EM / F1 rows: the card `publish` uploads."""
     def run_unit(config):
@@ -161,7 +189,7 @@ def launch_train(ft) -> None:
     final = Path(ft.output_dir) / "final"
     with training_errors(ft):  # the plan's refusals (a batch that does not divide) name the unit
         trains_in = precision.training_precision(ft)
-    if is_done(final / "manifest.json", config=to_dict(ft), precision=trains_in):
+    if trained_then(final, to_dict(ft), precision=trains_in):
         print(f"[run] skip: {final} is complete")
         return
     gpu_memory.check(train_gpu_need(ft))
@@ -195,7 +223,7 @@ def launch_grpo(gr) -> None:
     """`grpo` for one fine-tuned student, unless its final policy is done with this config."""
     final = Path(gr.output_dir) / "final"
     was = (read_manifest(final / "manifest.json") or {}).get("config") or {}
-    if is_done(final / "manifest.json", config=as_written_then(to_dict(gr), was)):
+    if trained_then(final, as_written_then(to_dict(gr), was)):
         print(f"[run] skip: {final} is complete")
         return
     gpu_memory.check(train_gpu_need(gr))  # a launch like train's: its GPUs to itself
