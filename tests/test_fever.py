@@ -107,6 +107,7 @@ def test_the_papers_three_exemplars_per_format_verbatim(shared_data):
             prefix.exemplars.startswith("Claim: ") == 3
     with pytest.raises(PipelineError, match="the FEVER task has no exemplars of ours; set prompting.exemplars=paper"):
         load_prompt("react", "ours", FEVER)
+    assert FEVER.exemplar_sets == ("paper",)  # the fact `run`'s compare_exemplars reads, from its folder-less task
 
 
 def test_the_hybrids_react_has_five_steps_on_fever_and_seven_on_hotpotqa(shared_data):

@@ -76,7 +76,9 @@ def our_prefix(fmt: str, directory: str | Path | None = None, task: Task | str |
     from pipeline.tasks import get_task
 
     task = get_task(task)
-    instruction = task.our_instruction(fmt)  # refuses a task without exemplars of ours
+    if "ours" not in task.exemplar_sets:
+        raise PipelineError(f"the {task.title} task has no exemplars of ours; set prompting.exemplars=paper")
+    instruction = task.our_instruction(fmt)
     directory = directory if directory is not None else task.exemplar_dir
     records = load_our_exemplars(fmt, directory)
     text = "".join(render(Trajectory.from_dict(r["trajectory"])).text for r in records)

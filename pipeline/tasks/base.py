@@ -56,7 +56,6 @@ class Task:
     correct_rule: str = "exact match 1"  # how cards state `is_correct`
     answer_space: tuple[str, ...] | None = None  # the closed set of answers, or None (free text)
     question_sets: tuple[str, ...] = ()  # the named sets `load_questions` knows (for messages)
-    exemplar_sets: tuple[str, ...] = ("ours", "paper")  # the named exemplar sets it has (`our_instruction`)
     # ReAct's step limit inside the two hybrids (the paper: 7 for HotpotQA, 5 for FEVER); None:
     # `prompting.max_steps`, as for plain ReAct and Act.
     hybrid_react_steps: int | None = None
@@ -140,9 +139,14 @@ class Task:
         """What precedes the paper's exemplars of `fmt` (where the released text has none of its own)."""
         return ""
 
+    @property
+    def exemplar_sets(self) -> tuple[str, ...]:
+        """The named exemplar sets it has: the paper's, and ours where it has a folder of them."""
+        return ("ours", "paper") if self.exemplar_dir is not None else ("paper",)
+
     def our_instruction(self, fmt: str) -> str:
-        """What precedes our own exemplars of `fmt`."""
-        raise PipelineError(f"the {self.title} task has no exemplars of ours; set prompting.exemplars=paper")
+        """What precedes our own exemplars of `fmt` (a task with an `exemplar_dir` writes it)."""
+        raise NotImplementedError(f"the {self.title} task has an exemplar_dir but no our_instruction")
 
     def reference_rows(self) -> list[dict]:
         """The published points as summary rows (pipeline.report.references), for plot."""

@@ -137,7 +137,6 @@ class Fever(Task):
     correct_rule = "the gold label (accuracy 1)"
     answer_space = LABELS
     question_sets = QUESTION_SETS
-    exemplar_sets = ("paper",)  # no exemplars of ours
     hybrid_react_steps = 5  # the paper: "7 and 5 steps for HotpotQA and FEVER respectively"
     paper_prompts = "react-fever-prompts"
     paper_keys = {"react": "webthink_simple3", "act": "webact_simple3", "cot": "cotqa_simple3",
