@@ -27,6 +27,7 @@ from pipeline.stages.grpo import grpo
 from pipeline.stages.train import train
 from pipeline.tasks import DEFAULT_TASK
 from pipeline.train import launcher
+from pipeline.train.checkpoints import remove_checkpoints
 
 
 def skip_or(action, identity=None):
@@ -95,8 +96,6 @@ def trained_then(final: Path, config: dict, **expected) -> bool:
     if not is_done(final / "manifest.json", config=housekeeping_as_then(config, was), **expected):
         return False
     if not config.get("keep_checkpoints", True):
-        from pipeline.train.checkpoints import remove_checkpoints
-
         freed = remove_checkpoints(final.parent)
         if freed:
             print(f"[run] keep_checkpoints: false: removed {len(freed)} checkpoint folder(s) of {final.parent}, "
