@@ -54,6 +54,9 @@ SHORT = {
     "bash scripts/small.sh": (
         "for grid in small-sweep small small-exact; do python -m pipeline run --config configs/$grid.yaml --print-config; done",
         "two hours: the plans of its three grids, with every unit's checks"),
+    "python -m pipeline run --config configs/small-figure3.yaml": (
+        "python -m pipeline run --config configs/small-figure3.yaml --rehearse --print-config",
+        "3 h 17 min, and the Gemma 3 package: its plan of 23 units, tiny stand-ins for both students"),
     "python -m pipeline run --config configs/demo.yaml": (
         "python -m pipeline run --config configs/demo.yaml --print-config", "the demo grid, as bash scripts/demo.sh"),
 }
