@@ -91,6 +91,16 @@ def test_selectors_name_phases(only, start, until, expected):
     ("train", "filter", None, "cannot be combined"),
     (None, "eval", "train", "--from eval comes after --until train"),
     (None, "generate", None, "--from generate: not a phase"),
+    # an empty or partly empty phase list selects nothing: refused, never run as the whole grid
+    ("", None, None, "--only: names no phase"),
+    ("  ", None, None, "--only: names no phase"),
+    (",", None, None, "--only: names no phase"),
+    ("train,", None, None, "--only: names no phase"),
+    ("teacher,,plot", None, None, "--only: names no phase"),
+    ("train,plto", None, None, "--only plto: not a phase"),
+    (None, "", None, "--from: names no phase"),
+    (None, None, "", "--until: names no phase"),
+    ("", "", None, "cannot be combined"),
 ])
 def test_bad_selectors_are_refused(only, start, until, message):
     with pytest.raises(PipelineError, match=message):

@@ -94,19 +94,22 @@ def main(args: argparse.Namespace) -> int:
 def selected_phases(only: str | None, start: str | None, until: str | None) -> list[str]:
     """The phases --only / --from / --until select, in run order (all of them by default)."""
     names = list(PHASES)
-    if only and (start or until):
+    if only is not None and (start is not None or until is not None):
         raise PipelineError("--only names the phases to run; it cannot be combined with --from / --until")
-    if only:
-        chosen = {check_phase(p.strip(), "--only") for p in only.split(",") if p.strip()}
+    if only is not None:  # `--only ''` or `--only ,` selects nothing: refused, not run as everything
+        chosen = {check_phase(p.strip(), "--only") for p in only.split(",")}
         return [p for p in names if p in chosen]
-    first = names.index(check_phase(start, "--from")) if start else 0
-    last = names.index(check_phase(until, "--until")) if until else len(names) - 1
+    first = names.index(check_phase(start, "--from")) if start is not None else 0
+    last = names.index(check_phase(until, "--until")) if until is not None else len(names) - 1
     if first > last:
         raise PipelineError(f"--from {start} comes after --until {until}; phases run in the order {', '.join(names)}")
     return names[first:last + 1]
 
 
 def check_phase(name: str, option: str) -> str:
+    if not name:
+        raise PipelineError(f"{option}: names no phase (empty); give one of {', '.join(PHASES)}"
+                            + (", several joined by commas" if option == "--only" else ""))
     if name not in PHASES:
         close = difflib.get_close_matches(name, PHASES, n=1)
         hint = f"; did you mean '{close[0]}'?" if close else ""
