@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pipeline.core.config import at_least, checked, distinct, merged
+from pipeline.core.config import at_least, checked, distinct, in_range, merged
 from pipeline.core.errors import PipelineError
 
 
@@ -51,7 +51,7 @@ class SelfTrainingConfig:
     questions: str | None = None  # the bootstrap set each round's teacher answers; null: the generate section's
     limit: int | None = at_least(1, default=None)  # its first N questions, the same every round (null: all of them)
     samples: int = at_least(1, default=4)  # episodes per question (rejection sampling: the correct ones are kept)
-    temperature: float = 0.7  # sampling temperature of the rounds' teachers
+    temperature: float = checked(in_range(0), default=0.7)  # sampling temperature of the rounds' teachers
     init: Literal["base", "previous"] = "base"  # base: from the base model each round (STaR); previous: continue round k-1's
     data: Literal["union", "new"] = "union"  # union: round k-1's training rows + round k's new; new: round k's only
     generate: dict = field(default_factory=dict)  # GenerateConfig keys for the rounds' generate units

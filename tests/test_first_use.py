@@ -193,6 +193,144 @@ def test_a_refusal_into_a_finished_generate_folder_leaves_its_files_byte_for_byt
     assert proc.returncode == 0, proc.stderr  # the folder is still complete
 
 
+# -------------------------------------------------------------------------- every bound, every name: refused, nothing written
+
+# Each stage's config, how its CLI is given one key (`run` needs its grid file; a student's keys
+# ride in a one-student list), from which the cases below are generated field by field.
+DEMO = str(REPO / "configs" / "demo.yaml")
+
+
+def stage_entries() -> list[tuple[str, type, list[str], str]]:
+    """(stage, its top config class, the arguments before the key, how a key is written: a
+    format with {key} and {value})."""
+    from pipeline.stages.eval import EvalConfig
+    from pipeline.stages.filter import FilterConfig
+    from pipeline.stages.generate import GenerateConfig
+    from pipeline.stages.grid.spec import RunConfig, Student
+    from pipeline.stages.grpo import GrpoConfig
+    from pipeline.stages.plot import PlotConfig
+    from pipeline.stages.publish import PublishConfig
+    from pipeline.train.config import FinetuneConfig
+
+    run = ["--config", DEMO, "--only", "plot"]
+    return [("generate", GenerateConfig, [], "{key}={value}"), ("filter", FilterConfig, [], "{key}={value}"),
+            ("train", FinetuneConfig, [], "{key}={value}"), ("grpo", GrpoConfig, [], "{key}={value}"),
+            ("eval", EvalConfig, [], "{key}={value}"), ("plot", PlotConfig, [], "{key}={value}"),
+            ("publish", PublishConfig, [], "{key}={value}"), ("run", RunConfig, run, "{key}={value}"),
+            ("run", Student, run, "students=[{{name: s, {key}: {value}}}]")]
+
+
+def stage_fields() -> list[tuple[str, type, list[str], str, str, dataclasses.Field]]:
+    """Every field a stage's CLI reaches, nested sections by their dotted key."""
+    out = []
+
+    def walk(stage, cls, args, form, prefix):
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if not f.init:
+                continue
+            nested = nested_dataclass(hints[f.name])
+            if nested is not None:
+                walk(stage, nested, args, form, f"{prefix}{f.name}.")
+            else:
+                out.append((stage, cls, args, form, f"{prefix}{f.name}", f))
+
+    for stage, cls, args, form in stage_entries():
+        walk(stage, cls, args, form, "")
+    return out
+
+
+def outside_value(f: dataclasses.Field) -> str | None:
+    """A value just outside the field's declared bound or range, as YAML; None: no numeric bound."""
+    from pipeline.core.config import AT_LEAST, CHECK
+
+    if f.metadata.get(AT_LEAST) is not None and f.type not in ("float", "float | None"):
+        return str(f.metadata[AT_LEAST] - 1)
+    bounds = getattr(f.metadata.get(CHECK), "bounds", None)
+    if bounds is None:
+        return None
+    low, high, above, below = bounds
+    if low is not None:
+        return repr(float(low) if above else float(low) - 0.5)
+    return repr(float(high) if below else float(high) + 0.5)
+
+
+def refused_in_process(argv: list[str], cwd: Path, capsys, monkeypatch) -> str:
+    """`python -m pipeline <argv>` in this process, run in the empty folder `cwd`: it must exit 2
+    with one `error:` line and leave `cwd` as empty as it was; returns that line."""
+    from pipeline.cli import main
+
+    monkeypatch.chdir(cwd)
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, (argv, err[-2000:])
+    assert err.count("\n") == 1 and err.startswith("error: "), (argv, err)
+    left = sorted(str(p.relative_to(cwd)) for p in cwd.rglob("*"))
+    assert not left, (argv, f"a refusal wrote {left}")
+    return err.strip()
+
+
+def test_every_numeric_key_of_every_stage_declares_its_bound_or_range():
+    """The class of `filter min_f1=2` (refused only after a dataset folder was written): no
+    float key without a range that the config builder checks."""
+    from pipeline.core.config import AT_LEAST, CHECK
+
+    loose = []
+    for cls in stage_configs():
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            kinds = (hints[f.name], *typing.get_args(hints[f.name]))
+            if f.init and float in kinds and not getattr(f.metadata.get(CHECK), "bounds", None):
+                loose.append(f"{cls.__name__}.{f.name}")
+            if f.init and int in kinds and float not in kinds and f.metadata.get(AT_LEAST) is None:
+                loose.append(f"{cls.__name__}.{f.name}")
+    assert not loose, f"numeric keys without at_least or checked(in_range(...)) (pipeline.core.config): {loose}"
+
+
+def test_a_value_outside_any_stages_bound_is_refused_naming_the_key_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    """Generated from the config dataclasses: every stage's every bounded key (nested sections by
+    their dotted key, a grid's student by its list), just outside its bound, through the CLI."""
+    tried = 0
+    for stage, _, args, form, key, f in stage_fields():
+        value = outside_value(f)
+        if value is None:
+            continue
+        cwd = tmp_path / f"{stage}-{tried}"
+        cwd.mkdir()
+        line = refused_in_process([stage, *args, form.format(key=key, value=value)], cwd, capsys, monkeypatch)
+        assert f"'{key.rsplit('.', 1)[-1]}" in line or f"'{key}" in line, (stage, key, line)
+        tried += 1
+    assert tried >= 70, tried
+
+
+BAD_NAMES = ["", " ", "../escape", "a/b", "..", ".", ".hidden", "a\\b", "two\nlines", "tab\tname", "x/../y"]
+
+
+def test_every_name_that_becomes_a_path_is_refused_in_one_line_before_anything_is_written(tmp_path, capsys, monkeypatch):
+    """Generated from the config dataclasses: each field checked by `folder_name` (the one check of
+    a name that becomes a file or folder) in every stage, given each kind of bad name: `publish
+    name=../escape` wrote beside its folder, `plot name=` wrote `.png`."""
+    from pipeline.core.config import CHECK, folder_name
+
+    names = [(stage, args, form, key) for stage, _, args, form, key, f in stage_fields()
+             if f.metadata.get(CHECK) is folder_name]
+    keys = {key for _, _, _, key in names}
+    assert {"name", "experiment", "student_name"} <= keys and len(names) >= 7, names
+    for i, (stage, args, form, key) in enumerate(names):
+        for j, bad in enumerate(BAD_NAMES):
+            cwd = tmp_path / f"{stage}-{i}-{j}"
+            cwd.mkdir()
+            line = refused_in_process([stage, *args, form.format(key=key, value=json_text(bad))], cwd, capsys, monkeypatch)
+            assert re.search(r"must (not be empty|be one line|be one file or folder name)", line), (stage, key, bad, line)
+
+
+def json_text(value: str) -> str:
+    """A string as YAML reads it back unchanged (a JSON string is YAML)."""
+    import json
+
+    return json.dumps(value)
+
+
 # -------------------------------------------------------------------------- trajectory files
 
 

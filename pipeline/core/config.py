@@ -74,6 +74,7 @@ def in_range(low: float | None = None, high: float | None = None, *, above: bool
         if too_low or too_high:
             return f"must be {range_text(low, high, above, below)}, got {value}"
         return None
+    test.bounds = (low, high, above, below)  # what a test reads to try a value outside (tests/test_first_use.py)
     return test
 
 
@@ -100,16 +101,21 @@ def one_of(choices: Callable[[], list[str]] | tuple[str, ...], what: str = "") -
 
 
 def folder_name(value: Any) -> str | None:
-    """A `checked` test: a name used as one folder below an output root (an experiment, a student's
-    label) must be a non-empty single path part, so its output stays inside that root."""
+    """A `checked` test, the one check of every name a user gives that becomes a path (an
+    experiment, a student's label, a run's output name, a figure's file stem, a published folder):
+    one non-empty path part on one line, so what it names stays inside its output folder and is
+    not hidden there (`plot name=` once wrote `.png`, `publish name=../x` wrote beside its folder)."""
     if value is None:
         return None
     text = str(value)
+    example = "; e.g. smollm2-135m"
     if not text.strip():
-        return "must not be empty (it names an output folder)"
-    if "/" in text or "\\" in text or text in (".", ".."):
-        return (f"must be one folder name (no '/', no '..': it names a folder inside the output folder), "
-                f"got {text!r}; e.g. smollm2-135m")
+        return f"must not be empty (it names a file or folder in the output folder){example}"
+    if not text.isprintable():  # a newline, a NUL, a control character
+        return f"must be one line of printable characters (it names a file or folder), got {text!r}{example}"
+    if "/" in text or "\\" in text or ".." in text or text.startswith("."):
+        return (f"must be one file or folder name (no '/' or '\\', no '..', not starting with '.': "
+                f"it names a file or folder inside the output folder), got {text!r}{example}")
     return None
 
 

@@ -50,11 +50,11 @@ class LLMConfig:
     # episodes, the HTTP pool and a managed server's --max-num-seqs: with_episodes_in_flight); a
     # value set here caps the requests whatever max_in_flight says (a hosted API's rate limit)
     max_concurrency: int | None = same_run("free", default=None, metadata=bound(1))
-    timeout_s: float = same_run("free", default=60.0)
+    timeout_s: float = same_run("free", default=60.0, metadata=check(in_range(0, above=True)))
     max_retries: int = same_run("free", default=5, metadata=bound(0))
     # How long to wait for an external endpoint to come up before the first request: a `vllm serve`
     # started just before (`&`) loads the 405B for ~10 min; 0 = fail at once when it does not answer.
-    ready_timeout_s: float = same_run("free", default=1800.0, metadata=bound(0))
+    ready_timeout_s: float = same_run("free", default=1800.0, metadata=check(in_range(0)))
     extra: dict = same_run("identity", default_factory=dict)  # backend-specific passthrough (e.g. vllm kwargs)
 
     def __post_init__(self):

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pipeline.core import devices
-from pipeline.core.config import at_least, check, one_of
+from pipeline.core.config import at_least, check, checked, in_range, one_of
 from pipeline.core.errors import PipelineError
 from pipeline.core.transport import openers
 from pipeline.llm import leftovers
@@ -85,8 +85,8 @@ class ServeConfig:
     command: list[str] = field(default_factory=default_serve_command)
     host: str = "127.0.0.1"
     port: int = at_least(0, default=8100)  # 0 = any free port
-    startup_timeout_s: float = 1800.0  # loading a 70B model and capturing CUDA graphs takes minutes
-    stop_grace_s: float = 60.0  # SIGTERM, then SIGKILL after this long (the orderly stop at a unit's end)
+    startup_timeout_s: float = checked(in_range(0, above=True), default=1800.0)  # loading a 70B model and capturing CUDA graphs takes minutes
+    stop_grace_s: float = checked(in_range(0), default=60.0)  # SIGTERM, then SIGKILL after this long (the orderly stop at a unit's end)
     extra_args: list[str] = field(default_factory=list)  # more `vllm serve` flags, e.g. [--enforce-eager]
     env: dict = field(default_factory=dict)  # extra environment variables, e.g. {CUDA_VISIBLE_DEVICES: "0,1"}
     # vLLM-CPU's OpenMP threads (GPU builds read none of this): "all" binds one thread to each CPU

@@ -36,9 +36,9 @@ RL_FORMATS = ("react", "act")  # the interactive loops: one policy turn per envi
 class RewardSettings:
     """Weights of the reward's terms (their weighted sum is the reward; each is logged)."""
 
-    em: float = 1.0  # the task's correctness of the Finish[...] answer: HotpotQA's exact match, FEVER's accuracy
-    f1: float = 0.0  # the task's partial credit: HotpotQA's token F1 (FEVER's is its accuracy: no partial credit)
-    format: float = 0.0  # 1 when the episode ended with Finish[...] (any answer), else 0
+    em: float = checked(in_range(0), default=1.0)  # the task's correctness of the Finish[...] answer: HotpotQA's exact match, FEVER's accuracy
+    f1: float = checked(in_range(0), default=0.0)  # the task's partial credit: HotpotQA's token F1 (FEVER's is its accuracy: no partial credit)
+    format: float = checked(in_range(0), default=0.0)  # 1 when the episode ended with Finish[...] (any answer), else 0
 
 
 @dataclass
@@ -69,7 +69,7 @@ class RolloutPrompting(MethodSettings):
 
     style: str = "zero_shot"  # the question line alone, as `eval` prompts a fine-tuned student (the only style here)
     max_new_tokens: int = at_least(1, default=100)  # per step (the original ReAct code's cap)
-    temperature: float = 1.0  # samples the rollouts (> 0); the loss's log-probabilities use it too
+    temperature: float = checked(in_range(0, above=True), default=1.0)  # samples the rollouts (> 0); the loss's log-probabilities use it too
 
 
 @dataclass
@@ -111,7 +111,7 @@ class GrpoConfig:
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"  # auto: bf16 on a bf16 GPU or CPU, else fp32
     attn_implementation: str | None = "auto"
     gradient_checkpointing: bool = False
-    peak_tflops: float | None = None  # per device, for MFU; default: the GPU's from pipeline/train/flops.py's table
+    peak_tflops: float | None = checked(in_range(0, above=True), default=None)  # per device, for MFU; default: the GPU's from pipeline/train/flops.py's table
     rollout: RolloutSettings = field(default_factory=RolloutSettings)
     heldout: HeldoutSettings = field(default_factory=HeldoutSettings)  # a held-out EM curve while training (off: every 0)
     allow_question_overlap: bool = False  # true: a held-out set that shares questions with `questions` is meant

@@ -30,7 +30,15 @@ from pipeline.agent.episodes import MAX_ERROR_SHARE, run_methods
 from pipeline.agent.run_folder import check_resumable, sampling_record, start_run, writing_run
 from pipeline.agent.run_folder import check_settings as check_run_settings
 from pipeline.core import devices
-from pipeline.core.config import add_config_arguments, bound, check, listed, stage_config, to_dict
+from pipeline.core.config import (
+    add_config_arguments,
+    bound,
+    check,
+    in_range,
+    listed,
+    stage_config,
+    to_dict,
+)
 from pipeline.core.errors import PipelineError
 from pipeline.core.same_run import run_keys, same_run
 from pipeline.core.shards import parse_shard
@@ -70,7 +78,7 @@ class EvalConfig:
     format: str | None = same_run("identity", default=None)  # how a fine-tuned model without our manifest decodes: standard|cot|act|react|fireact
     base_model: str | None = same_run("identity", default=None)  # the base of a fine-tuned adapter (default: its adapter_config.json)
     size_class: str | None = same_run("free", default=None)  # e.g. 135m, 8b, 62b; from the fine-tuned model when not given
-    params_b: float | None = same_run("free", default=None)  # billions of parameters (the figure's x axis)
+    params_b: float | None = same_run("free", default=None, metadata=check(in_range(0, above=True)))  # billions of parameters (the figure's x axis)
     methods: list[str] = same_run("free", metadata=check(listed), default_factory=lambda: ["standard", "cot", "act", "react"])
     questions: str = same_run("identity", default="offline-eval")  # a set of the task's; react-dev500 needs wiki.backend=live or a full local index
     limit: int | None = same_run("free", default=None, metadata=bound(1))
@@ -83,7 +91,7 @@ class EvalConfig:
     shard: str | None = same_run("identity", default=None)  # i/n: this job's share of the questions, for N jobs (pipeline.core.shards)
     # Stop, with no summary, once more than this share of a method's episodes end in a model or
     # page-source error (end_reason llm_error / backend_error); a re-run runs those episodes again
-    max_error_share: float = same_run("free", default=MAX_ERROR_SHARE)
+    max_error_share: float = same_run("free", default=MAX_ERROR_SHARE, metadata=check(in_range(0, 1)))
     # Start `vllm serve` for the model under test (its `model` section's tensor_parallel_size,
     # gpu_memory_utilization, max_context, dtype, extra), evaluate over HTTP, stop it (pipeline/llm/serving.py;
     # keys: command, host, port, startup_timeout_s, stop_grace_s, extra_args, env, cpu_threads)

@@ -39,7 +39,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pipeline.core.config import add_config_arguments, bound, check, distinct, stage_config, to_dict
+from pipeline.core.config import (
+    add_config_arguments,
+    bound,
+    check,
+    distinct,
+    in_range,
+    stage_config,
+    to_dict,
+)
 from pipeline.core.errors import PipelineError
 from pipeline.core.same_run import run_keys, same_run
 from pipeline.core.storage import (
@@ -86,7 +94,7 @@ class FilterConfig:
     union_with: list[str] = same_run("input", default_factory=list)
     out_dir: str = same_run("free", default="runs/sft")
     formats: list[str] = same_run("free", metadata=check(distinct), default_factory=list)  # the training formats to build; empty: every one the inputs hold
-    min_f1: float | None = same_run("identity", default=None)  # also require F1 >= this (EM = 1 is always required)
+    min_f1: float | None = same_run("identity", default=None, metadata=check(in_range(0, 1)))  # also require F1 >= this (EM = 1 is always required)
     require_finished: bool = same_run("identity", default=True)
     max_per_method: int = same_run("identity", default=3000, metadata=bound(1))
     # Correct trajectories kept per question (k samples of one question, pipeline.sampling):

@@ -42,7 +42,15 @@ from pipeline.agent.answerers import answerer, check_oracle, upgrade_oracle
 from pipeline.agent.episodes import MAX_ERROR_SHARE, method_stats, run_methods, set_aside_errors
 from pipeline.agent.run_folder import check_settings as check_run_settings
 from pipeline.agent.run_folder import sampling_record, start_run, writing_run
-from pipeline.core.config import add_config_arguments, bound, check, listed, stage_config, to_dict
+from pipeline.core.config import (
+    add_config_arguments,
+    bound,
+    check,
+    in_range,
+    listed,
+    stage_config,
+    to_dict,
+)
 from pipeline.core.errors import PipelineError
 from pipeline.core.same_run import run_keys, same_run
 from pipeline.core.storage import check_writable_dir, read_jsonl, require_complete, write_manifest
@@ -77,7 +85,7 @@ class GenerateConfig:
     shard: str | None = same_run("identity", default=None)  # i/n: this job's share of the questions, for N jobs (pipeline.core.shards)
     # Stop, the run left incomplete, once more than this share of a method's episodes (of a target
     # mode batch) end in a model or page-source error; a re-run runs those episodes again
-    max_error_share: float = same_run("free", default=MAX_ERROR_SHARE)
+    max_error_share: float = same_run("free", default=MAX_ERROR_SHARE, metadata=check(in_range(0, 1)))
     # Episodes per question: k > 1 samples each question k times (records `<id>#<j>`, pipeline.sampling;
     # set prompting.temperature > 0 for a model teacher), for rejection sampling
     samples: int = same_run("identity", shard_set=True, default=1, metadata=bound(1))

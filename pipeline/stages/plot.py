@@ -47,7 +47,14 @@ import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.core.config import add_config_arguments, stage_config, to_dict
+from pipeline.core.config import (
+    add_config_arguments,
+    checked,
+    folder_name,
+    in_range,
+    stage_config,
+    to_dict,
+)
 from pipeline.core.errors import PipelineError
 from pipeline.core.storage import (
     atomic_write_json,
@@ -82,12 +89,12 @@ from pipeline.report.tables import exemplars_markdown, results_csv, results_mark
 class PlotConfig:
     summaries: list[str] = field(default_factory=list)  # summary.json files written by eval
     out_dir: str = "runs/plot"
-    name: str = "figure3"  # file stem of the figure
+    name: str = checked(folder_name, default="figure3")  # file stem of the figure
     title: str | None = None
     reference_points: bool = True  # ReAct paper Table 1 (540B) and FireAct's published numbers
     fireact_runs: list[str] = field(default_factory=list)  # FireAct trajs/*.json (or folder): recomputed points
     allow_mixed_question_sets: bool = False
-    clear_margin: float = 0.0  # EM points by which ordering 5's "clearly below" must hold
+    clear_margin: float = checked(in_range(0, 100), default=0.0)  # EM points by which ordering 5's "clearly below" must hold
     # summary.json files of self-training rounds 2..N (pipeline/rounds.py): points of the figure with
     # sizes on its x axis, beside the fine-tuned point of their size; figure 3 and its tables leave
     # them to the rounds report (rounds.md)

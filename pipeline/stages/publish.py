@@ -26,7 +26,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.core.config import add_config_arguments, stage_config
+from pipeline.core.config import add_config_arguments, checked, folder_name, stage_config
 from pipeline.core.errors import PipelineError
 from pipeline.core.storage import require_complete
 
@@ -36,7 +36,7 @@ class PublishConfig:
     dataset: str | None = None  # an SFT dataset: filter's out_dir (every method) or one <method>/ folder
     checkpoint: str | None = None  # or one of our fine-tuned `final/` folders
     summaries: list[str] = field(default_factory=list)  # eval summary.json files or globs: the card's EM/F1
-    name: str | None = None  # the card's title and the folder's name (default: from the input)
+    name: str | None = checked(folder_name, default=None)  # the card's title and the folder's name (default: from the input)
     out_dir: str = "runs/publish"  # the folder is <out_dir>/<name>
     hub_id: str | None = None  # <user or org>/<repo>: upload there when a token is present
     private: bool = True  # a new hub repository is private unless set false
@@ -63,6 +63,8 @@ def publish(cfg: PublishConfig, api=None) -> dict:
         kind, name, files, card = dataset_package(Path(cfg.dataset), cfg.name)
     else:
         kind, name, files, card = model_package(Path(cfg.checkpoint), cfg.name, expand(cfg.summaries))
+    if reason := folder_name(name):  # a default made from a manifest's student is checked as a given one
+        raise PipelineError(f"publish: the folder name {reason}; set name=<a folder name>")
     folder = Path(cfg.out_dir) / name
     write_folder(folder, files, card)
     url = upload(folder, kind, cfg, api)

@@ -71,7 +71,7 @@ class FinetuneConfig:
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"  # auto: bf16 on a bf16 GPU or CPU, else fp32
     attn_implementation: str | None = "auto"  # auto: varlen flash on CUDA where installed, else sdpa (pipeline/train/speed.py)
     loss: Literal["auto", "model", "chunked"] = "auto"  # auto: TRL's chunked LM-head loss on GPUs, the model's own on CPU
-    peak_tflops: float | None = None  # per device, for MFU; default: the GPU's from pipeline/train/flops.py's table
+    peak_tflops: float | None = checked(in_range(0, above=True), default=None)  # per device, for MFU; default: the GPU's from pipeline/train/flops.py's table
     gradient_checkpointing: bool = False
     batching: Literal["padding_free", "packing", "padded"] = "padding_free"  # all: global_batch_size trajectories per step
     mask_observations: bool = False  # False = the paper: observations are in the loss

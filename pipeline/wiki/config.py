@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from pipeline.core.config import at_least
+from pipeline.core.config import at_least, checked, in_range
 from pipeline.core.errors import PipelineError
 from pipeline.wiki.backend import WikiBackend
 
@@ -24,7 +24,7 @@ class WikiConfig:
     # live: the MediaWiki API, every answer cached on disk so a re-run sends no request
     api_url: str = "https://en.wikipedia.org/w/api.php"
     cache: Path = Path("data/wiki/live-cache.sqlite")
-    timeout_s: float = 20.0
+    timeout_s: float = checked(in_range(0, above=True), default=20.0)
     max_retries: int = at_least(0, default=5)
     # clean | original: the text and rules of the environment's observations (pipeline/wiki/env.py;
     # "original" is wikienv.py's own, `..` and all; docs/environment.md compares them side by side)

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from pipeline.core.config import at_least, checked, distinct, folder_name, listed
+from pipeline.core.config import at_least, checked, distinct, folder_name, in_range, listed
 from pipeline.rounds import SelfTrainingConfig
 
 
@@ -17,7 +17,7 @@ class Student:
     name: str = checked(folder_name)  # folder label, e.g. smollm2-135m
     config: Path | None = None  # its FinetuneConfig YAML (configs/students/...); not with `finetuned`
     size_class: str | None = None  # 135m | 8b | 62b ...; a known released agent has its own
-    params_b: float | None = None  # billions of parameters: the figure's x axis
+    params_b: float | None = checked(in_range(0, above=True), default=None)  # billions of parameters: the figure's x axis
     prompt_model: dict = field(default_factory=dict)  # LLMConfig keys to prompt the base model; {} = skip
     finetune: bool = True  # train it on each method and evaluate zero-shot
     train: dict = field(default_factory=dict)  # FinetuneConfig overrides for this student
