@@ -467,9 +467,14 @@ def test_compare_exemplars_adds_a_prompted_eval_per_set_in_its_own_folder_for_th
 
 
 @pytest.mark.parametrize("config, value, pattern", [
+    # the sets the line offers are only those allowed: never figure 3's own
     ("configs/small-rounds.yaml", "[ours]", r"compare_exemplars: 'ours' must be a set other than figure 3's "
-                                            r"\(eval.prompting.exemplars: ours\), one of ours, paper"),
-    ("configs/small-rounds.yaml", "[pape]", r"compare_exemplars: 'pape' must be a set other"),
+                                            r"\(eval.prompting.exemplars: ours\), one of paper$"),
+    ("configs/small-rounds.yaml", "[pape]", r"compare_exemplars: 'pape' must be a set other.*, one of paper; "
+                                            r"did you mean 'paper'\?$"),
+    ("configs/small-rounds.yaml", "[papr]", r"\(eval.prompting.exemplars: ours\), one of paper; did you mean"),
+    ("configs/fever.yaml", "[papr]", r"'papr' must be a set other than figure 3's \(eval.prompting.exemplars: paper\); "
+                                     r"the FEVER task has no other set: drop the key$"),
     ("configs/small-chain.yaml", "[paper]", r"compare_exemplars: \['paper'\] but no student here is prompted"),
     ("configs/fever.yaml", "[ours]", r"compare_exemplars: the FEVER task has no 'ours' exemplars \(it has: paper\)"),
 ])

@@ -4,6 +4,7 @@ anything runs; and the plan as printed."""
 
 from __future__ import annotations
 
+import difflib
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -123,11 +124,16 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
 def compared_exemplars(cfg: RunConfig, student: Student, figure_set: str) -> list[Unit]:
     """A prompted student's eval with each of the grid's other exemplar sets (compare_exemplars)."""
     units = []
+    task = get_task(cfg.task)
     for name in cfg.compare_exemplars:
-        if name not in NAMED_EXEMPLARS or name == figure_set:
+        if name not in NAMED_EXEMPLARS or name == figure_set:  # the sets offered: only those it may name
+            others = [s for s in NAMED_EXEMPLARS if s != figure_set and s in task.exemplar_sets]
+            close = difflib.get_close_matches(name, others, n=1)
             raise PipelineError(f"compare_exemplars: '{name}' must be a set other than figure 3's "
-                                f"(eval.prompting.exemplars: {figure_set}), one of {', '.join(NAMED_EXEMPLARS)}")
-        task = get_task(cfg.task)
+                                f"(eval.prompting.exemplars: {figure_set})"
+                                + (f", one of {', '.join(others)}" if others else f"; the {task.title} task has no "
+                                   "other set: drop the key")
+                                + (f"; did you mean '{close[0]}'?" if close else ""))
         if name not in task.exemplar_sets:  # else the unit's own check says "set prompting.exemplars=..."
             raise PipelineError(f"compare_exemplars: the {task.title} task has no '{name}' exemplars (it has: "
                                 f"{', '.join(task.exemplar_sets)}): nothing to compare figure 3's with; drop the key")
