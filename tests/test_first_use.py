@@ -383,6 +383,28 @@ def test_flags_and_overrides_in_any_order(tmp_path):
     assert "2 steps" in proc.stdout
 
 
+def test_did_you_mean_knows_other_libraries_names_of_our_keys_before_string_distance():
+    """GRPO's `num_generations=4` suggested `num_iterations` (another TRL setting): each class's
+    SYNONYMS (TRL's, vLLM's, transformers' names) name a real key of ours, are not keys themselves,
+    and their hint is the one the builder gives, for every synonym of every stage's config."""
+    tried = 0
+    for cls in stage_configs():
+        for theirs, (ours, whose) in getattr(cls, "SYNONYMS", {}).items():
+            target = cls
+            for part in ours.split("."):  # a dotted key walks the nested sections
+                hints = typing.get_type_hints(target)
+                assert part in hints, f"{cls.__name__}.SYNONYMS[{theirs!r}] names no key {ours!r}"
+                target = nested_dataclass(hints[part]) or target
+            assert theirs not in typing.get_type_hints(cls), f"{cls.__name__}: {theirs!r} is a key, not a synonym"
+            with pytest.raises(PipelineError, match=rf"unknown key '{theirs}'; did you mean '{re.escape(ours)}'\? "
+                                                    rf"\({re.escape(whose)} '{theirs}'"):
+                build(cls, {theirs: 1})
+            tried += 1
+    assert tried >= 30, tried
+    refused(run_pipeline("grpo", "--config", GRPO_YAML, "num_generations=4", "--dry-run"),
+            r"unknown key 'num_generations'; did you mean 'group_size'\? \(TRL's 'num_generations' is")
+
+
 def test_an_unknown_key_on_the_command_line_is_blamed_on_the_command_line():
     refused(run_pipeline("train", "--config", TINY, "max_stpes=2"),
             r"^error: the command line: unknown key 'max_stpes'; did you mean 'max_steps'\?$")

@@ -395,13 +395,19 @@ def check_value(f: dataclasses.Field, value: Any, name: str, where: str) -> None
 
 
 def unknown_key_hint(cls: type, key: str, prefix: str, fields) -> str:
-    """Name the new key of a renamed one, the reason of a removed one, else the closest key."""
+    """Name the new key of a renamed one, the reason of a removed one, our key for another
+    library's name of it (`SYNONYMS`: TRL's `num_generations` is `group_size`, which string
+    distance would not find: it says `num_iterations`), else the closest key."""
     renamed = getattr(cls, "RENAMED_KEYS", {})
     removed = getattr(cls, "REMOVED_KEYS", {})
+    synonyms = getattr(cls, "SYNONYMS", {})
     if key in renamed:
         return f"; it was renamed: use '{prefix}{renamed[key]}'"
     if key in removed:
         return f"; it was removed ({removed[key]}): delete it"
+    if key in synonyms:
+        ours, whose = synonyms[key]
+        return f"; did you mean '{prefix}{ours}'? ({whose} '{key}' is this project's '{prefix}{ours}')"
     close = difflib.get_close_matches(key, list(fields), n=1)
     return f"; did you mean '{prefix}{close[0]}'?" if close else f"; known keys: {', '.join(sorted(fields))}"
 

@@ -26,6 +26,10 @@ class LLMConfig:
     REMOVED_KEYS: ClassVar[dict[str, str]] = {
         "oracle_style": "the stand-in teacher is no LLM backend; its search style is the stage's own key: "
                         "use oracle=agent (or oracle=exact) in generate or eval"}
+    # vLLM's and transformers' names of our keys: their did-you-mean (pipeline.core.config)
+    SYNONYMS: ClassVar[dict[str, tuple[str, str]]] = {
+        "max_model_len": ("max_context", "vLLM's"), "torch_dtype": ("dtype", "transformers'"),
+        "model_name_or_path": ("model", "transformers'"), "device_map": ("device", "transformers'")}
 
     # transformers: local dir / hub id / .gguf file ("smollm2" = the embedded SmolLM2-135M-Instruct);
     # vllm: hub id or dir; openai: the served model name.

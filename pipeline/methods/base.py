@@ -32,6 +32,8 @@ class MethodSettings:
     """How a method prompts: the `prompting:` block of a stage config (`prompting.max_steps=7`)."""
 
     RENAMED_KEYS: ClassVar[dict[str, str]] = {"mode": "style"}  # old key -> new (pipeline.core.config)
+    # a serving library's names of our keys: their did-you-mean (pipeline.core.config)
+    SYNONYMS: ClassVar[dict[str, tuple[str, str]]] = {"max_tokens": ("max_new_tokens", "vLLM's and OpenAI's")}
 
     style: str = "prompt"  # prompt (instruction + exemplars + question) | zero_shot (question alone) | fireact
     exemplars: str = "ours"  # ours | paper | a prompts_naive.json path | a folder of ours
