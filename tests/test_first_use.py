@@ -525,6 +525,35 @@ def test_run_print_config_refuses_what_a_phase_would_refuse_hours_later(override
     refused(run_pipeline("run", "--config", config, override, "--print-config"), pattern)
 
 
+def two_students(first_name: str | None, second_name: str | None, second_lora: bool = True) -> str:
+    """A `students=` override: two students of one base model (a full fine-tune and a LoRA),
+    each prompting it, its prompt_model labelled by `*_name` (None: the model's own label)."""
+    def student(name: str, label: str | None, train: str) -> str:
+        model = "{backend: transformers, model: smollm2" + (f", name: {label}" if label else "") + "}"
+        return (f"{{name: {name}, config: configs/students/smollm2-135m.yaml, size_class: 135m, params_b: 0.135, "
+                f"prompt_model: {model}, train: {train}}}")
+    return (f"students=[{student('full', first_name, '{max_steps: 2}')}, "
+            f"{student('lora', second_name, '{max_steps: 2, finetuning: lora}' if second_lora else '{max_steps: 2}')}]")
+
+
+@pytest.mark.parametrize("first, second, pattern", [
+    (None, None, r"students 'full' and 'lora' both prompt smollm2 \(standard on offline-eval\): the same prompted "
+                 r"row twice, which plot refuses; set `prompt_model: \{\}` on 'lora', or give each prompt_model a `name`"),
+    ("SmolLM2", "SmolLM2", r"students 'full' and 'lora' both prompt SmolLM2 \("),
+    (None, "smollm2", r"both prompt smollm2 \("),  # a name equal to the model's own label is the same row
+])
+def test_two_students_prompting_one_base_model_are_refused_when_the_plan_is_made(first, second, pattern):
+    """They ended at `plot`, which refused the duplicated prompted row after every eval had run."""
+    refused(run_pipeline("run", "--config", "configs/demo.yaml", two_students(first, second), "--print-config"), pattern)
+
+
+def test_two_students_on_one_base_model_with_named_prompted_rows_plan_both():
+    proc = run_pipeline("run", "--config", "configs/demo.yaml", two_students("SmolLM2 (a)", "SmolLM2 (b)"),
+                        "--print-config")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "eval: full prompted" in proc.stdout and "eval: lora prompted" in proc.stdout
+
+
 def test_grpo_dry_run_refuses_a_start_that_does_not_exist(tmp_path):
     """A dry run exit 0 means the real one starts: the start is checked without loading it."""
     proc = run_pipeline("grpo", "--config", GRPO_YAML, f"student={tmp_path / 'nope' / 'final'}",

@@ -60,7 +60,7 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
     if repeated:
         raise PipelineError(f"students: {repeated[0]!r} names two students; give each its own name (it names its folders)")
     dataset_dir = cfg.out_dir / "sft"
-    units, compared = [], []  # compared: prompted evals with the other exemplar sets
+    units, compared, prompted = [], [], {}  # compared: prompted evals with the other exemplar sets
     teacher = None
     if not students or not all(s.finetuned for s in students):  # a grid of released students needs no data
         gen = generate_config(cfg)
@@ -74,6 +74,7 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
         check_student(student)
         if student.prompt_model:
             ev = eval_config(cfg, student, None)
+            check_one_prompted_row(prompted, student, ev)
             phase = "teacher" if teacher is not None and same_model(ev.model, teacher) else "eval"
             units.append(Unit(f"eval: {student.name} prompted", ev, skip_or(evaluate_in_child, eval_precision),
                               phase, needs_eval(ev), precision=eval_precision, serves=(ev.model.model, None)))
@@ -119,6 +120,20 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
     checks.check_questions_apart(cfg, units)
     plan_groups(units, done=unit_skips)
     return units
+
+
+def check_one_prompted_row(prompted: dict[tuple, str], student: Student, ev) -> None:
+    """Two students on one base model, each with a `prompt_model`, write the same prompted row
+    (model, size, method, question set) twice, which plot refuses after every eval has run:
+    refused here, when the plan is made. `prompted`: the rows of the students seen so far."""
+    for method in ev.methods:
+        key = (ev.model.label, ev.size_class, method, ev.questions)
+        if key in prompted:
+            raise PipelineError(
+                f"students {prompted[key]!r} and {student.name!r} both prompt {ev.model.label} "
+                f"({method} on {ev.questions}): the same prompted row twice, which plot refuses; set "
+                f"`prompt_model: {{}}` on {student.name!r}, or give each prompt_model a `name` to plot both")
+        prompted[key] = student.name
 
 
 def compared_exemplars(cfg: RunConfig, student: Student, figure_set: str) -> list[Unit]:
