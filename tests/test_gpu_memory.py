@@ -302,3 +302,44 @@ def test_runs_round_one_generate_loads_its_teacher_in_a_child_process_as_its_pla
     node([IDLE_FREE] * 8)
     gen.action(gen.config)
     assert children == ["generate"] and in_process == []
+
+
+class StandInGroup:
+    """STAND-IN for a shared server's group (pipeline/llm/serve_groups.py), labelled as such: its
+    server is the real `sleep` process the stand-in nvidia-smi lists on GPU 0; stopping the group
+    ends that process, as the run stops its shared server when a unit fails."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc, self.members = proc, []
+
+    def stop(self, hurry: bool = False) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def test_after_a_failed_member_the_advice_names_no_server_the_run_has_stopped(node, teacher):
+    """A member that could not use its group's server (e.g. its adapter was missing when it
+    started) found that server holding the GPU; the run stopped the server on the failure, and
+    its line still said `kill <the server's pid>`."""
+    from types import SimpleNamespace
+
+    from pipeline.stages.run import run_units
+
+    pid, rows = teacher
+    server = subprocess.Popen(["sleep", "300"])  # the group's server: its worker holds GPU 1
+    rows = rows.replace(", 4000001,", f", {server.pid},")
+    node([IDLE_FREE - 73402] * 8, rows)
+    need = GpuNeed("eval runs/x/eval/b-ft-react", 3, share=0.9, why="vLLM")  # GPU 2's holder: not visible here
+    unit = SimpleNamespace(title="eval: b fine-tuned on react", selected=True, config=None,
+                           group=StandInGroup(server), action=lambda config: check(need))
+    unit.group.members = [unit]
+    with pytest.raises(PipelineError) as err:
+        run_units([unit])
+    line = str(err.value)
+    assert f"pid {server.pid} `sleep 300`" in line  # what held the GPU when the unit was refused
+    assert f"stop the rest (kill {pid} 4000002; 1 of them ended since (this run stopped its own server))" in line, line
+    assert str(server.pid) not in line.split("stop the rest")[1]
+    # the holder not of this run (the teacher left running) is still advised killed, alone
+    node([IDLE_FREE - 73402] * 8, rows.splitlines(keepends=True)[0])
+    with pytest.raises(PipelineError, match=rf"stop it \(kill {pid}\) or wait for it to end"):
+        run_units([SimpleNamespace(title="eval", selected=True, config=None, action=lambda config: check(need))])

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -185,6 +186,43 @@ def holders(short: list[Gpu], apps: list[App] | None) -> str:
     pids = " ".join(str(pid) for pid, _ in ranked)
     return (f"held by {', '.join(named)}{more}: stop it (kill {pids}) or wait for it to end, then re-run "
             "(finished units are skipped)")
+
+
+KILL_ADVICE = re.compile(r"stop it \(kill ([\d ]+)\) or wait for it to end, then re-run")
+
+
+def advised_pids(message: str) -> set[int]:
+    """The processes a failed check's line advises killing that are running now."""
+    found = KILL_ADVICE.search(message)
+    return {int(p) for p in found.group(1).split() if is_running(int(p))} if found else set()
+
+
+def advice_now(message: str, running_then: set[int]) -> str:
+    """A failed check's line re-read once its `run` has stopped its own servers (a unit beside a
+    shared server it could not use found that server holding the GPU): of the processes it
+    advised killing, those running at the failure (`running_then`: advised_pids) and ended since
+    are not advised killed any more; the line as it was when none has ended."""
+    found = KILL_ADVICE.search(message)
+    if not found:
+        return message
+    pids = [int(p) for p in found.group(1).split()]
+    alive = [p for p in pids if p not in running_then or is_running(p)]
+    if alive == pids:
+        return message
+    ended = f"{len(pids) - len(alive)} of them ended since (this run stopped its own server)"
+    now = (f"stop the rest (kill {' '.join(map(str, alive))}; {ended}) or wait for them to end, then re-run" if alive
+           else "all of them ended since (this run stopped its own server on the failure): re-run")
+    return message[:found.start()] + now + message[found.end():]
+
+
+def is_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: alive
+        return True
+    return True
 
 
 def check(need: GpuNeed | None) -> None:

@@ -38,6 +38,7 @@ import argparse
 import difflib
 import time
 
+from pipeline.core import gpu_memory
 from pipeline.core.config import add_config_arguments, build, load_config
 from pipeline.core.errors import PipelineError
 from pipeline.llm.serve_groups import running
@@ -126,22 +127,42 @@ def run(cfg: RunConfig, students: list[Student], phases: list[str] | None = None
     show_plan(units)
     if prepare is not None:  # after the checks, which know the units by their actions
         prepare(units, unit_skips)
-    outputs: dict = {}
-    with running(units) as after:  # the servers units share (pipeline/llm/serve_groups.py)
-        for i, unit in enumerate(units, start=1):
-            if unit.selected:
-                stage(f"[{i}/{len(units)}] {unit.title}")
-                unit_started = time.monotonic()
-                outputs = unit.action(unit.config) or {}
-                after(unit)
-                # each unit's wall time (a skipped one's too): where a long grid's hours went
-                print(f"[run] [{i}/{len(units)}] done in {time.monotonic() - unit_started:.0f} s", flush=True)
+    outputs = run_units(units)
     if "png" not in outputs:
         chosen = [p for p in PHASES if any(u.selected and u.phase == p for u in units)]
         print(f"[run] phases {', '.join(chosen) or '(none)'} done in {time.monotonic() - started:.0f} s")
         return outputs
     print(f"[run] done in {time.monotonic() - started:.0f} s; figure: {outputs['png']} (and .svg), "
           f"table: {outputs['md']}, csv: {outputs['csv']}, orderings: {outputs['orderings']}")
+    return outputs
+
+
+def run_units(units: list) -> dict:
+    """Each selected unit in order, the servers units share up around them; a unit's refusal is
+    re-read once those servers are stopped, so it advises killing none of them."""
+    outputs: dict = {}
+    running_then: set[int] = set()  # the processes a unit's refusal advised killing, alive when it failed
+    try:
+        with running(units) as after:  # the servers units share (pipeline/llm/serve_groups.py)
+            for i, unit in enumerate(units, start=1):
+                if unit.selected:
+                    stage(f"[{i}/{len(units)}] {unit.title}")
+                    unit_started = time.monotonic()
+                    try:
+                        outputs = unit.action(unit.config) or {}
+                    except PipelineError as exc:
+                        running_then = gpu_memory.advised_pids(str(exc))
+                        raise
+                    after(unit)
+                    # each unit's wall time (a skipped one's too): where a long grid's hours went
+                    print(f"[run] [{i}/{len(units)}] done in {time.monotonic() - unit_started:.0f} s", flush=True)
+    except PipelineError as exc:  # the servers are stopped now
+        now = gpu_memory.advice_now(str(exc), running_then)
+        if now == str(exc):
+            raise
+        reread = PipelineError(now)
+        reread.exit_code = exc.exit_code  # a child's own exit code, as in_child raised it
+        raise reread from None
     return outputs
 
 
