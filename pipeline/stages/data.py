@@ -7,6 +7,7 @@
     python -m pipeline data show react-dev500 --sample 3
     python -m pipeline data show offline-eval --task fever
     python -m pipeline data split --seed 0                     # -> splits/offline-v1/
+    python -m pipeline data build                              # the offline data folder from its public sources -> data/
 
 Each file resolves as: explicit path > data/ cache > local mirror (../shared/data) > download.
 """
@@ -73,9 +74,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="wiki corpus JSONL of {title, ...} (default: data/ cache, then the mirror)")
     split.add_argument("--out", type=Path, default=None, help="output folder (default splits/offline-v1)")
 
+    build = sub.add_parser("build", help="build the offline data folder from its public sources (network)",
+                           description="Download HotpotQA's official files and the ReAct and FireAct "
+                           "repositories' files, build with_context.jsonl and the local Wikipedia from "
+                           "them, and check the offline split on the result (docs/data.md).")
+    build.add_argument("--out", type=Path, default=None,
+                       help="the folder to fill (default: data/, where every stage looks first; "
+                       "or e.g. ../shared/data, the mirror's place)")
+    build.add_argument("--force", action="store_true", help="download and build every file again")
+    for source in ("hotpotqa", "react", "fireact"):
+        build.add_argument(f"--{source}-url", default=None, metavar="URL",
+                           help=f"a mirror of {source}'s files (default: where it publishes them)")
+
 
 def main(args: argparse.Namespace) -> int:
-    return {"fetch": fetch, "show": show, "split": split}[args.command](args)
+    return {"fetch": fetch, "show": show, "split": split, "build": build}[args.command](args)
 
 
 def fetch(args: argparse.Namespace) -> int:
@@ -120,4 +133,13 @@ def split(args: argparse.Namespace) -> int:
 
     print(get_task("hotpotqa").write_split(args.out, questions=args.questions, corpus=args.corpus, seed=args.seed,
                                            eval_size=args.eval_size))
+    return 0
+
+
+def build(args: argparse.Namespace) -> int:
+    from pipeline.core.paths import data_dir
+    from pipeline.hub.offline_data import build_offline_data
+
+    urls = {s: getattr(args, f"{s}_url") for s in ("hotpotqa", "react", "fireact") if getattr(args, f"{s}_url")}
+    build_offline_data(args.out or data_dir(), urls, force=args.force)
     return 0
