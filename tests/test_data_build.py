@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from episode_testdata import CORPUS, run_pipeline
 
-from pipeline.hub.offline_data import COPIED, OFFICIAL
+from pipeline.hub.offline_data import COPIED, OFFICIAL, default_folder
 
 SHARED = CORPUS.parents[1]
 EXTRA_KEYS = ("split", "react_dev_idx", "sources", "context_setting")  # the offline file's, not HotpotQA's
@@ -88,7 +88,7 @@ def test_build_fills_the_folder_from_the_sources_and_the_offline_split_loads_fro
     try:
         proc = run_pipeline("data", "build", "--out", str(out), *sources.urls(), timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
-        assert "split offline-v1 holds on the built files: 500 eval questions" in proc.stdout, proc.stdout[-2000:]
+        assert f"split offline-v1 holds on {out}: 500 eval questions" in proc.stdout, proc.stdout[-2000:]
         for item in COPIED:  # taken as published, byte for byte
             assert (out / item.path).read_bytes() == (served / item.source / item.remote).read_bytes(), item.path
         # what the stages read: the same questions as the offline folder's, the split's among them
@@ -103,14 +103,14 @@ def test_build_fills_the_folder_from_the_sources_and_the_offline_split_loads_fro
         asked = len(sources.requests)
         again = run_pipeline("data", "build", "--out", str(out), *sources.urls(), timeout=600)
         assert again.returncode == 0 and len(sources.requests) == asked, again.stderr[-2000:]
-        assert "downloaded" not in again.stdout and again.stdout.count("kept ") == len(COPIED) + len(OFFICIAL)
+        assert "downloaded" not in again.stdout and again.stdout.count("kept ") == len(COPIED) + 1
     finally:
         sources.close()
     # the offline split, read from the built folder alone (no mirror), is the committed one
     from pipeline.tasks.hotpotqa.questions import load_question_set
 
-    monkeypatch.setenv("REACT_PIPELINE_DATA", str(out))
-    monkeypatch.setenv("REACT_PIPELINE_MIRROR", "none")
+    monkeypatch.setenv("REACT_PIPELINE_DATA", str(tmp_path / "empty"))
+    monkeypatch.setenv("REACT_PIPELINE_MIRROR", str(out))  # the built folder as the stages' mirror
     from_built = {name: load_question_set(name) for name in ("offline-eval", "offline-bootstrap")}
     monkeypatch.setenv("REACT_PIPELINE_MIRROR", str(SHARED))
     monkeypatch.setenv("REACT_PIPELINE_DATA", str(tmp_path / "empty"))
@@ -130,3 +130,12 @@ def test_unreachable_sources_and_offline_mode_are_one_line_and_leave_no_half_fil
     assert not [p for p in out.rglob("*") if p.is_file()]
     proc = run_pipeline("data", "build", "--out", str(out), *urls, env={"REACT_PIPELINE_OFFLINE": "1"})
     assert proc.returncode == 2 and "downloads are off (REACT_PIPELINE_OFFLINE)" in proc.stderr, proc.stderr
+
+
+def test_the_default_folder_is_where_the_stages_look_for_the_mirror(monkeypatch, tmp_path):
+    from pipeline.core.paths import REPO_ROOT, mirror_dir
+
+    monkeypatch.setenv("REACT_PIPELINE_MIRROR", str(tmp_path))
+    assert default_folder() == mirror_dir() == tmp_path
+    monkeypatch.delenv("REACT_PIPELINE_MIRROR")
+    assert default_folder() == REPO_ROOT.parent / "shared" / "data"

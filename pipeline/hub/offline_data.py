@@ -1,8 +1,8 @@
 """The offline data folder (`../shared/data` on the machines this was built on) rebuilt from its
 public sources, where the network allows:
 
-    python -m pipeline data build                    # -> data/ (the folder every stage looks in first)
-    python -m pipeline data build --out ../shared/data
+    python -m pipeline data build                    # -> ../shared/data beside the repository
+    python -m pipeline data build --out DIR          # elsewhere: then REACT_PIPELINE_MIRROR=DIR
 
 What each file is and where it comes from (docs/data.md has the table):
   - taken as published: the ReAct repository's dev list, exemplars and FEVER claims, FireAct's
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from pipeline.core.download import download
 from pipeline.core.errors import PipelineError
-from pipeline.core.paths import REPO_ROOT, downloads_allowed
+from pipeline.core.paths import REPO_ROOT, downloads_allowed, mirror_dir
 from pipeline.core.storage import atomic_write_text, check_writable_dir
 
 # Where each source publishes its files (a mirror of one, or a test's server, is given instead)
@@ -75,15 +75,23 @@ def build_offline_data(out: Path, base_urls: dict[str, str] | None = None, force
     check_writable_dir(out, "--out")
     for item in COPIED:
         fetched(out / item.path, f"{urls[item.source].rstrip('/')}/{item.remote}", force, say)
-    official = {split: fetched(out / "hotpotqa" / name, f"{urls['hotpotqa'].rstrip('/')}/{name}", force, say)
-                for split, name in OFFICIAL.items()}
     rows_path, corpus_path = out / "hotpotqa" / "with_context.jsonl", out / "wiki" / "corpus.jsonl"
     if force or not (rows_path.is_file() and corpus_path.is_file()):
+        official = {split: fetched(out / "hotpotqa" / name, f"{urls['hotpotqa'].rstrip('/')}/{name}", force, say)
+                    for split, name in OFFICIAL.items()}
         rows = offline_rows(official)
         write_jsonl(rows_path, rows)
         write_jsonl(corpus_path, corpus_pages(rows))
         say(f"built {rows_path} ({len(rows):,} questions) and {corpus_path} from HotpotQA's official files")
+    else:
+        say(f"kept {rows_path} and {corpus_path} (already there; --force builds them again)")
     say(check_split(rows_path, corpus_path))
+
+
+def default_folder() -> Path:
+    """Where the stages look for the offline data folder: REACT_PIPELINE_MIRROR, else ../shared/data
+    beside the repository (pipeline/core/paths.py)."""
+    return mirror_dir() or REPO_ROOT.parent / "shared" / "data"
 
 
 def fetched(dest: Path, url: str, force: bool, say: Callable[[str], None]) -> Path:
@@ -150,7 +158,7 @@ def check_split(rows_path: Path, corpus_path: Path) -> str:
             if short:
                 raise PipelineError(f"{SPLIT_DIR.name}/eval.json: {len(short)} questions (e.g. {short[0]}) have a "
                                     f"supporting page missing from {corpus_path}")
-    return (f"split {SPLIT_DIR.name} holds on the built files: {counts['eval']} eval questions, each with its "
+    return (f"split {SPLIT_DIR.name} holds on {rows_path.parents[1]}: {counts['eval']} eval questions, each with its "
             f"supporting pages in the corpus, and {counts['bootstrap']} bootstrap questions")
 
 

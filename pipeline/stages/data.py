@@ -7,7 +7,7 @@
     python -m pipeline data show react-dev500 --sample 3
     python -m pipeline data show offline-eval --task fever
     python -m pipeline data split --seed 0                     # -> splits/offline-v1/
-    python -m pipeline data build                              # the offline data folder from its public sources -> data/
+    python -m pipeline data build                              # the offline data folder (../shared/data) from its sources
 
 Each file resolves as: explicit path > data/ cache > local mirror (../shared/data) > download.
 """
@@ -79,8 +79,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            "repositories' files, build with_context.jsonl and the local Wikipedia from "
                            "them, and check the offline split on the result (docs/data.md).")
     build.add_argument("--out", type=Path, default=None,
-                       help="the folder to fill (default: data/, where every stage looks first; "
-                       "or e.g. ../shared/data, the mirror's place)")
+                       help="the folder to fill (default: where the stages look for it: "
+                       "$REACT_PIPELINE_MIRROR, else ../shared/data beside the repository)")
     build.add_argument("--force", action="store_true", help="download and build every file again")
     for source in ("hotpotqa", "react", "fireact"):
         build.add_argument(f"--{source}-url", default=None, metavar="URL",
@@ -137,9 +137,8 @@ def split(args: argparse.Namespace) -> int:
 
 
 def build(args: argparse.Namespace) -> int:
-    from pipeline.core.paths import data_dir
-    from pipeline.hub.offline_data import build_offline_data
+    from pipeline.hub.offline_data import build_offline_data, default_folder
 
     urls = {s: getattr(args, f"{s}_url") for s in ("hotpotqa", "react", "fireact") if getattr(args, f"{s}_url")}
-    build_offline_data(args.out or data_dir(), urls, force=args.force)
+    build_offline_data(args.out or default_folder(), urls, force=args.force)
     return 0
