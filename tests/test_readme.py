@@ -60,6 +60,10 @@ SHORT = {
     "python -m pipeline run --config configs/demo.yaml": (
         "python -m pipeline run --config configs/demo.yaml --print-config", "the demo grid, as bash scripts/demo.sh"),
 }
+SHORT["python -m pipeline data build"] = (
+    "python -m pipeline data build --help",
+    "it downloads ~600 MB from the public sources, not reachable here: its help (the build runs against a "
+    "local server in tests/test_data_build.py)")
 SERVER = ".venv/bin/tensorboard"  # a command that serves until stopped
 COMMAND_START = re.compile(r"^(?:[A-Z_]+=\S+ )*(?:python -m pipeline |bash scripts/|\.venv/bin/)")
 
