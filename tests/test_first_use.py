@@ -537,7 +537,7 @@ def two_students(first_name: str | None, second_name: str | None, second_lora: b
 
 
 @pytest.mark.parametrize("first, second, pattern", [
-    (None, None, r"students 'full' and 'lora' both prompt smollm2 \(standard on offline-eval\): the same prompted "
+    (None, None, r"students 'full' and 'lora' both prompt smollm2 \(standard on offline-eval\): the same "
                  r"row twice, which plot refuses; set `prompt_model: \{\}` on 'lora', or give each prompt_model a `name`"),
     ("SmolLM2", "SmolLM2", r"students 'full' and 'lora' both prompt SmolLM2 \("),
     (None, "smollm2", r"both prompt smollm2 \("),  # a name equal to the model's own label is the same row
@@ -545,6 +545,15 @@ def two_students(first_name: str | None, second_name: str | None, second_lora: b
 def test_two_students_prompting_one_base_model_are_refused_when_the_plan_is_made(first, second, pattern):
     """They ended at `plot`, which refused the duplicated prompted row after every eval had run."""
     refused(run_pipeline("run", "--config", "configs/demo.yaml", two_students(first, second), "--print-config"), pattern)
+
+
+def test_two_students_given_one_released_model_are_refused_when_the_plan_is_made():
+    """The same class: two students evaluating one `finetuned` model write one row twice."""
+    twice = ("students=[{name: a, finetuned: forestai/fireact_llama_2_7b_lora}, "
+             "{name: b, finetuned: forestai/fireact_llama_2_7b_lora}]")
+    refused(run_pipeline("run", "--config", "configs/demo.yaml", twice, "--print-config"),
+            r"students 'a' and 'b' both evaluate FireAct Llama-2-7B LoRA \(released\) \(its own format on "
+            r"offline-eval\): the same row twice, which plot refuses; drop student 'b', or give each an `eval: ")
 
 
 def test_two_students_on_one_base_model_with_named_prompted_rows_plan_both():

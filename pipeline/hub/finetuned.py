@@ -98,8 +98,17 @@ def resolve_finetuned(finetuned: str, *, format: str | None = None, base_model: 
     if params_b is None:
         params_b = agent.params_b if agent else count_params_b(model_dir, given)
     size_class = size_class or (agent.size_class if agent else size_label(params_b))
-    label = name or (agent.label if agent else f"{Path(given.rstrip('/')).name} (released)")
+    label = finetuned_label(given, name)
     return ResolvedFinetuned(model_dir, adapter_dir, fmt, label, size_class, float(params_b), given)
+
+
+def finetuned_label(given: str, name: str | None = None) -> str:
+    """How the figure and the tables name a fine-tuned model given by folder or hub id: `name`, a
+    known released agent's label, else its folder's name (`run` reads it at plan time too)."""
+    from pipeline.hub.released import find_agent
+
+    agent = find_agent(given)
+    return name or (agent.label if agent else f"{Path(given.rstrip('/')).name} (released)")
 
 
 def check_format(fmt: str | None, given: str) -> str:

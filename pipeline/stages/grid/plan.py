@@ -16,6 +16,7 @@ from pipeline import rounds
 from pipeline.agent.answerers import check_oracle
 from pipeline.core.config import build, merged, repeated_items, to_dict
 from pipeline.core.errors import PipelineError
+from pipeline.hub.finetuned import finetuned_label
 from pipeline.llm.serve_groups import plan_groups
 from pipeline.methods.prompts import NAMED_EXEMPLARS
 from pipeline.report.rounds import RoundsReport, write_rounds_report
@@ -60,7 +61,7 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
     if repeated:
         raise PipelineError(f"students: {repeated[0]!r} names two students; give each its own name (it names its folders)")
     dataset_dir = cfg.out_dir / "sft"
-    units, compared, prompted = [], [], {}  # compared: prompted evals with the other exemplar sets
+    units, compared, rows = [], [], {}  # compared: prompted evals with the other exemplar sets; rows: check_one_row
     teacher = None
     if not students or not all(s.finetuned for s in students):  # a grid of released students needs no data
         gen = generate_config(cfg)
@@ -74,7 +75,7 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
         check_student(student)
         if student.prompt_model:
             ev = eval_config(cfg, student, None)
-            check_one_prompted_row(prompted, student, ev)
+            check_one_row(rows, student, ev, "prompt", ev.model.label)
             phase = "teacher" if teacher is not None and same_model(ev.model, teacher) else "eval"
             units.append(Unit(f"eval: {student.name} prompted", ev, skip_or(evaluate_in_child, eval_precision),
                               phase, needs_eval(ev), precision=eval_precision, serves=(ev.model.model, None)))
@@ -83,6 +84,7 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
             compared += other_sets
         if student.finetuned:
             ev = finetuned_eval_config(cfg, student)
+            check_one_row(rows, student, ev, "finetune", finetuned_label(student.finetuned, ev.model.name))
             units.append(Unit(f"eval: {student.name} (already fine-tuned: {student.finetuned})",
                               ev, skip_or(evaluate_in_child, eval_precision), "eval", needs_eval(ev),
                               precision=eval_precision))
@@ -122,18 +124,22 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
     return units
 
 
-def check_one_prompted_row(prompted: dict[tuple, str], student: Student, ev) -> None:
-    """Two students on one base model, each with a `prompt_model`, write the same prompted row
-    (model, size, method, question set) twice, which plot refuses after every eval has run:
-    refused here, when the plan is made. `prompted`: the rows of the students seen so far."""
-    for method in ev.methods:
-        key = (ev.model.label, ev.size_class, method, ev.questions)
-        if key in prompted:
+def check_one_row(rows: dict[tuple, str], student: Student, ev, mode: str, label: str) -> None:
+    """Two students on one base model, each with a `prompt_model` (or two given one `finetuned`
+    model), write the same row of the figure (mode, model, size, method, question set) twice,
+    which plot refuses after every eval has run: refused here, when the plan is made. `rows`: the
+    rows of the students seen so far, by key."""
+    prompted = mode == "prompt"
+    fix = (f"set `prompt_model: {{}}` on {student.name!r}, or give each prompt_model a `name` to plot both" if prompted
+           else f"drop student {student.name!r}, or give each an `eval: {{model: {{name: ...}}}}` to plot both")
+    # a fine-tuned model decodes its own format whatever eval's default methods list
+    for method in ev.methods if prompted else [student.format or "its own format"]:
+        key = (mode, label, ev.size_class, method, ev.questions)
+        if key in rows:
             raise PipelineError(
-                f"students {prompted[key]!r} and {student.name!r} both prompt {ev.model.label} "
-                f"({method} on {ev.questions}): the same prompted row twice, which plot refuses; set "
-                f"`prompt_model: {{}}` on {student.name!r}, or give each prompt_model a `name` to plot both")
-        prompted[key] = student.name
+                f"students {rows[key]!r} and {student.name!r} both {'prompt' if prompted else 'evaluate'} {label} "
+                f"({method} on {ev.questions}): the same row twice, which plot refuses; {fix}")
+        rows[key] = student.name
 
 
 def compared_exemplars(cfg: RunConfig, student: Student, figure_set: str) -> list[Unit]:
