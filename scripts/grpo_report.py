@@ -45,6 +45,9 @@ def grpo_manifest(run: Path) -> dict:
     finished or a folder that is no run at all is refused, never reported as GRPO."""
     if not run.is_dir():
         raise PipelineError(f"--run: {run} is not a folder; give a GRPO run's output_dir (it holds final/)")
+    if not (run / "final").is_dir() and (run / "manifest.json").is_file():
+        raise PipelineError(f"--run: {run} is a final/ folder; give the run's output_dir, the folder above it "
+                            f"({run.resolve().parent})")
     manifest = require_complete(run / "final" / "manifest.json", f"--run {run}")
     if manifest.get("stage") != "grpo" or not isinstance(manifest.get("grpo"), dict):
         raise PipelineError(f"--run: {run} is not a GRPO run (its final/manifest.json says stage "

@@ -56,6 +56,7 @@ def one_line_refusal(proc, text: str) -> None:
     ("a fine-tuning run", "is not a GRPO run (its final/manifest.json says stage 'train')"),
     ("no such run", "is not a folder; give a GRPO run's output_dir"),
     ("a run without final", "no manifest at"),
+    ("the run's final folder", "is a final/ folder; give the run's output_dir, the folder above it"),
     ("an unfinished GRPO run", "says the run that wrote it is incomplete"),
     ("no before folder", "before: "),
     ("an after folder of another method", "(choose one with --method)"),
@@ -74,6 +75,8 @@ def test_a_run_that_is_not_grpo_and_missing_inputs_are_one_line_each(tmp_path, c
     elif case == "a run without final":
         run = tmp_path / "empty-run"
         run.mkdir()
+    elif case == "the run's final folder":
+        run = run / "final"
     elif case == "an unfinished GRPO run":
         write_manifest(run / "final" / "manifest.json", stage="grpo", config={}, complete=False, **GRPO_FIELDS)
     elif case == "no before folder":
