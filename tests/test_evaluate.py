@@ -229,7 +229,7 @@ def test_the_embedded_default_model_needs_no_size_keys():
     (["size_class=135m", "questions=react-dev501"], "unknown question set 'react-dev501'"),
     (["size_class=135m", "finetunde=x"], "unknown key 'finetunde'; did you mean 'finetuned'?"),
     (["size_class=135m", "checkpoint=x"], "unknown key 'checkpoint'; it was renamed: use 'finetuned'"),
-    (["size_class=135m", "max_error_share=1.5"], "max_error_share must be between 0 and 1"),
+    (["size_class=135m", "max_error_share=1.5"], "'max_error_share' must be >= 0 and <= 1, got 1.5"),  # at the config (issue 60)
 ])
 def test_bad_eval_inputs_exit_2_with_one_line_and_write_nothing(tmp_path, index, overrides, message):
     empty = tmp_path / "empty.jsonl"

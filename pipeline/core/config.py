@@ -108,14 +108,13 @@ def folder_name(value: Any) -> str | None:
     if value is None:
         return None
     text = str(value)
-    example = "; e.g. smollm2-135m"
     if not text.strip():
-        return f"must not be empty (it names a file or folder in the output folder){example}"
+        return "must not be empty (it names an output folder)"
     if not text.isprintable():  # a newline, a NUL, a control character
-        return f"must be one line of printable characters (it names a file or folder), got {text!r}{example}"
+        return f"must be one line of printable characters (it names an output folder or file), got {text!r}"
     if "/" in text or "\\" in text or ".." in text or text.startswith("."):
-        return (f"must be one file or folder name (no '/' or '\\', no '..', not starting with '.': "
-                f"it names a file or folder inside the output folder), got {text!r}{example}")
+        return (f"must be one folder name (no '/', no '..', no '\\', not starting with '.': it names a folder "
+                f"or file inside the output folder), got {text!r}; e.g. smollm2-135m")
     return None
 
 
