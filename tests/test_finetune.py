@@ -130,7 +130,7 @@ def test_accelerate_configs_parse():
 
 @pytest.mark.parametrize("name, stage", [("deepspeed_zero2", 2), ("deepspeed_zero3", 3), ("deepspeed_zero3_offload", 3)])
 def test_a_gpu_launch_hands_deepspeed_fp32_accumulation(tmp_path, monkeypatch, name, stage):
-    """What a GPU node's launch gives DeepSpeed: our launch command (no --mixed_precision on GPUs)
+    """What a GPU node's launch gives DeepSpeed: our launch command (the planned bf16 said as --mixed_precision)
     parsed by accelerate's own launcher into the workers' environment, from a working directory
     outside the repository; the launched script settles the config file's path and ZeRO stage;
     the DeepSpeedPlugin the Trainer builds from that environment (training_args.py, with bf16
@@ -144,8 +144,8 @@ def test_a_gpu_launch_hands_deepspeed_fp32_accumulation(tmp_path, monkeypatch, n
     from pipeline.train.deepspeed_setup import settle_deepspeed_config
     from pipeline.train.launch import launch_strategy
 
-    cmd = launch_command(pick_accelerate_config(name, 8), 8, tmp_path / "c.yaml", gpus=8)
-    assert "--mixed_precision" not in cmd
+    cmd = launch_command(pick_accelerate_config(name, 8), 8, tmp_path / "c.yaml", gpus=8, precision="bf16")
+    assert cmd[cmd.index("--mixed_precision") + 1] == "bf16"
     args, defaults, mixed_precision_from_file = _validate_launch_command(launch_command_parser().parse_args(cmd[3:]))
     args.deepspeed_fields_from_accelerate_config = ",".join(  # as accelerate's launch_command does
         [*defaults.deepspeed_config, *(["mixed_precision"] if mixed_precision_from_file else [])])
@@ -364,7 +364,7 @@ def test_every_batching_mode_trains_global_batch_trajectories_per_step(tmp_path,
 # ----------------------------------------------------------------------------- real launches
 
 def launch(tmp_path: Path, *overrides: str, processes: int = 2, config: str = "cpu_ddp") -> subprocess.Popen:
-    # --mixed_precision no: the GPU configs (deepspeed_*) ask for bf16, never used on CPU.
+    # --mixed_precision no: the planned fp32, as `train` says it (pipeline/train/launcher.py).
     # precision=fp32: these runs' losses are compared with each other's at LOSS_TOLERANCE, and ZeRO
     # on CPU always trains fp32; pinned (an explicit value wins over REACT_PIPELINE_PRECISION and
     # over `auto`, which is bf16 on a CPU with bf16 units), so every side runs in one precision.

@@ -82,7 +82,8 @@ def test_the_installed_accelerate_reads_the_launch_as_machine_1_of_2(config, lau
     from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu_env
 
     machines = Machines(2, 1, "10.0.0.7", 29555)
-    cmd = launch_command(pick_accelerate_config(config, 8), 8, Path("/ck/finetune_config.yaml"), 8, machines)
+    cmd = launch_command(pick_accelerate_config(config, 8), 8, Path("/ck/finetune_config.yaml"), 8, machines,
+                         precision="bf16")
     assert cmd[cmd.index("--num_processes") + 1] == "16"
     args, _, _ = _validate_launch_command(launch_command_parser().parse_args(cmd[3:]))
     if launcher == "deepspeed":
@@ -119,7 +120,7 @@ def test_two_launches_started_together_on_one_machine_both_rendezvous(tmp_path):
     training); each now takes a free port."""
     script = tmp_path / "rendezvous.py"
     script.write_text(RENDEZVOUS)
-    cmd = launch_command(pick_accelerate_config("cpu_ddp", 0), 2, tmp_path / "unused.yaml")
+    cmd = launch_command(pick_accelerate_config("cpu_ddp", 0), 2, tmp_path / "unused.yaml", precision="fp32")
     cmd = cmd[:cmd.index("-m", 3)] + [str(script)]  # the launch's own flags, this script instead of finetune
     for _ in range(2):
         procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
@@ -133,8 +134,8 @@ def test_a_deepspeed_config_that_would_ssh_into_the_nodes_is_refused(tmp_path):
     text = pick_accelerate_config("deepspeed_zero2", 0).read_text().replace("standard", "pdsh")
     (tmp_path / "ds.yaml").write_text(text)
     with pytest.raises(PipelineError, match="several machines need deepspeed_multinode_launcher: standard"):
-        launch_command(tmp_path / "ds.yaml", 8, tmp_path / "c.yaml", 8, Machines(2, 0, "a", 1))
-    assert launch_command(tmp_path / "ds.yaml", 8, tmp_path / "c.yaml", 8)  # one machine: pdsh is never used
+        launch_command(tmp_path / "ds.yaml", 8, tmp_path / "c.yaml", 8, Machines(2, 0, "a", 1), precision="bf16")
+    assert launch_command(tmp_path / "ds.yaml", 8, tmp_path / "c.yaml", 8, precision="bf16")  # one machine: pdsh is never used
 
 
 def test_dry_run_prints_the_multi_machine_launch(tmp_path, capsys, monkeypatch):

@@ -250,3 +250,39 @@ def test_plot_labels_mixed_precisions(capsys):
     assert [r["model"] for r in mixed] == ["SmolLM2 [fp32]", "SmolLM2 [bf16]", "SmolLM2 [fp32-trained bf16]"]
     check_duplicates(mixed)  # three models now, not one repeated
     assert "mix precisions" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("planned", ["fp32", "bf16"])
+@pytest.mark.parametrize("config", ["single_gpu", "multi_gpu", "fsdp"])
+def test_a_gpu_launch_says_the_planned_precision_to_the_workers(config, planned, tmp_path, capsys, monkeypatch):
+    """`train` on a GPU node (the count pretended: 8 GPUs with bf16) launches with the planned
+    precision, and accelerate's own parser hands that to the workers, where TrainingArguments
+    takes it: fp32 planned is fp32 there, not the config file's bf16 (which it took before)."""
+    import shlex
+
+    import torch
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_multi_gpu_env, prepare_simple_launcher_cmd_env
+    from transformers import TrainingArguments
+
+    from pipeline.cli import main
+    from pipeline.train import launcher
+
+    monkeypatch.setattr(devices, "gpu_count", lambda: 8)
+    monkeypatch.setattr(launcher, "gpu_count", lambda: 8)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: (9, 0))  # the plan's kernels
+    monkeypatch.delenv(precision.ENV, raising=False)
+    write_dataset(tmp_path / "sft", "react", fireact_records(max_chars=450, limit=4))
+    assert main(["train", "--config", str(TINY), "--dry-run", f"accelerate_config={config}", f"precision={planned}",
+                 f"output_root={tmp_path}", f"dataset_dir={tmp_path / 'sft'}"]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("[train] ") and "accelerate" in ln)
+    cmd = shlex.split(line[len("[train] "):])
+    args, *_ = _validate_launch_command(launch_command_parser().parse_args(cmd[3:]))
+    for key in [k for k in __import__("os").environ if k.startswith("ACCELERATE_")]:
+        monkeypatch.delenv(key)
+    env = prepare_multi_gpu_env(args) if config != "single_gpu" else prepare_simple_launcher_cmd_env(args)[1]
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", env["ACCELERATE_MIXED_PRECISION"])
+    # bf16 as the script sets it from the plan (pipeline/train/trainer.py); use_cpu: no GPU here
+    trainer_args = TrainingArguments(output_dir=str(tmp_path / "o"), bf16=planned == "bf16", use_cpu=True)
+    assert trainer_args.mixed_precision == {"fp32": "no", "bf16": "bf16"}[planned]

@@ -30,6 +30,7 @@ from pipeline.core.config import (
     read_yaml,
     stage_config,
 )
+from pipeline.core.precision import training
 from pipeline.rl.config import (
     GrpoConfig,
     check_heldout_apart,
@@ -97,7 +98,8 @@ def grpo(cfg: GrpoConfig, *, accelerate_config: str | None = None, num_processes
     preflight(plan, dry_run)
     with holding_output(cfg.output_dir, machines, dry_run):  # before a byte of output_dir is rewritten
         resolved = write_config_file(cfg, Path(cfg.output_dir) / RESOLVED_CONFIG, dry_run, label="grpo")
-        cmd = launch_command(config_path, num_processes, resolved, gpus, machines, module=GRPO_MODULE)
+        cmd = launch_command(config_path, num_processes, resolved, gpus, machines, module=GRPO_MODULE,
+                             precision=training(cfg.precision, deepspeed=distributed == "DEEPSPEED").precision)
         print(f"[grpo] {cfg.format} / {cfg.student_name}: {cfg.questions_per_step} questions x {cfg.group_size} "
               f"rollouts = {plan.batch.per_device} x {plan.batch.grad_accum} accumulation x {world} processes, "
               f"{cfg.max_steps} steps -> {cfg.output_dir}")

@@ -87,10 +87,12 @@ def train(cfg: FinetuneConfig, *, accelerate_config: str | None = None, num_proc
     config_path, num_processes, gpus = here.config, here.processes, here.gpus
     world = num_processes * machines.count
     preflight_launch(cfg, config_path, world, gpus)  # before the resolved config is written into output_dir; a dry run too
-    per_device, accum, _ = foreseen(cfg, read_yaml(config_path), world, gpus).batch
+    planned = foreseen(cfg, read_yaml(config_path), world, gpus)
+    per_device, accum, _ = planned.batch
     check_training_inputs(cfg)
     with holding_output(cfg.output_dir, machines, dry_run):  # before a byte of output_dir is rewritten
-        cmd = launch_command(config_path, num_processes, write_resolved_config(cfg, dry_run), gpus, machines)
+        cmd = launch_command(config_path, num_processes, write_resolved_config(cfg, dry_run), gpus, machines,
+                             precision=planned.precision.precision)
         where = "" if machines.count == 1 else f" ({num_processes} here, {machines.describe()})"
         print(f"[train] {cfg.format} / {cfg.student_name}: batch {cfg.global_batch_size} = {per_device} x {accum} "
               f"accumulation x {world} processes{where}, {cfg.max_steps} steps -> {cfg.output_dir}")

@@ -2,7 +2,7 @@
 process count, several machines, and relaying the child's one error line. Shared by the `train`
 and `grpo` stages (each launches its own module with its own resolved config).
 
-    cmd = launch_command(pick_accelerate_config("cpu_ddp", gpus=0), 2, Path("out/finetune_config.yaml"))
+    cmd = launch_command(pick_accelerate_config("cpu_ddp", gpus=0), 2, Path("out/finetune_config.yaml"), precision="fp32")
     launch(cmd)      # streams the output; the child's error line becomes a PipelineError
 
 `accelerate_config` is a name under accelerate_configs/ (cpu, cpu_ddp, single_gpu, multi_gpu,
@@ -35,6 +35,12 @@ from pipeline.train.deepspeed_setup import ACCELERATE_CONFIGS
 
 FINETUNE_MODULE = "pipeline.finetune"
 DEFAULT_PORT = 29500  # torch.distributed's default, as accelerate's
+# `accelerate launch --mixed_precision` for each planned training precision (pipeline/core/precision.py).
+# Passed on every launch: the GPU configs say bf16, accelerate exports the launch's value to the
+# workers (ACCELERATE_MIXED_PRECISION), and TrainingArguments takes that value up whenever its own
+# bf16 / fp16 are off (transformers' training_args.py, "Read from env first"), so an fp32 run on a
+# GPU would train under bf16 autocast while its manifest and card say fp32.
+MIXED_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}
 NODELIST_HINT = 'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)'
 
 
@@ -163,13 +169,17 @@ def config_world(cfg) -> World:
 
 
 def launch_command(config_path: Path, num_processes: int, resolved_config: Path, gpus: int = 0,
-                   machines: Machines = Machines(), module: str = FINETUNE_MODULE) -> list[str]:
+                   machines: Machines = Machines(), module: str = FINETUNE_MODULE, *, precision: str,
+                   python: str = sys.executable) -> list[str]:
     """`accelerate launch ... -m <module> --config <resolved config>`; `num_processes` is this
-    machine's, the launch gets every machine's (accelerate divides by num_machines)."""
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config_path),
-           "--num_processes", str(num_processes * machines.count), *machines.launch_args()]
-    if gpus == 0:  # the GPU configs ask for bf16; on CPU the script decides (pipeline/core/precision.py)
-        cmd += ["--mixed_precision", "no"]
+    machine's, the launch gets every machine's (accelerate divides by num_machines). `precision`:
+    the planned training precision (bf16 | fp16 | fp32), said to accelerate on every launch;
+    `python`: the interpreter the launch runs in (the vLLM environment for vLLM rollouts)."""
+    if precision not in MIXED_PRECISION:
+        raise PipelineError(f"launch: unknown training precision {precision!r}; one of {', '.join(MIXED_PRECISION)}")
+    cmd = [str(python), "-m", "accelerate.commands.launch", "--config_file", str(config_path),
+           "--num_processes", str(num_processes * machines.count), *machines.launch_args(),
+           "--mixed_precision", MIXED_PRECISION[precision]]
     data = read_yaml(config_path)
     if num_processes * machines.count > 1 and data.get("distributed_type") == "NO":
         raise PipelineError(f"{config_path} runs one process; pick cpu_ddp / multi_gpu / deepspeed_* for "
