@@ -276,7 +276,12 @@ def test_a_gpu_launch_says_the_planned_precision_to_the_workers(config, planned,
     write_dataset(tmp_path / "sft", "react", fireact_records(max_chars=450, limit=4))
     assert main(["train", "--config", str(TINY), "--dry-run", f"accelerate_config={config}", f"precision={planned}",
                  f"output_root={tmp_path}", f"dataset_dir={tmp_path / 'sft'}"]) == 0
-    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("[train] ") and "accelerate" in ln)
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if ln.startswith("[train] ") and "accelerate" in ln)
+    # no flash kernel installed here: the plan caps the micro-batch and says what that costs
+    assert "[train] micro-batch: 1 trajectory" in out
+    assert ("cost: 8 micro-batches per process per step instead of 1" if config == "single_gpu" else  # batch 8, 1 GPU
+            "no cost here") in out  # batch 8 over 8 GPUs: 1 per process either way
     cmd = shlex.split(line[len("[train] "):])
     args, *_ = _validate_launch_command(launch_command_parser().parse_args(cmd[3:]))
     for key in [k for k in __import__("os").environ if k.startswith("ACCELERATE_")]:

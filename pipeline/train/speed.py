@@ -30,6 +30,7 @@ class Kernels:
     flash_attn_3: bool = False  # flash_attn_interface (FlashAttention 3, Hopper)
     kernels_hub: bool = False  # transformers loads kernels-community/flash-attn2 through the `kernels` package
     kernels_hub_error: str | None = None  # why it cannot, where `kernels` is installed
+    flash_attn_error: str | None = None  # a flash package that is installed but does not import, and why
 
 
 def installed_kernels() -> Kernels:
@@ -72,18 +73,38 @@ def launch_kernels(launch: Launch, env: Mapping[str, str]) -> Kernels:
     return Kernels(**json.loads(store.get(key)))  # waits for rank 0's fetch
 
 
-def kernels_on(cuda: bool, major: int, found: Callable[[str], bool]) -> Kernels:
+def kernels_on(cuda: bool, major: int, found: Callable[[str], bool],
+               probe: Callable[[str], str | None] | None = None) -> Kernels:
     """The kernels usable with `cuda` and this compute capability, `found(package)` telling what
-    is installed. The hub build is what `auto` falls back to when no flash package is there;
-    only then is it loaded now (hub_flash_error), so that a kernel that cannot be loaded turns
-    `auto` into SDPA with the reason instead of failing at model load."""
-    fa2, fa3 = cuda and found("flash_attn"), cuda and found("flash_attn_interface")
+    is installed and `probe(package)` why an installed one does not import (None: it does;
+    default import_error). A flash package counts only once it imports: one built for another
+    torch or CUDA is found by find_spec and fails at its import, at model load, on every rank.
+    The hub build is what `auto` falls back to when no flash package is installed (with a broken
+    flash_attn installed, transformers takes that one, not the hub's); only then is it loaded now
+    (hub_flash_error), so that a kernel that cannot be loaded turns `auto` into SDPA with the
+    reason instead of failing at model load."""
+    probe = import_error if probe is None else probe
+    installed = [name for name in ("flash_attn", "flash_attn_interface") if cuda and found(name)]
+    errors = {name: probe(name) for name in installed}
+    fa2, fa3 = ("flash_attn" in errors and errors["flash_attn"] is None,
+                "flash_attn_interface" in errors and errors["flash_attn_interface"] is None)
+    broken = "; ".join(f"{name} is installed but does not import ({error})" for name, error in errors.items() if error)
     hub, hub_error = False, None
-    if cuda and found("kernels") and not fa2 and not (fa3 and major == 9):
+    if cuda and found("kernels") and "flash_attn" not in errors and not (fa3 and major == 9):
         hub_error = hub_flash_error()
         hub = hub_error is None
     return Kernels(cuda=cuda, hopper=major == 9, flash_attn_2=fa2, flash_attn_3=fa3, kernels_hub=hub,
-                   kernels_hub_error=hub_error)
+                   kernels_hub_error=hub_error, flash_attn_error=broken or None)
+
+
+def import_error(name: str) -> str | None:
+    """None when module `name` imports, else why not (one line)."""
+    try:
+        importlib.import_module(name)
+    except Exception as exc:  # an ImportError (undefined symbol), an OSError from a missing CUDA library...
+        text = str(exc).strip()
+        return f"{type(exc).__name__}: {text.splitlines()[0] if text else 'no message'}"
+    return None
 
 
 @functools.cache
@@ -129,6 +150,9 @@ def choose_attention(requested: str | None, kernels: Kernels, half_precision: bo
         # transformers maps flash_attention_2 to kernels-community/flash-attn2 when flash_attn is
         # missing and `kernels` is installed (fetched from the Hub once, then cached)
         return "flash_attention_2", "attention: flash_attention_2 via the kernels hub (kernels-community/flash-attn2)"
+    if kernels.flash_attn_error:
+        return "sdpa", (f"attention: sdpa ({kernels.flash_attn_error}; reinstall flash-attn built for this torch "
+                        "and CUDA, or uninstall it)")
     if kernels.kernels_hub_error:
         return "sdpa", (f"attention: sdpa (the kernels hub's flash-attn2 cannot be loaded here: {kernels.kernels_hub_error}; "
                         "pip install flash-attn, or fetch the kernel into the hub cache while online)")

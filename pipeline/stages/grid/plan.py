@@ -289,9 +289,17 @@ def needs_eval(ev) -> str:
 
 
 def needs_train(ft) -> str:
+    from pipeline.core.config import read_yaml
+    from pipeline.train.plan import foreseen
+
     world = launcher.config_world(ft)
     n = world.processes
-    return f"launches accelerate with {n} process{'es' if n > 1 else ''} ({world.config.stem}; this node has {world.gpus} GPU(s))"
+    line = f"launches accelerate with {n} process{'es' if n > 1 else ''} ({world.config.stem}; this node has {world.gpus} GPU(s))"
+    try:  # the micro-batch cap without a flash kernel, and its cost (a bad batch is check_unit's to name)
+        capped = foreseen(ft, read_yaml(world.config), n, world.gpus).batch.capped
+    except PipelineError:
+        capped = None
+    return f"{line}; {capped}" if capped else line
 
 
 def show_plan(units: list[Unit], prefix: str = "[run]") -> None:
