@@ -286,9 +286,8 @@ def target_launch(target: dict, gpus: int):
 
 def batch_line(name: str, target: dict, world, said: str) -> str:
     """The batch arithmetic of the target node beside the rehearsal's, one line."""
-    from pipeline.train.sft import split_batch
-
     from pipeline.train.plan import cap_cost
+    from pipeline.train.sft import split_batch
     from pipeline.train.speed import micro_batch_cap
 
     config, n = world.config, world.processes
