@@ -411,3 +411,28 @@ def test_self_training_rounds_are_rehearsed_on_a_handful_of_questions(tmp_path):
     assert rehearsal.config.self_training.data == "new"
     assert any("data: new; a random student solves nothing, so each round's filter also reads the oracle" in note
                for note in rehearsal.notes)
+
+
+def test_two_students_on_one_base_model_share_one_server_that_spans_no_other_unit(tmp_path, monkeypatch, smollm2_dir):
+    """The paper grid with a second LoRA student of the 70B listed before the 8B: the 70B's
+    shared server grouped its units by key, not by order, and stayed up across the 8B's evals
+    between them (whose GPU check and port then fail). Its evals now run next to each other, one
+    server for the prompted 70B and both students' adapters, in the real plan and the rehearsal's."""
+    from pipeline.llm.serve_groups import server_key
+
+    monkeypatch.chdir(REPO)
+    cfg = load_config(RunConfig, REPO / "configs/paper.yaml", [f"out_dir={tmp_path}/grid"])
+    entries = [{"name": "llama-3.1-70b-r32", "config": "configs/students/llama-3.1-70b.yaml", "size_class": "62b",
+                "params_b": 70.6, "train": {"lora": {"r": 32}}, "eval": {"model": {"tensor_parallel_size": 8}}},
+               *cfg.students]  # the grid's own: the 8B, then the 70B
+    students = [build(Student, s, where="students") for s in entries]
+    rehearsal = rehearse(cfg, students)
+    for units in (plan(cfg, students), plan(rehearsal.config, rehearsal.students)):
+        groups = {id(u.group): u.group for u in units if u.group is not None}.values()
+        seventy = [g for g in groups if "70b" in g.base.lower()]
+        assert len(seventy) == 1 and len(seventy[0].members) == 1 + 4 + 4  # prompted + both students' 4 formats
+        for group in groups:
+            at = [units.index(m) for m in group.members]
+            assert at == list(range(at[0], at[0] + len(at))), [u.title for u in units]  # nothing runs between
+        keys = [server_key(u) for u in units if u.phase == "eval"]
+        assert all(keys.index(k) == i or keys[i - 1] == k for i, k in enumerate(keys) if k is not None)

@@ -121,3 +121,38 @@ def test_one_real_vllm_start_up_serves_a_prompted_model_and_two_lora_students(tm
     log = (run / "shared-server-1.log").read_text(errors="replace")
     assert "tiny-ft-act" in log and "tiny-ft-react" in log
     assert wait_until_gone(tag, 10) == []
+
+
+def test_a_student_missing_from_the_started_server_is_named_with_its_adapter(tmp_path):
+    """A LoRA student whose adapter was not there when its group's server started ran unattached,
+    and its GPU check then named the group's own server. It now stops in one line naming its
+    adapter: missing (its training has not finished), or there since the server started."""
+    from types import SimpleNamespace
+
+    from pipeline.core.errors import PipelineError
+    from pipeline.llm.serve_groups import ServerGroup
+    from pipeline.llm.serving import SharedServer
+
+    ran = []
+    here, late = tmp_path / "ft-react" / "final", tmp_path / "ft-act" / "final"
+    here.mkdir(parents=True)
+    (here / "adapter_config.json").write_text("{}")
+    units = [SimpleNamespace(serves=(str(tmp_path / "base"), str(folder)), action=ran.append, selected=True,
+                             config=SimpleNamespace(out_dir=tmp_path / "eval" / name))
+             for folder, name in ((here, "tiny-ft-react"), (late, "tiny-ft-act"))]
+    group = ServerGroup(1, units, done=lambda unit: False)
+    group.server = object()  # started: with the one adapter that was there
+    group.shared = SharedServer("127.0.0.1", 1, str(tmp_path / "base"), "base", {"tiny-ft-react": str(here)}, 0, "")
+    group.wrap(units[0])("config of react")
+    assert ran == ["config of react"]
+    with pytest.raises(PipelineError) as info:
+        group.wrap(units[1])("config of act")
+    assert str(info.value) == (f"tiny-ft-act: its LoRA adapter {late / 'adapter_config.json'} is not there (its "
+                               f"training has not finished), so shared server #1 for {tmp_path / 'base'} started with "
+                               "1 adapter(s) (tiny-ft-react) without it; train it first (its train unit), then run again")
+    late.mkdir(parents=True)
+    (late / "adapter_config.json").write_text("{}")
+    with pytest.raises(PipelineError, match=f"tiny-ft-act: its LoRA adapter {late} was not there when shared server "
+                                            "#1 .* started with 1 adapter"):
+        group.wrap(units[1])("config of act")
+    assert ran == ["config of react"]  # neither ran unattached

@@ -9,7 +9,11 @@ Units share a server when they are in the same phase (and scope: a self-training
 and the next round's generate, whose teacher is that student, share one, never across the
 training between rounds: pipeline/rounds.py), serve the same base model with the same
 model settings (tensor parallel size, memory fraction, dtype, max context, extra flags) and the
-same `serve:` section. A full fine-tune is a model of its own: its units share only among themselves.
+same `serve:` section, and run one after another: the eval phase's units of one server are put
+next to each other (their order is free), and elsewhere a unit between two of them starts a
+new group, so no server is up while a unit outside its group runs. A full fine-tune is a model of
+its own: its units share only among themselves. A member whose adapter was not there when the
+server started stops in one line naming that adapter.
 A shared server that dies mid-unit stops that unit (ServerGone in its child: one line) and with
 it the run; the next run starts it again and the unit resumes.
 
@@ -30,6 +34,7 @@ from typing import Any
 
 from pipeline.core import gpu_memory
 from pipeline.core.config import to_dict
+from pipeline.core.errors import PipelineError
 from pipeline.llm.serving import (
     SHARED_SERVER_ENV,
     ManagedServer,
@@ -78,10 +83,27 @@ class ServerGroup:
                 return action(config)
             self.start()
             if self.shared is None or self.shared.name_for(self.llm_of(unit)) is None:
-                return action(config)  # not in the server (e.g. its adapter is missing): its own error
+                # run unattached, its own GPU check would find this group's server and name it
+                raise PipelineError(self.not_served(unit))
             with child_environment({SHARED_SERVER_ENV: json.dumps(asdict(self.shared))}):
                 return action(config)
         return run_member
+
+    def not_served(self, unit) -> str:
+        """Why a member to do is not in the running server: its adapter was not there when the
+        server started (it appeared since, or its training has not finished)."""
+        adapters = sorted(self.shared.adapters) if self.shared else []
+        started = (f"shared server #{self.number} for {self.base} started with {len(adapters)} adapter(s)"
+                   f"{' (' + ', '.join(adapters) + ')' if adapters else ''}")
+        adapter = unit.serves[1]
+        if adapter is None:
+            return f"{lora_name(unit)}: {started}, not with this unit's model {self.base}"
+        config = Path(adapter) / "adapter_config.json"
+        if config.is_file():
+            return (f"{lora_name(unit)}: its LoRA adapter {adapter} was not there when {started}; run the same "
+                    "command again: the server then starts with it (finished units skip)")
+        return (f"{lora_name(unit)}: its LoRA adapter {config} is not there (its training has not finished), so "
+                f"{started} without it; train it first (its train unit), then run again")
 
     def llm_of(self, unit):
         from pipeline.llm.config import LLMConfig
@@ -150,23 +172,57 @@ def server_key(unit) -> tuple | None:
     return (unit.phase, getattr(unit, "scope", ""), unit.serves[0], *settings)
 
 
-def plan_groups(units: list, done: Callable[[Any], bool]) -> list[ServerGroup]:
-    """Group the units (in run order) that can share a server; groups of one are left alone.
-    Each member's action and plan line are rewritten to use its group's server."""
-    by_key: dict[tuple, list] = {}
-    for unit in units:
-        key = server_key(unit)
-        if key is not None:
-            by_key.setdefault(key, []).append(unit)
+def plan_groups(units: list, done: Callable[[Any], bool]) -> tuple[list, list[ServerGroup]]:
+    """(the units in the order they run, the groups among them). The eval phase's units that can
+    share a server are put next to each other (server_order); a group is then a run of
+    consecutive units with one key (consecutive_runs), so no shared server is up while a unit
+    outside its group runs (that unit's GPU check would find the server, its port be taken).
+    Groups of one are left alone. Each member's action and plan line are rewritten to use its
+    group's server."""
+    units = server_order(units)
     groups = [ServerGroup(i, members, done) for i, members in
-              enumerate((m for m in by_key.values() if len(m) > 1), start=1)]
+              enumerate((m for m in consecutive_runs(units) if len(m) > 1), start=1)]
     index = {id(u): i for i, u in enumerate(units, start=1)}
     for group in groups:
         for unit in group.members:
             unit.needs = group.describe(index)
             unit.action = group.wrap(unit)
             unit.group = group
-    return groups
+    return units, groups
+
+
+# The phase whose units depend on nothing else in it (every eval reads what earlier phases made),
+# so their order is free. The teacher phase and the rounds keep their order: a round's eval and
+# the next round's generate share a server across no other unit, but a round's units depend on
+# each other's outputs.
+FREE_ORDER_PHASE = "eval"
+
+
+def server_order(units: list) -> list:
+    """`units` with each eval-phase unit that shares a server key moved up next to the first
+    unit of that key (stable otherwise): two students on one base model, or a sweep whose
+    students each have a `prompt_model`, would otherwise keep one server up across the units
+    between them, or start it twice."""
+    first: dict[tuple, int] = {}
+    places = []  # (where it goes: its key's first unit's index, its own index)
+    for i, unit in enumerate(units):
+        key = server_key(unit) if unit.phase == FREE_ORDER_PHASE else None
+        places.append((i if key is None else first.setdefault(key, i), i))
+    return [units[i] for _, i in sorted(places)]
+
+
+def consecutive_runs(units: list) -> list[list]:
+    """The runs of consecutive units with one server key (units without a key end a run)."""
+    runs: list[list] = []
+    previous = None
+    for unit in units:
+        key = server_key(unit)
+        if key is not None and key == previous:
+            runs[-1].append(unit)
+        elif key is not None:
+            runs.append([unit])
+        previous = key
+    return runs
 
 
 @contextlib.contextmanager

@@ -120,7 +120,7 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
     for unit in units:
         checks.check_unit(unit)
     checks.check_questions_apart(cfg, units)
-    plan_groups(units, done=unit_skips)
+    units, _ = plan_groups(units, done=unit_skips)  # in server order: no shared server spans another unit
     return units
 
 
