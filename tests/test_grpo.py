@@ -194,22 +194,23 @@ def test_shipped_grpo_configs_resolve(path):
 
 @pytest.mark.slow
 def test_vllm_rollouts_without_vllm_are_refused_before_the_launch(world, random_student, tmp_path):
-    """`grpo` with rollout.engine=vllm from an interpreter without vLLM (this suite's .venv): one
-    line naming the interpreter to use (.venv-vllm's), exit 2, before anything is written or
+    """`grpo` with rollout.engine=vllm where no interpreter has vLLM (this suite's .venv, and no
+    vLLM in .venv-vllm): one line naming both, exit 2, before anything is written or
     launched. Before the check the launch went ahead, the child loaded the policy and died in
     TRL's ImportError (GRPOTrainer: "vLLM is not available and `use_vllm` is set to True")."""
     import importlib.util
 
-    from pipeline.llm.serving import VLLM_VENV
+    from pipeline.llm.interpreter import PYTHON_ENV
 
     assert importlib.util.find_spec("vllm") is None, "this suite's venv has vLLM: the check cannot be shown here"
     cmd = [PYTHON, "-m", "pipeline", "grpo", *world_args(world, random_student, tmp_path, "accelerate_config=cpu",
                                                          "rollout.engine=vllm", "rollout.max_context=512",
                                                          "max_steps=1")]
+    nowhere = tmp_path / "no-vllm-env" / "bin" / "python"  # the vLLM environment, as if not made
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT,
-                         env={**os.environ, "PYTHONPATH": str(REPO)})
+                         env={**os.environ, "PYTHONPATH": str(REPO), PYTHON_ENV: str(nowhere)})
     assert out.returncode == 2, (out.stdout[-2000:], out.stderr[-2000:])
-    assert out.stderr.count("\n") == 1 and f"with {VLLM_VENV / 'bin' / 'python'} -m pipeline ..." in out.stderr, out.stderr
+    assert out.stderr.count("\n") == 1 and f"no vLLM environment at {nowhere}" in out.stderr, out.stderr
     assert f"vLLM is not installed for {PYTHON}" in out.stderr
     assert "accelerate" not in out.stdout and not list(tmp_path.rglob("grpo_config.yaml"))  # nothing launched, nothing written
 
@@ -880,12 +881,14 @@ def test_smollm2_lora_smoke_on_real_offline_questions(smollm2_dir, index, tmp_pa
            (str(smollm2_dir), str(cfg.output_dir / "final"), "react")
 
 
-def test_a_grids_vllm_grpo_unit_without_vllm_is_refused_at_the_plan(capsys):
-    """`run` of a grid whose grpo unit rolls out with vLLM, from an interpreter without vLLM: one
+def test_a_grids_vllm_grpo_unit_without_vllm_is_refused_at_the_plan(capsys, monkeypatch, tmp_path):
+    """`run` of a grid whose grpo unit rolls out with vLLM, where no interpreter has vLLM: one
     line naming the unit, when the plan is made (before: at the grpo phase, hours in, after the
     launched child had loaded the policy)."""
     from pipeline.cli import main
+    from pipeline.llm import interpreter
 
+    monkeypatch.setenv(interpreter.PYTHON_ENV, str(tmp_path / "no-vllm-env" / "bin" / "python"))
     assert main(["run", "--config", str(REPO / "configs" / "small-rounds.yaml"), "--print-config",
                  "grpo.settings.rollout.engine=vllm", "grpo.settings.rollout.max_context=512"]) == 2
     err = capsys.readouterr().err

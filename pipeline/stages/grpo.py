@@ -35,8 +35,8 @@ from pipeline.rl.config import (
     GrpoConfig,
     check_heldout_apart,
     check_rollout_strategy,
-    check_vllm_installed,
     resolve,
+    rollout_python,
 )
 from pipeline.rl.plan import RlPlan
 from pipeline.train.launcher import (
@@ -92,14 +92,15 @@ def grpo(cfg: GrpoConfig, *, accelerate_config: str | None = None, num_processes
     world = num_processes * machines.count
     distributed = read_yaml(config_path).get("distributed_type")
     check_rollout_strategy(cfg.rollout.engine, "fsdp" if distributed == "FSDP" else "other")
-    check_vllm_installed(cfg.rollout.engine)  # the launched processes are this interpreter
+    python = rollout_python(cfg.rollout.engine, distributed)  # vLLM rollouts: the vLLM environment's
     preflight_launch(cfg, config_path, world, gpus)  # the list `train` and `run` check (pipeline/train/preflight.py)
     plan = plan_grpo(cfg, world)  # the launched script resolves the same plan from the written config
     preflight(plan, dry_run)
     with holding_output(cfg.output_dir, machines, dry_run):  # before a byte of output_dir is rewritten
         resolved = write_config_file(cfg, Path(cfg.output_dir) / RESOLVED_CONFIG, dry_run, label="grpo")
         cmd = launch_command(config_path, num_processes, resolved, gpus, machines, module=GRPO_MODULE,
-                             precision=training(cfg.precision, deepspeed=distributed == "DEEPSPEED").precision)
+                             precision=training(cfg.precision, deepspeed=distributed == "DEEPSPEED").precision,
+                             python=python)
         print(f"[grpo] {cfg.format} / {cfg.student_name}: {cfg.questions_per_step} questions x {cfg.group_size} "
               f"rollouts = {plan.batch.per_device} x {plan.batch.grad_accum} accumulation x {world} processes, "
               f"{cfg.max_steps} steps -> {cfg.output_dir}")

@@ -34,6 +34,7 @@ def check_selected(cfg: RunConfig, units: list[Unit]) -> None:
     check_outputs(cfg, selected)
     check_model_folders(units)
     check_launch_devices(selected)
+    check_interpreters(selected)
     check_precisions(selected)
 
 
@@ -133,14 +134,33 @@ def check_model_folders(units: list[Unit]) -> None:
 
 def check_grpo(gr) -> None:
     """A grpo unit's batch split over its launch, its training question set's name, its held-out
-    set apart from it, and vLLM where its rollouts need it."""
-    from pipeline.rl.config import check_heldout_apart, check_vllm_installed
+    set apart from it (vLLM where its rollouts need it: check_interpreters)."""
+    from pipeline.rl.config import check_heldout_apart
     from pipeline.rl.plan import batch_plan
 
     batch_plan(gr, launcher.config_world(gr).processes)
     check_question_sets(gr)  # the training set and the held-out curve's, as `grpo` checks them
-    check_vllm_installed(gr.rollout.engine)
     check_heldout_apart(gr)
+
+
+def check_interpreters(units: list[Unit]) -> None:
+    """A unit whose own process needs vLLM (the in-process engine, GRPO's vLLM rollouts) runs in
+    the vLLM environment where this interpreter has none (pipeline/llm/interpreter.py); where no
+    interpreter has it, or the vLLM environment lacks what a GRPO launch imports, it is refused
+    now, not after the phases before it."""
+    from pipeline.core.config import read_yaml
+    from pipeline.rl.config import rollout_python
+    from pipeline.stages.grid.children import unit_python
+
+    for unit in units:
+        try:
+            if isinstance(unit.config, EvalConfig | GenerateConfig):
+                unit_python(unit.config)
+            elif isinstance(unit.config, GrpoConfig):
+                world = launcher.config_world(unit.config)
+                rollout_python(unit.config.rollout.engine, read_yaml(world.config).get("distributed_type"))
+        except PipelineError as exc:
+            raise PipelineError(f"{unit.title}: {exc}") from None
 
 
 def check_questions_apart(cfg: RunConfig, units: list[Unit]) -> None:

@@ -20,6 +20,7 @@ from pipeline.core.errors import PipelineError
 from pipeline.core.parent_death import ends_with_parent
 from pipeline.core.relay import pieces
 from pipeline.core.storage import is_done, read_manifest
+from pipeline.llm.interpreter import in_process_vllm, python_for
 from pipeline.llm.serve_groups import attached
 from pipeline.rl.heldout import HeldoutSettings
 from pipeline.stages.grid import precision
@@ -149,7 +150,7 @@ def in_child(stage: str, config) -> None:
         path = Path(folder) / f"{stage}.yaml"
         path.write_text(yaml.safe_dump(to_dict(config), sort_keys=False), encoding="utf-8")
         # SIGTERM should `run` be killed outright: it stops as on Ctrl-C, its server with it
-        proc = subprocess.Popen([sys.executable, "-m", "pipeline", stage, "--config", str(path)],
+        proc = subprocess.Popen([unit_python(config), "-m", "pipeline", stage, "--config", str(path)],
                                 stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"},
                                 preexec_fn=ends_with_parent())
         try:
@@ -167,6 +168,15 @@ def in_child(stage: str, config) -> None:
                                 "re-run: finished episodes are kept and it resumes")
         failure.exit_code = code if error else 1
         raise failure
+
+
+def unit_python(config) -> str:
+    """The interpreter a generate or eval unit's process runs in: the vLLM environment's for the
+    in-process vLLM engine where this one has no vLLM (pipeline/llm/interpreter.py), else this one."""
+    llm = config.teacher if hasattr(config, "teacher") else config.model
+    if in_process_vllm(llm, config.serve, config.oracle):
+        return python_for(f"{llm.model} (backend: vllm without `serve:`)")
+    return sys.executable
 
 
 def relay_stderr(proc: subprocess.Popen) -> str | None:

@@ -238,7 +238,7 @@ def grpo_units(cfg: RunConfig, student: Student, ft, after_round: int = 1) -> li
     base = sft_final if ft.finetuning == "full" else ft.student  # what a LoRA GRPO adapter sits on
     start = f"its {gr.format} fine-tune" if after_round == 1 else f"its round-{after_round} {gr.format} student"
     phases = ("grpo", "eval") if after_round == 1 else ("rounds", "rounds")
-    return [Unit(f"grpo: {student.name} from {start}", gr, launch_grpo, phases[0], needs_train(gr)),
+    return [Unit(f"grpo: {student.name} from {start}", gr, launch_grpo, phases[0], needs_train(gr) + rollouts_in(gr)),
             Unit(f"eval: {student.name} after GRPO on {gr.format}" + (f" (from round {after_round})" if after_round > 1 else ""), ev,
                  with_model_card(final, skip_or(evaluate_in_child, eval_precision)), phases[1], needs_eval(ev),
                  precision=eval_precision, serves=(str(final), None) if gr.finetuning == "full" else (base, str(final)))]
@@ -276,8 +276,23 @@ def needs_model(llm, serve=None, what: str | None = None, oracle: str | None = N
     if llm.backend == "openai":
         return f"needs {llm.model} served at {llm.base_url} (start it before this phase)"
     if llm.backend == "vllm":
-        return f"in-process vLLM engine for {what} ({gpus}), in its own process"
+        return f"in-process vLLM engine for {what} ({gpus}), in its own process under {vllm_python()}"
     return f"in-process transformers model {what} (device {llm.device}), in its own process"
+
+
+def vllm_python() -> str:
+    """The interpreter an in-process vLLM unit runs in, for the plan (a refusal is check_selected's)."""
+    from pipeline.llm.interpreter import python_for
+
+    try:
+        return python_for("the plan")
+    except PipelineError:
+        return "an interpreter with vLLM: none found (refused before the first unit)"
+
+
+def rollouts_in(gr) -> str:
+    """Where a GRPO launch with vLLM rollouts runs: the vLLM environment where this one has none."""
+    return f"; vLLM rollouts: the launch runs under {vllm_python()}" if gr.rollout.engine == "vllm" else ""
 
 
 def needs_eval(ev) -> str:
@@ -290,15 +305,18 @@ def needs_eval(ev) -> str:
 
 def needs_train(ft) -> str:
     from pipeline.core.config import read_yaml
+    from pipeline.train.config import FinetuneConfig
     from pipeline.train.plan import foreseen
 
     world = launcher.config_world(ft)
     n = world.processes
     line = f"launches accelerate with {n} process{'es' if n > 1 else ''} ({world.config.stem}; this node has {world.gpus} GPU(s))"
-    try:  # the micro-batch cap without a flash kernel, and its cost (a bad batch is check_unit's to name)
-        capped = foreseen(ft, read_yaml(world.config), n, world.gpus).batch.capped
+    capped = None
+    try:  # an SFT unit's micro-batch cap without a flash kernel, and its cost (a bad batch is check_unit's to name)
+        if isinstance(ft, FinetuneConfig):
+            capped = foreseen(ft, read_yaml(world.config), n, world.gpus).batch.capped
     except PipelineError:
-        capped = None
+        pass
     return f"{line}; {capped}" if capped else line
 
 
