@@ -38,3 +38,37 @@ def test_a_finished_run_leaves_no_process_group():
 
     assert script_main([], Settings, section="x", resolve=lambda cfg: cfg, run=run, prog="t", description="t") == 0
     assert not dist.is_initialized()
+
+
+ABORTS_AFTER_SAVE = """
+import os, sys
+from pipeline.core.storage import write_manifest
+if sys.argv[1] == "saved":  # final/ complete, as write_final leaves it, then the teardown abort
+    os.makedirs(sys.argv[2])
+    write_manifest(os.path.join(sys.argv[2], "manifest.json"), stage="train", config={}, complete=True)
+os.abort()  # SIGABRT, as "terminate called without an active exception" ends a rank
+"""
+
+
+def test_a_launch_that_aborts_after_its_verified_save_is_done_and_says_so(tmp_path, capsys):
+    """A real process that aborts (SIGABRT) at its end, as a rank did at teardown in a suite run
+    of tests/test_grpo.py::test_deepspeed_zero3_launch with its final/ saved: the stage's exit
+    code was the launch's, so a finished run failed. With final/ saved complete by this launch the
+    run is done, and a line says what the launch exited with; without it, or with a final/ left
+    by an earlier launch, the failure stands."""
+    import sys
+    import time
+
+    from pipeline.train.launcher import exit_after_save, launch
+
+    final = tmp_path / "final"
+    started = time.time()
+    code = launch([sys.executable, "-c", ABORTS_AFTER_SAVE, "not saved", str(final)])
+    assert code != 0 and exit_after_save(code, final, started, "train") == code
+    code = launch([sys.executable, "-c", ABORTS_AFTER_SAVE, "saved", str(final)])
+    assert code != 0
+    capsys.readouterr()
+    assert exit_after_save(code, final, started, "train") == 0
+    assert f"[train] the launch exited with code {code} after this launch saved {final} complete" in capsys.readouterr().out
+    later = time.time() + 1  # the same final/, left by an earlier launch than one started now
+    assert exit_after_save(code, final, later, "train") == code

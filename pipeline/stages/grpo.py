@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import time
 from pathlib import Path
 
 from pipeline.core.config import (
@@ -42,6 +43,7 @@ from pipeline.rl.plan import RlPlan
 from pipeline.train.launcher import (
     Machines,
     add_launch_arguments,
+    exit_after_save,
     holding_output,
     launch,
     launch_command,
@@ -107,7 +109,8 @@ def grpo(cfg: GrpoConfig, *, accelerate_config: str | None = None, num_processes
         print("[grpo] " + shlex.join(cmd), flush=True)
         if dry_run:
             return 0
-        return launch(cmd)
+        started = time.time()
+        return exit_after_save(launch(cmd), Path(cfg.output_dir) / "final", started, "grpo")
 
 
 def preflight(plan: RlPlan, dry_run: bool = False) -> None:

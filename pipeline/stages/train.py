@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import time
 from pathlib import Path
 
 from pipeline.core.config import add_config_arguments, read_yaml, stage_config
@@ -43,6 +44,7 @@ from pipeline.train.launcher import (  # noqa: F401  (ACCELERATE_CONFIGS, gpu_co
     FINETUNE_MODULE,
     Machines,
     add_launch_arguments,
+    exit_after_save,
     gpu_count,
     holding_output,
     launch,
@@ -101,5 +103,6 @@ def train(cfg: FinetuneConfig, *, accelerate_config: str | None = None, num_proc
         print("[train] " + shlex.join(cmd), flush=True)
         if dry_run:
             return 0
-        return launch(cmd)
+        started = time.time()
+        return exit_after_save(launch(cmd), Path(cfg.output_dir) / "final", started, "train")
 

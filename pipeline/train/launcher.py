@@ -30,7 +30,7 @@ from pipeline.core.errors import PipelineError
 from pipeline.core.folder_lock import run_lock
 from pipeline.core.parent_death import ends_with_parent
 from pipeline.core.relay import pieces
-from pipeline.core.storage import atomic_write_text
+from pipeline.core.storage import atomic_write_text, is_done
 from pipeline.train.deepspeed_setup import ACCELERATE_CONFIGS
 
 FINETUNE_MODULE = "pipeline.finetune"
@@ -234,6 +234,21 @@ def launch(cmd: list[str]) -> int:
     for line in held:  # no error line from the child: a crash; show everything
         sys.stdout.write(line)
     return code
+
+
+def exit_after_save(code: int, final: Path, started: float, label: str) -> int:
+    """The launch's exit code, unless `final` was saved complete by this launch (its manifest
+    written after `started`, a time.time(), and complete: write_final writes it last and renames
+    the folder into place once every rank has joined the save): then 0, with a line saying what
+    the launch exited with. A rank can still abort after its work is saved, at the interpreter's
+    teardown ("terminate called without an active exception"; docs/faults.md), and a finished
+    run must not be reported failed for it (nor trained again: `run` skips a complete final/)."""
+    manifest = final / "manifest.json"
+    if code == 0 or not is_done(manifest) or manifest.stat().st_mtime < started:
+        return code
+    print(f"[{label}] the launch exited with code {code} after this launch saved {final} complete (a rank's exit "
+          "after the saved run: docs/faults.md, the teardown abort); the run is done", flush=True)
+    return 0
 
 
 # Where the launcher's own report of a failed child begins: a Python traceback, or a
