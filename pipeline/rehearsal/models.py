@@ -139,9 +139,10 @@ def slug(model: str) -> str:
     return re.sub(r"[^a-z0-9.]+", "-", model.lower()).strip("-")
 
 
-def tiny_model(model: str, root: Path) -> Path:
-    """<root>/<slug>: a tiny random model of `model`'s architecture with SmolLM2's tokenizer,
-    made once (it appears by one rename: never half-written) and reused by later rehearsals."""
+def tiny_model(model: str, root: Path, tokenizer_dir: Path | None = None) -> Path:
+    """<root>/<slug>: a tiny random model of `model`'s architecture with SmolLM2's tokenizer (read
+    from `tokenizer_dir` where given: a GPU machine without the embedded model's package), made
+    once (it appears by one rename: never half-written) and reused by later rehearsals."""
     target = root / slug(model)
     family, _ = family_of(model)
     if (target / "config.json").is_file() and (target / "tokenizer_config.json").is_file():
@@ -153,7 +154,7 @@ def tiny_model(model: str, root: Path) -> Path:
 
     from pipeline.hub.smollm2 import local_smollm2_dir
 
-    tokenizer = AutoTokenizer.from_pretrained(local_smollm2_dir())
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir or local_smollm2_dir())
     vocab = {"vocab_size": len(tokenizer), "bos_token_id": tokenizer.bos_token_id,
              "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}
     config = AutoConfig.for_model(**tiny_config(family, vocab))
