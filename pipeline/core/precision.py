@@ -58,11 +58,14 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
 
 
 def cpu_bf16(flags: set[str] | None = None) -> tuple[bool, str]:
-    """(native bf16 on this CPU?, why): the CPU's flags first, else what torch's kernels report."""
+    """(native bf16 on this CPU?, why): the CPU's flags where they can be read, else what torch's
+    kernels report. Read flags answer alone, so that planning on a CPU without bf16 imports no torch."""
     flags = cpu_flags() if flags is None else flags
     found = [f for f in NATIVE_BF16_FLAGS if f in flags]
     if found:
         return True, f"the CPU has {' and '.join(found)}"
+    if flags:
+        return False, f"the CPU has no {' / '.join(NATIVE_BF16_FLAGS)}: bf16 would be emulated, slower than fp32"
     import torch
     probes = (getattr(torch.cpu, "_is_avx512_bf16_supported", None), getattr(torch.cpu, "_is_amx_tile_supported", None))
     if any(probe is not None and probe() for probe in probes):
