@@ -38,12 +38,50 @@ def test_without_a_driver_file_the_count_is_zero_and_torch_is_not_imported():
 
 
 def test_with_a_driver_file_torch_is_asked(tmp_path):
+    """On a machine without CUDA torch's answer is 0 too, so the count alone cannot show torch was
+    asked: the child also says whether torch was imported by the call itself."""
     driver = tmp_path / "nvidiactl"
     driver.touch()
     said = in_child(f"import sys; from pipeline.core import devices; devices.DRIVER_FILES = ({str(driver)!r},); "
-                    "n = devices.gpu_count(); import torch; "
-                    "print(n == (torch.cuda.device_count() if torch.cuda.is_available() else 0))")
-    assert said == "True"
+                    "n = devices.gpu_count(); asked = 'torch' in sys.modules; import torch; "
+                    "print(n == (torch.cuda.device_count() if torch.cuda.is_available() else 0), asked)")
+    assert said == "True True"
+
+
+def test_with_a_driver_file_the_count_is_the_one_torch_gives(monkeypatch, tmp_path):
+    """torch's answer taken as it is: torch.cuda stood in (monkeypatched) to say 3 GPUs, which no
+    CPU machine's real answer (0) can be mistaken for."""
+    import torch
+    driver = tmp_path / "nvidiactl"
+    driver.touch()
+    monkeypatch.setattr(devices, "DRIVER_FILES", (str(driver),))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    assert devices.gpu_count() == 3
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert devices.gpu_count() == 0
+
+
+# Each driver's device file, as its kernel driver creates it: a typo in devices.DRIVER_FILES would
+# plan every GPU node of that kind as a CPU, and no machine without that GPU could see it otherwise.
+DRIVERS = {
+    "NVIDIA (nvidia.ko's control device, opened by every CUDA context)": "/dev/nvidiactl",
+    "AMD ROCm (amdkfd, the kernel fusion driver HIP opens)": "/dev/kfd",
+    "WSL2 (dxgkrnl, the GPU paravirtualization device)": "/dev/dxg",
+}
+
+
+def test_each_driver_file_is_its_drivers_real_path():
+    assert devices.DRIVER_FILES == tuple(DRIVERS.values())
+
+
+@pytest.mark.skipif(NO_DRIVER, reason="no GPU driver here")
+def test_on_a_gpu_machine_torch_sees_what_the_driver_file_promised():
+    """Where a driver file exists and torch sees a GPU, the count is not cut to 0 by the check."""
+    import torch
+    if not torch.cuda.is_available():
+        pytest.skip("a driver file but no CUDA device torch can use")
+    assert devices.gpu_count() == torch.cuda.device_count() > 0
 
 
 def planning(command: str, tmp_path) -> list[str]:
