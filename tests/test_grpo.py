@@ -474,13 +474,15 @@ def step_loss_and_grads(trainer, micro_batches: list[dict]) -> tuple[float, list
 
 
 @pytest.mark.parametrize("loss_type", ["dapo", "bnpo"])
-def test_trimmed_micro_batches_give_the_same_loss_and_gradient(world, random_student, tmp_path, loss_type):
+def test_trimmed_micro_batches_give_the_same_loss_and_gradient(world, random_student, tmp_path, monkeypatch,
+                                                               loss_type):
     """One step's 8 rollouts of uneven lengths, 4 micro-batches of 2 (real TRL scoring and loss on
     the tiny model, fp32): TRL's micro-batches (every one padded to the step's longest rollout)
-    against the same rollouts regrouped by length and trimmed (pipeline.rl.microbatch: dapo) or
-    trimmed alone (bnpo, normalised per micro-batch: its grouping stays TRL's). The step's loss
-    and every parameter's accumulated gradient agree within 1e-5, with fewer padded columns; the
-    trainer's own _prepare_inputs buffers the trimmed micro-batches."""
+    against the micro-batches the trainer's own _prepare_inputs hands the step, one per
+    accumulation step, from the same rollouts: regrouped by length and trimmed (dapo) or trimmed
+    alone (bnpo, normalised per micro-batch: its grouping stays TRL's). Each call returns its own
+    step's micro-batch, and the step's loss and every parameter's accumulated gradient agree
+    within 1e-5, with fewer padded columns (a regrouping of bnpo moved the loss by 0.01)."""
     import torch
 
     from pipeline.rl import microbatch
@@ -489,32 +491,41 @@ def test_trimmed_micro_batches_give_the_same_loss_and_gradient(world, random_stu
                                   f"loss_type={loss_type}")
     assert microbatch.pairing_keeps_the_loss(trainer) == (loss_type == "dapo")
     batch = next(iter(trainer.get_train_dataloader()))
-    trainer.trim_micro_batches = False
-    trainer._prepare_inputs(batch)
-    padded = list(trainer._buffered_inputs)
-    assert len(padded) == 4
-    trimmed = microbatch.regroup(padded, microbatch.pairing_keeps_the_loss(trainer))
+    # A spy (the real regroup, called as it is) keeps TRL's padded micro-batches the override received
+    handed, regroup = [], microbatch.regroup
+    monkeypatch.setattr(microbatch, "regroup", lambda batches, by_length: handed.append(list(batches))
+                        or regroup(batches, by_length))
+    assert trainer.args.steps_per_generation == 4 and trainer._step == 0
+    returned = []
+    for step in range(4):  # the step's 4 accumulation steps: the first generates, the others read the buffer
+        trainer._step = step
+        returned.append(trainer._prepare_inputs(batch))
+    [padded] = handed
+    own = list(trainer._buffered_inputs)
+    assert len(padded) == len(own) == 4
+    assert all(r is o for r, o in zip(returned, own, strict=True))  # each step trains on its own micro-batch
+    trimmed = regroup(padded, microbatch.pairing_keeps_the_loss(trainer))
+    for a, b in zip(own, trimmed, strict=True):  # the override grouped as the loss type allows
+        assert all(torch.equal(a[key], b[key]) for key in ("prompt_ids", "completion_ids", "advantages"))
 
     def columns(batches):
         return sum(b["prompt_ids"].numel() + b["completion_ids"].numel() for b in batches)
 
-    assert columns(trimmed) < (0.8 if loss_type == "dapo" else 1.0) * columns(padded)  # by length: most padding goes
+    assert columns(own) < (0.8 if loss_type == "dapo" else 1.0) * columns(padded)  # by length: most padding goes
     def kept(batches, key):  # TRL pads tool_mask with 1: count it where a completion token is
         return sum(int((b[key] * (b["completion_mask"] if key == "tool_mask" else 1)).sum()) for b in batches)
 
     for key in ("prompt_mask", "completion_mask", "tool_mask"):  # every token kept (the loss alone would not see
-        assert kept(trimmed, key) == kept(padded, key)  # a cut final EOS)
+        assert kept(own, key) == kept(padded, key)  # a cut final EOS)
     loss_padded, grads_padded = step_loss_and_grads(trainer, padded)
-    loss_trimmed, grads_trimmed = step_loss_and_grads(trainer, trimmed)
+    loss_trimmed, grads_trimmed = step_loss_and_grads(trainer, returned)
     assert loss_trimmed == pytest.approx(loss_padded, abs=1e-5)  # (bnpo's is 0 here: one advantage per micro-batch)
     assert len(grads_padded) == len(grads_trimmed) > 0
     norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads_padded]))
     assert norm > 0
     for a, b in zip(grads_padded, grads_trimmed, strict=True):
         assert torch.allclose(a, b, rtol=0, atol=1e-5)
-    trainer.trim_micro_batches, trainer._step = True, 0
-    trainer._prepare_inputs(batch)  # the override: a fresh step's micro-batches come out trimmed
-    for b in trainer._buffered_inputs:
+    for b in own:  # a fresh step's micro-batches come out trimmed
         assert b["prompt_mask"][:, 0].any() and b["completion_mask"][:, -1].any()
 
 
