@@ -302,6 +302,31 @@ def test_grpo_report_compares_em_with_intervals(tmp_path, capsys):
     assert "Paired: 1 right in both, 0 only before, 3 only after; McNemar's exact p = 0.25" in out
 
 
+def test_grpo_report_pairs_only_the_shared_questions_both_ways(tmp_path, capsys):
+    """scripts/grpo_report.py's paired counts: questions going right -> wrong as well as wrong ->
+    right, and questions evaluated in one folder only (all right there) that no count may include:
+    shared 2 right in both, 3 only before, 1 only after; over all questions it would be 2, 5, 4."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import grpo_report
+
+    from pipeline.report.intervals import mcnemar_exact
+
+    shared = {"q0": (1, 1), "q1": (1, 1), "q2": (1, 0), "q3": (1, 0), "q4": (1, 0), "q5": (0, 1),
+              "q6": (0, 0), "q7": (0, 0), "q8": (0, 0), "q9": (0, 0)}
+    records = {"before": {**{q: em[0] for q, em in shared.items()}, "x0": 1, "x1": 1},
+               "after": {**{q: em[1] for q, em in shared.items()}, "y0": 1, "y1": 1, "y2": 1}}
+    for name, ems in records.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "react.jsonl").write_text("".join(json.dumps({"id": q, "em": float(em)}) + "\n"
+                                                             for q, em in ems.items()))
+    assert grpo_report.main([str(tmp_path / "before"), str(tmp_path / "after")]) == 0
+    out = capsys.readouterr().out
+    assert "n=10" in out and "| 50.0 [" in out and "| 30.0 [" in out and "| -20.0 [" in out
+    assert (f"Paired: 2 right in both, 3 only before, 1 only after; McNemar's exact p = {mcnemar_exact(3, 1):.3g}"
+            in out)
+    assert mcnemar_exact(3, 1) == pytest.approx(0.625)  # two-sided exact binomial: 2 * (1 + 4) / 2**4
+
+
 # ----------------------------------------------------------------------------- the loss mask, per token
 
 class ScriptedPolicy:
