@@ -49,17 +49,20 @@ def test_a_second_training_into_a_folder_being_trained_is_refused_and_touches_no
         assert list(output.glob("checkpoint-*")), "the first training wrote no checkpoint in 300 s"
         config = (output / "finetune_config.yaml").read_bytes()
         holder = rf"{re.escape(str(output))} is being written by another process \(pid {first.pid}\); .*output_dir$"
-        refused(run_pipeline(*args, timeout=120), holder)
+        # each second training differs in a harmless value, so a resolved config rewritten before
+        # the lock is taken would not be the first's bytes again
+        refused(run_pipeline(*args, "logging_steps=7", timeout=120), holder)
+        assert (output / "finetune_config.yaml").read_bytes() == config, "the direct train rewrote the config"
         grid = tmp_path / "grid.yaml"
         grid.write_text(yaml.safe_dump({
             "experiment": "lk", "out_dir": str(runs), "formats": ["react"],
             "train": {"output_root": str(tmp_path / "ckpt"), "max_steps": 1000, "save_steps": 2,
-                      "accelerate_config": "cpu", "report_to": "none"},
+                      "accelerate_config": "cpu", "report_to": "none", "logging_steps": 9},
             "students": [{"name": "tiny", "config": TINY, "size_class": "tiny", "params_b": 0.003}]}))
         refused(run_pipeline("run", "--config", str(grid), "--only", "train", timeout=120),
                 r"training tiny on react: " + holder)
         assert first.poll() is None, "the first training died"
-        assert (output / "finetune_config.yaml").read_bytes() == config
+        assert (output / "finetune_config.yaml").read_bytes() == config, "run --only train rewrote the config"
         assert not list(output.glob("incomplete-checkpoint-*")), "a checkpoint of the first was set aside"
     finally:
         stop_tree(first)
