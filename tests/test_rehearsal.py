@@ -190,6 +190,27 @@ def test_a_training_rank_holds_its_own_gpu_and_other_callers_see_no_gpu(simulate
     assert other.returncode == 9 and "no GPU here" in other.stderr  # accelerate's launcher: this CPU's truth
 
 
+def test_each_process_holds_only_the_gpus_it_sees_and_its_tensor_parallel_size_takes(simulated_node):
+    """A server holds its tensor-parallel size's first GPUs of those its CUDA_VISIBLE_DEVICES shows
+    (not every GPU of the node), a training rank the one its LOCAL_RANK picks among those it sees."""
+    servers = [holding({"REHEARSAL_GPUS": "tensor-parallel-size=2,gpu-memory-utilization=0.5",
+                        "CUDA_VISIBLE_DEVICES": "4,5,6"}),
+               holding({"REHEARSAL_GPUS": "tensor-parallel-size=1,gpu-memory-utilization=0.3"})]
+    rank = holding({"LOCAL_RANK": "1", "CUDA_VISIBLE_DEVICES": "2,7"}, "-m", "pipeline.finetune")
+    try:
+        gpus, apps = gpu_memory.query_nvidia_smi()
+        index = {g.uuid: g.index for g in gpus}
+        assert sorted((index[a.gpu_uuid], a.pid) for a in apps) == sorted(
+            [(4, servers[0].pid), (5, servers[0].pid), (0, servers[1].pid), (7, rank.pid)])
+        held = {0: int(0.3 * node.TOTAL_MIB), 4: int(0.5 * node.TOTAL_MIB), 5: int(0.5 * node.TOTAL_MIB),
+                7: int(node.TRAIN_SHARE * node.TOTAL_MIB)}
+        assert [g.free_mib for g in gpus] == [node.IDLE_FREE_MIB - held.get(i, 0) for i in range(8)]
+    finally:
+        for process in (*servers, rank):
+            process.kill()
+            process.wait()
+
+
 def test_a_process_outside_the_rehearsal_holds_nothing_of_its_node(simulated_node):
     """Another program on the laptop (a training test beside the rehearsal, in the fresh-clone
     suite: it was reported holding 55.8 GiB of GPU 0 and an 8B eval was refused) is not on the node."""
