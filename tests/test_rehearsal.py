@@ -27,7 +27,7 @@ from pipeline.core import gpu_memory
 from pipeline.core.config import build, load_config
 from pipeline.core.errors import PipelineError
 from pipeline.core.gpu_memory import GpuNeed
-from pipeline.core.storage import REHEARSAL_ENV, read_manifest, write_manifest
+from pipeline.core.storage import REHEARSAL_ENV, read_jsonl, read_manifest, write_manifest
 from pipeline.hub.cards import marked_rehearsal
 from pipeline.llm.leftovers import find_leftovers
 from pipeline.rehearsal import node
@@ -273,10 +273,14 @@ def killed_moments(folder: Path, checkpoints: Path) -> list[tuple[str, int, obje
     """Where the rehearsal is killed, and how, before the run that finishes: (what, the signal,
     moment(tag): whether to send it now). SIGKILL goes to `run` alone (`kill -9 <pid>`, the OOM
     killer): its children must end with it."""
+    from pipeline.train.checkpoints import latest_complete_checkpoint
+
     finals = checkpoints / "paper-rehearsal"
 
-    def training(n_final: int):  # n finals on disk and a training launch of this run under way
+    def training(n_final: int):  # n finals on disk and a training launch of this run under way, past a checkpoint
         return lambda tag: (len(list(finals.glob("*/*/final/manifest.json"))) >= n_final
+                            and any(latest_complete_checkpoint(unit) for unit in finals.glob("*/*")
+                                    if not (unit / "final" / "manifest.json").is_file())
                             and any("pipeline.finetune" in command_line(p) for p in tagged_processes(tag)))
 
     def evaluating(unit: str):  # an eval of the eval phase writing its first episodes
@@ -286,6 +290,39 @@ def killed_moments(folder: Path, checkpoints: Path) -> list[tuple[str, int, obje
             ("SIGKILL in the train phase", signal.SIGKILL, training(3)),
             ("SIGTERM in the eval phase", signal.SIGTERM, evaluating("llama-3.1-8b-prompt")),
             ("SIGKILL in the eval phase", signal.SIGKILL, evaluating("llama-3.1-70b-prompt"))]
+
+
+def kept_by_the_killed(checkpoints: Path, folder: Path) -> dict[Path, Path | list]:
+    """What each unit a kill stopped midway had kept, for its next run to resume from: a
+    training's newest complete checkpoint, an eval's records (those of episodes that ended without
+    a backend error: the next run runs the others again)."""
+    from pipeline.methods.base import ended_in_error
+    from pipeline.train.checkpoints import latest_complete_checkpoint
+
+    kept: dict[Path, Path | list] = {}
+    for unit in sorted((checkpoints / "paper-rehearsal").glob("*/*")):
+        if not (unit / "final" / "manifest.json").is_file() and (checkpoint := latest_complete_checkpoint(unit)):
+            kept[unit] = checkpoint
+    for path in sorted((folder / "eval").glob("*/*.jsonl")):
+        records = [r for r in read_jsonl(path) if not ended_in_error(r.get("end_reason"))]
+        if records and not (path.parent / "summary.json").is_file():
+            kept[path] = records
+    return kept
+
+
+def check_resumed(kept: dict[Path, Path | list], later: str) -> None:
+    """Each killed unit went on from what it had kept, not from scratch: a training's next launch
+    resumed from its checkpoint (`later`: the output of the runs after the kill), an eval's records
+    are still the first of its file (each holds its episode's own timing: a re-run's differ) and no
+    question was run twice."""
+    for where, what in kept.items():
+        if isinstance(what, Path):
+            assert f"[finetune] resuming from {what}" in later, f"{where} did not resume from {what}"
+        else:
+            now = read_jsonl(where)
+            assert now[:len(what)] == what, f"{where}: the records written before the kill were not kept"
+            ids = [str(r["id"]) for r in now]
+            assert len(ids) == len(set(ids)), f"{where}: a question run twice: {ids}"
 
 
 def command_line(process: psutil.Process) -> str:
@@ -320,15 +357,18 @@ def test_the_paper_grid_rehearses_on_this_cpu_through_kills_in_its_train_and_eva
     """configs/paper.yaml with --rehearse: every unit of the real plan, in its phases, on tiny models
     (7 vLLM-CPU start-ups of ~25 s, 8 launches of 2 DeepSpeed processes), killed by SIGTERM and by
     SIGKILL in its train phase and in its eval phase, then run to the end by the same command: after
-    each kill nothing of the run is left (trainings, evals, servers), and the runs resume."""
+    each kill nothing of the run is left (trainings, evals, servers), and the runs resume: each
+    training and eval the kills stopped midway goes on from its checkpoint or its records."""
     out, checkpoints = tmp_path / "paper", tmp_path / "checkpoints"
     args = ["run", "--config", "configs/paper.yaml", "--rehearse", f"out_dir={out}", f"train.output_root={checkpoints}",
             f"wiki.index={index}"]
     folder = tmp_path / "paper-rehearsal"
+    kept = []  # per kill: what each unit it stopped midway had kept (kept_by_the_killed)
     for i, (what, sig, moment) in enumerate(killed_moments(folder, checkpoints)):
         log = tmp_path / f"killed-{i}.log"
         left = kill_when(args, moment, sig, log, new_tag())
         assert not left, f"{what}: left running {GONE_S} s later: {left}\n{log.read_text()[-3000:]}"
+        kept.append(kept_by_the_killed(checkpoints, folder))
     proc = pipeline_cli(*args, timeout=1500)
     assert find_leftovers() == []  # every server it started is gone, whatever happened
     # the phases before eval: the teacher's server, its trajectories, the labelled fill-in, 8 trainings
@@ -351,6 +391,13 @@ def test_the_paper_grid_rehearses_on_this_cpu_through_kills_in_its_train_and_eva
     # resumed: what the killed runs finished is skipped, the finished teacher phase starts no server
     assert f"[run] skip: {folder / 'generate'} is complete" in proc.stdout
     assert "the teacher's server at" not in proc.stdout
+    # and what they stopped midway went on: a training in each train-phase kill (its moment waits for a
+    # checkpoint; the unit may still finish before the signal lands, hence "any"), an eval in each eval kill
+    assert any(isinstance(v, Path) for k in kept[:2] for v in k.values()), kept
+    assert all(any(isinstance(v, list) for v in k.values()) for k in kept[2:]), kept
+    for i, units in enumerate(kept):
+        check_resumed(units, "".join((tmp_path / f"killed-{j}.log").read_text() for j in range(i + 1, len(kept)))
+                      + proc.stdout)
     for summary in (folder / "eval").glob("*/manifest.json"):
         assert read_manifest(summary)["rehearsal"] is True, summary
     assert len(list((folder / "eval").glob("*/summary.json"))) == 11  # 3 prompted (the teacher, 8B, 70B) + 8 fine-tuned
