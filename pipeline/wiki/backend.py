@@ -50,3 +50,6 @@ class WikiBackend(Protocol):
 
     def similar_titles(self, entity: str, k: int = 5) -> list[str]:
         """Up to k titles ranked by relevance to `entity` (for the 'Similar: [...]' of a miss)."""
+
+    # A backend that can rank pages for a query (LocalIndex) also has
+    # `retrieve(query, k) -> list[Page]`: the `bm25` search mode's top k pages.

@@ -29,6 +29,34 @@ class WikiConfig:
     # clean | original: the text and rules of the environment's observations (pipeline/wiki/env.py;
     # "original" is wikienv.py's own, `..` and all; docs/environment.md compares them side by side)
     observation_style: str = "clean"
+    # title | bm25: what Search[...] does (pipeline/wiki/env.py; docs/environment.md shows both).
+    # title, the paper's: one page by its exact title, "Could not find X. Similar: [...]" on a miss.
+    # bm25, a retriever: the top `search_k` pages of the local index by BM25 for the query, each
+    # with its title, as one observation; Lookup walks the retrieved pages' sentences
+    search: str = checked(lambda v: search_mode_error(v), default="title")
+    search_k: int = at_least(1, "pages a bm25 Search shows", default=3)
+
+
+def search_mode_error(mode: object) -> str | None:
+    """Why `mode` is not a wiki.search value (said after the key's name), or None."""
+    from pipeline.wiki.env import SEARCH_MODES
+
+    if mode in SEARCH_MODES:
+        return None
+    return (f"must be {' or '.join(SEARCH_MODES)}, got '{mode}' (title: the paper's exact-title search; "
+            "bm25: a retriever over the local index)")
+
+
+def check_search(cfg: WikiConfig) -> None:
+    """Refuse a search mode this page source cannot serve, reading nothing (plan time too)."""
+    error = search_mode_error(cfg.search)
+    if error:
+        raise PipelineError(f"wiki.search {error}")
+    if cfg.search_k < 1:
+        raise PipelineError(f"wiki.search_k must be >= 1 (pages a bm25 Search shows), got {cfg.search_k}")
+    if cfg.search == "bm25" and cfg.backend != "local":
+        raise PipelineError(f"wiki.search=bm25 ranks the pages of a local index; wiki.backend={cfg.backend} has "
+                            "none: use wiki.backend=local (or wiki.search=title)")
 
 
 def resolve_corpus(spec: str) -> Path:
@@ -49,14 +77,18 @@ def resolve_corpus(spec: str) -> Path:
 
 
 def open_backend(cfg: WikiConfig) -> WikiBackend:
-    """The page source `cfg` names, carrying `cfg.observation_style` for every WikiEnv over it."""
+    """The page source `cfg` names, carrying `cfg.observation_style` and the search mode
+    (`search_mode`, `search_k`) for every WikiEnv over it: the one place a stage's wiki settings
+    are resolved (pipeline.wiki.index.ENV_SETTINGS keeps them across processes)."""
     from pipeline.wiki.env import OBSERVATION_STYLES
 
     if cfg.observation_style not in OBSERVATION_STYLES:
         raise PipelineError(f"wiki.observation_style '{cfg.observation_style}' is unknown; use "
                             f"{' or '.join(OBSERVATION_STYLES)}")
+    check_search(cfg)
     backend = _open(cfg)
     backend.observation_style = cfg.observation_style
+    backend.search_mode, backend.search_k = cfg.search, cfg.search_k
     return backend
 
 

@@ -25,6 +25,18 @@ Two observation styles (`style=`, or the `observation_style` the config put on t
   one whose first sentences say "may refer to:"; every Search resets page and Lookup state (a
   miss leaves no page); actions in any case with spaces before `[` are accepted; no trailing
   newlines.
+Two search modes (`search=`, or the `search_mode` / `search_k` the config put on the backend;
+`wiki.search`, docs/environment.md):
+
+- "title" (the default, the paper's): `Search[entity]` looks one page up by its exact
+  (normalised) title, as above.
+- "bm25" (a retriever, as the field's search agents query a local corpus): `Search[query]` shows
+  the top `search_k` pages of the index by BM25 for the query's words, each as
+  `(i) Title: its first 5 sentences`, all in one observation; none found reads
+  `Could not find X.`. `Lookup[k]` walks the sentences containing `k` in all the retrieved pages
+  (whole pages, in rank order), as it walks one page's in the title mode. The style still decides
+  the action parser and the trailing newlines; the retrieved text is the corpus's own sentences.
+
 Both: a miss reads `Could not find X. Similar: [...]`; Lookup walks the matching sentences as
 `(Result k / n) ...` then `No more results.`; Finish ends the episode with
 `Episode finished, reward = r`; anything else is `Invalid action: ...`.
@@ -42,6 +54,8 @@ SENTENCES_SHOWN = 5
 SIMILAR_SHOWN = 5
 MAX_ARGUMENT_CHARS = 500  # a 10,000-character Search[...] is answered, not sent to the backend
 OBSERVATION_STYLES = ("clean", "original")
+SEARCH_MODES = ("title", "bm25")  # wiki.search: the paper's exact-title lookup, or a BM25 retriever
+DEFAULT_SEARCH_K = 3
 Scorer = Callable[[str, str], dict[str, float]]  # (answer, gold) -> {"em", "f1"}: a task's `scores`
 
 
@@ -72,17 +86,23 @@ class EpisodeState:
     answer: str | None = None
     done: bool = False
     page_text: str | None = None  # original style: the current page as the original holds it
+    pages: list[Page] = field(default_factory=list)  # bm25 mode: the last Search's retrieved pages
 
 
 class WikiEnv:
     def __init__(self, backend: WikiBackend, max_steps: int = 7, style: str | None = None,
-                 score: Scorer | None = None):
+                 score: Scorer | None = None, search: str | None = None, search_k: int | None = None):
         self.backend = backend
         self.max_steps = max_steps
         self.score = score
         self.style = style or getattr(backend, "observation_style", "clean")
         if self.style not in OBSERVATION_STYLES:
             raise ValueError(f"observation style {self.style!r}: expected one of {OBSERVATION_STYLES}")
+        self.search_mode = search or getattr(backend, "search_mode", "title")
+        self.search_k = search_k or getattr(backend, "search_k", DEFAULT_SEARCH_K)
+        if self.search_mode not in SEARCH_MODES or self.search_k < 1:
+            raise ValueError(f"search mode {self.search_mode!r} with k={self.search_k}: expected one of "
+                             f"{SEARCH_MODES} and k >= 1")
         self.original = self.style == "original"
         self.state = EpisodeState()
 
@@ -106,6 +126,8 @@ class WikiEnv:
         if action is None:
             shown = action_text.strip() if self.original else action_text
             observation = f"Invalid action: {shown}"
+        elif action.name == "search" and self.search_mode == "bm25":
+            observation = self.retrieve(action.argument)
         elif action.name == "search":
             observation = self.search_original(action.argument) if self.original else self.search(action.argument)
         elif action.name == "lookup":
@@ -154,6 +176,19 @@ class WikiEnv:
         state.page = page
         return " ".join(s.strip() for s in page.sentences[:SENTENCES_SHOWN])
 
+    def retrieve(self, query: str) -> str:
+        """The bm25 mode's Search: the top `search_k` pages for `query`, one observation."""
+        state = self.state
+        state.lookup_keyword, state.lookup_results, state.lookup_index = None, [], 0
+        shown = query if len(query) <= MAX_ARGUMENT_CHARS else query[:MAX_ARGUMENT_CHARS] + "..."
+        state.pages = self.backend.retrieve(query[:MAX_ARGUMENT_CHARS], self.search_k) if query.strip() else []
+        state.page = state.pages[0] if state.pages else None
+        state.page_text = None
+        if not state.pages:
+            return f"Could not find {shown}."
+        return " ".join(f"({i}) {page.title}: " + " ".join(s.strip() for s in page.sentences[:SENTENCES_SHOWN])
+                        for i, page in enumerate(state.pages, 1))
+
     def miss(self, shown: str, query: str) -> str:
         similar = self.backend.similar_titles(query, SIMILAR_SHOWN) if query.strip() else []
         return f"Could not find {shown}. Similar: {similar[:SIMILAR_SHOWN]}."
@@ -172,6 +207,9 @@ class WikiEnv:
 
     def sentences_with(self, keyword: str) -> list[str]:
         page = self.state.page
+        if self.search_mode == "bm25":  # every retrieved page's sentences, in rank order
+            needle = keyword.lower()
+            return [s.strip() for p in self.state.pages for s in p.sentences if needle and needle in s.lower()]
         if self.original:  # construct_lookup_list: no page -> []; "" is in every sentence
             if self.state.page_text is None:
                 return []

@@ -4,6 +4,7 @@
     index = LocalIndex("data/wiki/hotpotqa-local.sqlite")
     index.get_page("milhouse_van_houten")        # -> Page | None (normalised exact title)
     index.similar_titles("Milhouse (film)", 5)   # -> titles ranked by BM25, titles weighted up
+    index.retrieve("Which magazine was started first?", 3)  # -> Pages ranked by BM25 (the retriever)
 
 Layout of the file (INDEX_FORMAT):
 - `pages(id, title, key, sentences, paragraphs)`: `key` = `title_key(title)` (indexed),
@@ -72,6 +73,14 @@ MAX_QUERY_CHARS = 2000  # longer Search text is cut before tokenising
 MAX_QUERY_TOKENS = 32
 MAX_TOKEN_CHARS = 64
 POSTINGS_BUDGET = 5_000  # pages a similar-title query may score (~0.7 us each: ~3.5 ms)
+# The retriever's query (`LocalIndex.retrieve`): the words of the text but these, OR'd
+STOP_WORDS = frozenset("""a about after all also an and any are as at be been before being both but by can
+could did do does during each either for from had has have he her hers him his how i if in into is it its
+me more most my no nor not of on one or other our out over same she so some such than that the their them
+then there these they this those through to too under up very was we were what when where which while who
+whom whose why will with would you your""".split())
+# What wiki.config.open_backend puts on a backend for every WikiEnv over it (kept across processes)
+ENV_SETTINGS = ("observation_style", "search_mode", "search_k")
 BUILD_HINT = "python -m pipeline wiki build --corpus PATH [PATH ...] --out INDEX"
 
 
@@ -489,6 +498,28 @@ class LocalIndex:
         return self._ranked(" AND ".join(map(_fts_phrase, informative)), k) or self._ranked(
             _fts_phrase(informative[0]), k)
 
+    def retrieve(self, query: str, k: int) -> list[Page]:
+        """The retriever's answer to `query` (the `bm25` search mode, pipeline.wiki.env): the top
+        k pages by BM25 over title (x TITLE_WEIGHT) and text, for the query's words OR'd, stop
+        words and words in more than half of the pages left out. Unlike `similar_titles` it takes
+        no postings budget: a question's words are meant to score every page that holds one."""
+        tokens = [t for t in query_tokens(query) if t not in STOP_WORDS]
+        if k <= 0 or not tokens:
+            return []
+        df = self._document_frequencies(tokens)
+        kept = [t for t in tokens if df[t] is None or df[t] * 2 <= self.page_count] or tokens
+        rows = self._query(
+            "SELECT p.title, p.sentences, p.paragraphs FROM (SELECT rowid, bm25(pages_fts, ?, ?) AS score "
+            "FROM pages_fts WHERE pages_fts MATCH ? ORDER BY score LIMIT ?) AS hit "
+            "JOIN pages p ON p.id = hit.rowid ORDER BY hit.score",
+            (TITLE_WEIGHT, BODY_WEIGHT, " OR ".join(map(_fts_phrase, kept)), k),
+        )
+        try:
+            return [Page(title, json.loads(sentences), tuple(json.loads(sizes)) if sizes else ())
+                    for title, sentences, sizes in rows]
+        except json.JSONDecodeError as exc:
+            raise self._broken(f"a retrieved page: {exc.msg}") from None
+
     def _document_frequencies(self, tokens: list[str]) -> dict[str, int | None]:
         terms = {token: _index_term(token) for token in tokens}
         marks = ",".join("?" * len(terms))
@@ -517,12 +548,13 @@ class LocalIndex:
         self.close()
 
     def __getstate__(self) -> dict:  # worker processes reopen the file instead of pickling it
-        return {"path": self.path, "observation_style": getattr(self, "observation_style", None)}
+        return {"path": self.path, **{k: getattr(self, k) for k in ENV_SETTINGS if hasattr(self, k)}}
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["path"])
-        if state.get("observation_style"):
-            self.observation_style = state["observation_style"]
+        for key in ENV_SETTINGS:
+            if state.get(key):
+                setattr(self, key, state[key])
 
     def __repr__(self) -> str:
         return f"LocalIndex({str(self.path)!r}, pages={self.page_count})"
