@@ -13,6 +13,7 @@ from episode_testdata import CORPUS, read_records, run_pipeline, write_questions
 
 from pipeline.core.storage import read_manifest
 from pipeline.stages.generate import draw_order, target_progress
+from pipeline.tasks import get_task
 
 pytestmark = pytest.mark.skipif(not CORPUS.is_file(), reason=f"offline corpus not found at {CORPUS}")
 
@@ -67,6 +68,6 @@ def test_questions_needed_counts_in_draw_order_not_finishing_order(pool):
     order = pool[:4]
     ok = {"finished": True, "em": 1.0}
     records = {order[0].id: ok, order[1].id: {"finished": True, "em": 0.0}, order[3].id: ok}
-    progress = target_progress(order, records, 2)
+    progress = target_progress(order, records, 2, get_task("hotpotqa"))
     assert progress["questions_needed"] == 4 and progress["drawn"] == 3 and progress["reached"]
-    assert not target_progress(order, records, 3)["reached"]
+    assert not target_progress(order, records, 3, get_task("hotpotqa"))["reached"]

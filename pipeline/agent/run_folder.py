@@ -28,7 +28,7 @@ from pipeline.llm.config import LLMConfig
 from pipeline.methods import MethodSettings
 from pipeline.tasks import Task, task_of
 from pipeline.wiki.backend import WikiBackend
-from pipeline.wiki.config import open_backend
+from pipeline.wiki.config import check_search, open_backend
 
 # Operational knobs of an LLM section that do not change what it writes (`base_url`: where the
 # same model is served, e.g. other replicas when a sharded job resumes on another node): the
@@ -130,10 +130,12 @@ def sampling_record(settings: MethodSettings, llm: LLM | None) -> dict | None:
 def check_settings(cfg: Any, who: Answerer, settings: MethodSettings,
                    methods: list[str] | None = None) -> dict[str, dict]:
     """What a generate or eval run refuses about its own settings, reading no earlier output,
-    loading no model and no question: the error share, the methods and their exemplars, the
-    question set's name, the shard. `start_run` calls it, and `run` for every unit of its plan,
+    loading no model and no question: the error share, the search mode (for the task), the methods
+    and their exemplars, the question set's name, the shard. `start_run` calls it, and `run` for every unit of its plan,
     so a typo fails when the plan is made, not when its phase starts. Returns exemplar sources."""
     check_error_share(cfg.max_error_share)
+    check_search(cfg.wiki)
+    who.task.check_search(cfg.wiki.search)
     sources = who.check(cfg.methods if methods is None else methods, settings)
     who.task.check_question_set(cfg.questions)
     who.check_questions(cfg.questions)  # by name: before a question is loaded

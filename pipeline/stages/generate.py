@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from pipeline.agent.answerers import answerer, check_oracle, upgrade_oracle
+from pipeline.agent.answerers import Answerer, answerer, check_oracle, upgrade_oracle
 from pipeline.agent.episodes import MAX_ERROR_SHARE, method_stats, run_methods, set_aside_errors
 from pipeline.agent.run_folder import check_settings as check_run_settings
 from pipeline.agent.run_folder import sampling_record, start_run, writing_run
@@ -112,20 +112,22 @@ def main(args: argparse.Namespace) -> int:
 
 
 def generate(cfg: GenerateConfig) -> dict[str, dict]:
-    """Run every method; return per-method stats. Validates everything before writing."""
+    """Run every method; return per-method stats. Validates everything before writing. The task
+    and the teacher are resolved once, here, and handed down (the wiki settings ride the page
+    source `start_run` opens: pipeline.wiki.config.open_backend)."""
     check_writable_dir(cfg.out_dir)  # before any model is loaded or episode run
-    check_settings(cfg)
+    teacher = check_settings(cfg)
     if cfg.oracle is None:
         require_installed(cfg.teacher.model)  # an embedded model's package, before the wiki index is built
     if cfg.serve is None:
-        return run_generation(cfg, cfg.teacher)
+        return run_generation(cfg, teacher)
     from pipeline.agent.run_folder import check_resumable
     from pipeline.llm.serving import ServerGone, served
 
     check_resumable(cfg.out_dir, "generate", cfg, identity_keys(cfg))  # refuse before a server loads for minutes
     with served(cfg.teacher, cfg.serve, cfg.out_dir / "serve.log", cfg.max_in_flight) as (llm, server):
         try:
-            return run_generation(cfg, llm, server)
+            return run_generation(cfg, answerer(llm, teacher.task, cfg.oracle), server)
         except ServerGone as gone:
             raise PipelineError(f"generate {cfg.out_dir}: {gone}") from None
 
@@ -134,12 +136,14 @@ def identity_keys(cfg: GenerateConfig) -> tuple[str, ...]:
     return IDENTITY_KEYS if cfg.target_correct is None else (*IDENTITY_KEYS, *run_keys(GenerateConfig, "target"))
 
 
-def check_settings(cfg: GenerateConfig) -> None:
+def check_settings(cfg: GenerateConfig) -> Answerer:
     """What generate refuses about its own settings, reading and loading nothing (`run` checks
-    every generate unit's when it makes its plan)."""
+    every generate unit's when it makes its plan); returns who answers, its task resolved."""
     check_samples(cfg)
     check_oracle(cfg.oracle, cfg.serve, cfg.teacher, "teacher")
-    check_run_settings(cfg, answerer(cfg.teacher, cfg.task, cfg.oracle), cfg.prompting)
+    teacher = answerer(cfg.teacher, get_task(cfg.task), cfg.oracle)
+    check_run_settings(cfg, teacher, cfg.prompting)
+    return teacher
 
 
 def check_samples(cfg: GenerateConfig) -> None:
@@ -153,11 +157,10 @@ def check_samples(cfg: GenerateConfig) -> None:
                             f"{cfg.samples} identical episodes per question; set prompting.temperature (e.g. 0.7)")
 
 
-def run_generation(cfg: GenerateConfig, teacher_cfg: LLMConfig, server=None) -> dict[str, dict]:
-    """Generate with `teacher_cfg`: the configured teacher, or the endpoint of a server started
-    for it (`server`, watched for dying mid-run)."""
-    task = get_task(cfg.task)
-    teacher = answerer(teacher_cfg, task, cfg.oracle)
+def run_generation(cfg: GenerateConfig, teacher: Answerer, server=None) -> dict[str, dict]:
+    """Generate with `teacher`: the configured one, or the endpoint of a server started for it
+    (`server`, watched for dying mid-run)."""
+    task = teacher.task
     keys = identity_keys(cfg)
     questions, backend, llm, exemplar_sources = start_run(cfg, "generate", teacher, cfg.prompting, keys)
     earlier = earlier_solved(cfg, task)  # checked before any episode runs
@@ -166,7 +169,7 @@ def run_generation(cfg: GenerateConfig, teacher_cfg: LLMConfig, server=None) -> 
 
         llm = ServedLLM(llm, server)
     episodes = expand(questions, cfg.samples)
-    manifest = dict(stage="generate", config=to_dict(cfg), task=task.name, teacher=teacher.label,
+    manifest = dict(stage="generate", config=to_dict(cfg), task=task.name, search=cfg.wiki.search, teacher=teacher.label,
                     exemplar_sources=exemplar_sources, n_questions=len(questions),
                     sampling=sampling_record(cfg.prompting, llm))
     with writing_run(cfg, keys, manifest) as manifest_path:
@@ -236,12 +239,12 @@ def draw_order(questions: list, seed: int) -> list:
     return order
 
 
-def is_correct(record: dict, task: Task | None = None) -> bool:
+def is_correct(record: dict, task: Task) -> bool:
     """What target mode counts: a finished episode, correct by the task's rule (pipeline.tasks)."""
-    return bool(record.get("finished")) and get_task(task).is_correct(record)
+    return bool(record.get("finished")) and task.is_correct(record)
 
 
-def target_progress(order: list, records: dict[str, dict], target: int, task: Task | None = None) -> dict:
+def target_progress(order: list, records: dict[str, dict], target: int, task: Task) -> dict:
     """Correct episodes so far and, once there are `target`, how many questions of the order
     it took to reach them (counting in draw order, so it does not depend on which episode of a
     batch happened to finish first)."""
@@ -292,7 +295,7 @@ def run_to_target(teacher, llm, cfg: GenerateConfig, questions: list, backend) -
     return stats
 
 
-def add_search_stats(stats: dict[str, dict], out_dir: Path, questions: list, task: Task | None = None) -> None:
+def add_search_stats(stats: dict[str, dict], out_dir: Path, questions: list, task: Task) -> None:
     """For Act / ReAct files: how the episodes searched (pipeline.agent.search_stats), over all of them
     (`search`) and over the correct ones the filter keeps for training (`search_correct`)."""
     from pipeline.agent.search_stats import search_stats
@@ -303,7 +306,7 @@ def add_search_stats(stats: dict[str, dict], out_dir: Path, questions: list, tas
         records = [r for r in read_jsonl(path) if str(r["id"]) in ids and r.get("steps")] if path.exists() else []
         if records:
             s["search"] = search_stats(records)
-            s["search_correct"] = search_stats(r for r in records if get_task(task).is_correct(r))
+            s["search_correct"] = search_stats(r for r in records if task.is_correct(r))
 
 
 def search_line(s: dict) -> str:

@@ -74,6 +74,9 @@ class Task:
     oracle_sets: tuple[str, ...] = ()
     oracle_needs: str = ""
     states_orderings: bool = False  # whether the paper states figure-3 orderings for this task
+    # Why the bm25 search mode (wiki.search, pipeline/wiki/env.py) does not apply to this task,
+    # or "" where it does
+    no_retriever: str = ""
 
     def load_questions(self, name: str, limit: int | None = None) -> list[Any]:
         """A named question set (or a file): objects with `id`, `question`, `answer`."""
@@ -88,6 +91,12 @@ class Task:
         hint = "" if Path(name).suffix == "" else f" ({name} is not a file)"
         raise PipelineError(f"unknown question set '{name}' of {self.title}{hint}; use one of "
                             f"{', '.join(self.question_sets)} or a path to a file of them")
+
+    def check_search(self, mode: str) -> None:
+        """Refuse a wiki.search mode this task's environment cannot take, in one line."""
+        if mode != "title" and self.no_retriever:
+            raise PipelineError(f"wiki.search={mode} does not apply to {self.title}: {self.no_retriever}; "
+                                "use wiki.search=title")
 
     def oracle_lacks(self, question: Any) -> bool:
         """Whether the stand-in teacher lacks what it writes `question`'s trajectory from."""

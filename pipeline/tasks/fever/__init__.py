@@ -146,6 +146,8 @@ class Fever(Task):
     licence = "CC BY-SA 3.0"
     hub_dataset = "fever/fever"
     oracle_source = "oracle: a replay of ReAct's released text-davinci-002 FEVER trajectories"
+    no_retriever = ("its offline Wikipedia holds only the pages ReAct's released trajectories opened, and its "
+                    "stand-in teacher replays their exact-title searches")
 
     def load_questions(self, name: str, limit: int | None = None) -> list[Claim]:
         return load_question_set(name, limit)
