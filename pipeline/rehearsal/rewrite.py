@@ -151,7 +151,7 @@ def local_wiki(task: str, wiki: dict, notes: list[str]) -> dict:
         raise PipelineError(f"rehearsal: task {task} has no local corpus to stand in for wiki {wiki}")
     where = "the live API" if wiki.get("backend") == "live" else f"{index} (not on disk)"
     notes.append(f"wiki: {where} -> the local corpus {local['index']}")
-    return {**{k: v for k, v in wiki.items() if k == "observation_style"}, **local}
+    return {**{k: v for k, v in wiki.items() if k in ("observation_style", "search", "search_k")}, **local}
 
 
 def fewer_questions(section: dict, offline: str, count: int, where: str, notes: list[str]) -> dict:

@@ -53,7 +53,7 @@ from pipeline.llm.config import LLMConfig
 from pipeline.llm.serving import ServeConfig
 from pipeline.methods import FORMATS_USED, MethodSettings, check_style
 from pipeline.tasks import DEFAULT_TASK, get_task
-from pipeline.wiki.config import WikiConfig
+from pipeline.wiki.config import WikiConfig, search_of
 
 # Sizes (size class, billions of parameters) of models a config may name without saying them.
 KNOWN_SIZES = {"smollm2": ("135m", 0.135), "HuggingFaceTB/SmolLM2-135M-Instruct": ("135m", 0.135),
@@ -87,6 +87,9 @@ class EvalConfig:
     # model; a fine-tuned one decodes in the style it was trained on (leave `style` at its default)
     prompting: MethodSettings = same_run("identity", default_factory=MethodSettings)
     wiki: WikiConfig = same_run("identity", default_factory=WikiConfig)
+    # A student fine-tuned on one wiki.search mode's observations is refused in the other; true
+    # evaluates it anyway, its rows labelled with the mode it was trained in (`trained_search`)
+    allow_search_mismatch: bool = same_run("identity", default=False)
     max_in_flight: int = same_run("free", default=16, metadata=bound(1))
     shard: str | None = same_run("identity", default=None)  # i/n: this job's share of the questions, for N jobs (pipeline.core.shards)
     # Stop, with no summary, once more than this share of a method's episodes end in a model or
@@ -116,6 +119,7 @@ class ModelUnderTest:
     train_precision: str | None = None  # a fine-tuned student's training precision (its manifest)
     training: str | None = None  # "grpo" for a `grpo` final/ (its manifest's stage); None: SFT or prompted
     oracle: str | None = None  # the stand-in teacher's search style, where it answers (no model)
+    trained_search: str | None = None  # a student of ours: the wiki.search mode of its training observations
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -159,6 +163,7 @@ def evaluate(cfg: EvalConfig) -> list[dict]:
     check_writable_dir(cfg.out_dir)  # before the fine-tuned model is read or any model loaded
     check_style(cfg.prompting.style)
     target = model_under_test(cfg)
+    check_trained_search(cfg, target)
     sent_style(cfg.prompting.style, target)  # before a server loads for minutes
     methods = default_methods(cfg.methods, target)
     check_finetuned_methods(methods, target)
@@ -201,8 +206,8 @@ def run_evaluation(cfg: EvalConfig, target: ModelUnderTest, llm_cfg: LLMConfig, 
             stats = run_methods(model, llm, methods, questions, settings, backend, cfg.out_dir,
                                 max_in_flight=cfg.max_in_flight, source="eval",
                                 max_error_share=cfg.max_error_share)
-            rows = [summary_row(target, name, cfg.questions, s, record, task.name, settings.exemplars)
-                    for name, s in stats.items()]
+            rows = [summary_row(target, name, cfg.questions, s, record, task.name, settings.exemplars,
+                                cfg.wiki.search) for name, s in stats.items()]
             if cfg.shard is not None:  # plot merges a shard set's rows into one (pipeline.core.shards)
                 rows = [dict(row, shard=str(parse_shard(cfg.shard))) for row in rows]
             atomic_write_json(cfg.out_dir / "summary.json", rows)
@@ -271,7 +276,19 @@ def model_under_test(cfg: EvalConfig) -> ModelUnderTest:
     if not size_class or not params_b:
         raise PipelineError(f"{final}: its manifest has no size; set size_class= and params_b=")
     return ModelUnderTest(llm, label, "finetune", size_class, float(params_b), fmt,
-                          train_precision=manifest.get("precision"), training=training)
+                          train_precision=manifest.get("precision"), training=training,
+                          trained_search=search_of(manifest))
+
+
+def check_trained_search(cfg: EvalConfig, target: ModelUnderTest) -> None:
+    """Refuse a student of ours evaluated in another wiki.search mode than the one whose
+    observations it was trained on (it would read observations it never saw), unless asked."""
+    trained = target.trained_search
+    if trained is None or trained == cfg.wiki.search or cfg.allow_search_mismatch:
+        return
+    raise PipelineError(f"{cfg.finetuned} was trained on wiki.search={trained} observations; evaluating it with "
+                        f"wiki.search={cfg.wiki.search} measures another environment: set wiki.search={trained}, "
+                        "or allow_search_mismatch=true (its rows then say trained_search)")
 
 
 SIZE_HINTS = {"size_class": "e.g. 8b", "params_b": "billions, e.g. 8.0"}
@@ -308,13 +325,15 @@ def check_finetuned_methods(methods: list[str], target: ModelUnderTest) -> None:
 
 
 def summary_row(target: ModelUnderTest, method: str, question_set: str, stats: dict, record: dict,
-                task: str = "hotpotqa", exemplars: str | None = None) -> dict:
+                task: str = "hotpotqa", exemplars: str | None = None, search: str = "title") -> dict:
     """One row of summary.json; `em` is the task's metric (FEVER: accuracy). `task` is written for
     a task other than HotpotQA (a row without it is HotpotQA's, as every row before the key); a
     prompted row says which exemplars its prompts carried (plot compares two sets: exemplars.md)."""
     row = {"model": target.label, "size_class": target.size_class, "params_b": target.params_b,
            "mode": target.mode, "method": method, "question_set": question_set, **stats, **record,
-           "source": "ours"}
+           "source": "ours", "search": search}  # search: the wiki.search mode (a row without it: title)
+    if target.trained_search not in (None, search):  # allowed by allow_search_mismatch: labelled
+        row["trained_search"] = target.trained_search
     if task != DEFAULT_TASK:
         row["task"] = task
     if target.mode == "prompt" and exemplars is not None:

@@ -141,6 +141,7 @@ def collect_episodes(cfg: FilterConfig) -> Episodes:
     reports: list[dict] = []
     groups = generate_inputs(cfg.inputs)
     task = inputs_task(cfg)
+    inputs_search(cfg)  # one search mode, refused before anything is read or written
     for folders in groups:
         merged: dict[str, list[dict]] = {}
         for folder in folders:
@@ -173,6 +174,18 @@ def inputs_task(cfg: FilterConfig) -> Task:
                             + ", ".join(f"{where}: {name}" for where, name in tasks.items())
                             + "); build one dataset per task")
     return get_task(next(iter(tasks.values()), None))
+
+
+def inputs_search(cfg: FilterConfig) -> str:
+    """The one wiki.search mode the generate inputs' observations were made in ("title" without
+    any: FireAct's files, older runs); one dataset never mixes the two."""
+    from pipeline.wiki.config import search_of
+
+    modes = {search_of(read_manifest(Path(folder) / "manifest.json")) for folder in cfg.inputs} or {"title"}
+    if len(modes) > 1:
+        raise PipelineError(f"filter: the inputs searched in different wiki.search modes ({', '.join(sorted(modes))}); "
+                            "build one dataset per mode")
+    return modes.pop()
 
 
 def generate_inputs(inputs: list[str]) -> list[list[Path]]:
@@ -536,6 +549,7 @@ def failed_lines(selection: Selection) -> str:
 def dataset_manifest(cfg: FilterConfig, task: Task, method: str, inputs: list[dict], stats: dict,
                      reports: list[dict]) -> dict:
     return {"stage": "filter", "config": to_dict(cfg), "complete": True, "task": task.name, "format": method,
+            "search": inputs_search(cfg),  # the observations' search mode: eval refuses a student the other
             "inputs": inputs, "settings": content_key(cfg), "counts": {"seen": stats["seen"], "kept": stats["kept"]},
             "fireact_imports": reports}
 

@@ -113,6 +113,16 @@ def grpo(cfg: GrpoConfig, *, accelerate_config: str | None = None, num_processes
         return exit_after_save(launch(cmd), Path(cfg.output_dir) / "final", started, "grpo")
 
 
+def check_search_mode(cfg) -> None:
+    """The rollouts' and held-out points' wiki.search mode, for the config's task, refused in
+    one line before any launch (`run` checks it for each grpo unit at plan time)."""
+    from pipeline.tasks import get_task
+    from pipeline.wiki.config import check_search
+
+    check_search(cfg.wiki)
+    get_task(cfg.task).check_search(cfg.wiki.search)
+
+
 def preflight(plan: RlPlan, dry_run: bool = False) -> None:
     """Refuse now what the launched child would refuse later, and build a missing index once.
     A dry run checks the same but fetches nothing, loads no question and writes nothing: a start
@@ -124,6 +134,7 @@ def preflight(plan: RlPlan, dry_run: bool = False) -> None:
     cfg = plan.cfg
     check_question_sets(cfg)
     check_heldout_apart(cfg)
+    check_search_mode(cfg)
     if not dry_run or is_ours(cfg.student) or looks_like_path(cfg.student):
         plan.start  # noqa: B018 (resolved here, where a refusal is one line before any launch)
     if not dry_run:

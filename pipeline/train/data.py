@@ -30,6 +30,14 @@ def dataset_task(dataset_path: Path):
     return get_task(task_of(read_manifest(dataset_path.parent / "manifest.json")))
 
 
+def dataset_search(dataset_path: Path) -> str:
+    """The wiki.search mode of the SFT dataset's observations, from its manifest (eval refuses
+    the student in the other mode: pipeline.wiki.config.search_of)."""
+    from pipeline.wiki.config import search_of
+
+    return search_of(read_manifest(dataset_path.parent / "manifest.json"))
+
+
 def load_sft_records(cfg: FinetuneConfig) -> tuple[Path, list[dict]]:
     path = check_dataset(cfg)
     records = read_jsonl(path, tolerate_torn_tail=False)

@@ -14,7 +14,7 @@ from pipeline.core.storage import file_fingerprint, write_manifest
 from pipeline.hub.models import origin_model, resolve_model_path
 from pipeline.train.checkpoints import remove_checkpoints
 from pipeline.train.config import FINAL_DIR, FinetuneConfig
-from pipeline.train.data import dataset_task
+from pipeline.train.data import dataset_search, dataset_task
 from pipeline.train.deepspeed_setup import deepspeed_record
 from pipeline.train.plan import TrainPlan
 
@@ -35,7 +35,7 @@ def save_final(trainer, cfg: FinetuneConfig, plan: TrainPlan, tokenizer, dataset
 
     task = dataset_task(dataset_path)
     fields = dict(
-        student=cfg.student_name, **lineage(cfg),
+        student=cfg.student_name, **lineage(cfg), search=dataset_search(dataset_path),
         init=cfg.init, adapter=cfg.finetuning != "full", finetuning=cfg.finetuning, format=cfg.format,
         size_class=cfg.size_class, steps=trainer.state.global_step, max_steps=cfg.max_steps,
         tokenizer=".", tokenizer_source=cfg.tokenizer or cfg.student, eos_token=tokenizer.eos_token,

@@ -59,6 +59,14 @@ def check_search(cfg: WikiConfig) -> None:
                             "none: use wiki.backend=local (or wiki.search=title)")
 
 
+def search_of(manifest: dict | None) -> str:
+    """The search mode a run's manifest says its episodes used: its `search`, else its config's
+    `wiki.search`, else "title" (every run written before the key searched by exact title)."""
+    manifest = manifest or {}
+    wiki = (manifest.get("config") or {}).get("wiki") or {}
+    return str(manifest.get("search") or wiki.get("search") or "title")
+
+
 def resolve_corpus(spec: str) -> Path:
     """`mirror:<relpath>` names a file of the local data mirror (../shared/data by default)."""
     if not spec.startswith("mirror:"):

@@ -19,7 +19,7 @@ from pipeline.stages.grid.precision import check_precisions
 from pipeline.stages.grid.spec import RunConfig, Student
 from pipeline.stages.grid.unit import Unit
 from pipeline.stages.grid.unit_configs import grpo_formats
-from pipeline.stages.grpo import GrpoConfig
+from pipeline.stages.grpo import GrpoConfig, check_search_mode
 from pipeline.tasks import get_task
 from pipeline.train import launcher
 from pipeline.train.config import FinetuneConfig
@@ -113,6 +113,21 @@ def made_finals(units: list[Unit]) -> set[str]:
     return {str(Path(u.config.output_dir) / "final") for u in units if launches(u)}
 
 
+def check_search_modes(units: list[Unit]) -> None:
+    """A student the grid trains (on its generate units' observations, or by GRPO) is evaluated
+    in the wiki.search mode it was trained in: refused at plan time otherwise, unless that eval
+    unit sets allow_search_mismatch (its rows then say trained_search)."""
+    trained = {u.config.wiki.search for u in units if isinstance(u.config, GenerateConfig | GrpoConfig)}
+    made = made_finals(units)
+    for unit in units:
+        config = unit.config
+        if (isinstance(config, EvalConfig) and str(config.finetuned) in made and not config.allow_search_mismatch
+                and trained - {config.wiki.search}):
+            raise PipelineError(f"{unit.title}: its student is trained on wiki.search={'/'.join(sorted(trained))} "
+                                f"observations and evaluated with wiki.search={config.wiki.search}; give the grid one "
+                                "wiki.search, or set eval.allow_search_mismatch=true (its rows are labelled)")
+
+
 def check_model_folders(units: list[Unit]) -> None:
     """A model the selected units load by a local path that is not there, and that no unit of
     the grid makes (a final/), refused before the first unit; a hub id is fetched when its
@@ -140,6 +155,7 @@ def check_grpo(gr) -> None:
 
     batch_plan(gr, launcher.config_world(gr).processes)
     check_question_sets(gr)  # the training set and the held-out curve's, as `grpo` checks them
+    check_search_mode(gr)
     check_heldout_apart(gr)
 
 

@@ -120,6 +120,7 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
     for unit in units:
         checks.check_unit(unit)
     checks.check_questions_apart(cfg, units)
+    checks.check_search_modes(units)
     units, _ = plan_groups(units, done=unit_skips)  # in server order: no shared server spans another unit
     return units
 
