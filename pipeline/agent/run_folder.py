@@ -136,6 +136,9 @@ def check_settings(cfg: Any, who: Answerer, settings: MethodSettings,
     check_error_share(cfg.max_error_share)
     check_search(cfg.wiki)
     who.task.check_search(cfg.wiki.search)
+    if getattr(who, "style", None) == "exact" and cfg.wiki.search != "title":
+        raise PipelineError(f"oracle=exact searches the gold titles, which a student in wiki.search={cfg.wiki.search} "
+                            "could not know; use oracle=agent (it searches the question's names)")
     sources = who.check(cfg.methods if methods is None else methods, settings)
     who.task.check_question_set(cfg.questions)
     who.check_questions(cfg.questions)  # by name: before a question is loaded

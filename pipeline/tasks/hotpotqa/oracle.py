@@ -16,6 +16,13 @@ trajectories in every format without a large model.
                       page that is not the one meant, search the full title. Its trajectories
                       show misses and recoveries, as a prompted teacher's do (though its
                       recovery always knows the gold title: it is still a stand-in).
+               In the bm25 search mode (wiki.search=bm25, a retriever; `agent` style only: `exact`
+               is refused, a student could not know the gold titles) it searches the way a
+               student could: the name as the question writes it (a bridge entity as an earlier
+               observation writes it), else the question itself, and reads the gold page among
+               the retrieved ones; when it is not retrieved, it searches the question; if the
+               page is still not retrieved the episode ends unanswered (`oracle_not_retrieved`).
+               Its Lookups walk the retrieved pages' sentences, as the environment's do.
   cot          reasoning = the supporting sentences, then "So the answer is <gold>."
   standard     the gold answer.
 
@@ -88,6 +95,8 @@ class OracleMethod:
         try:
             if self.name == "cot":
                 return self.write_cot(q, env.backend, traj)
+            if env.search_mode == "bm25":
+                return self.write_retrieved(q, env, traj)
             if self.style == "agent":
                 return self.write_agent(q, env, traj)
             return self.write_interactive(q, env, traj)
@@ -138,16 +147,17 @@ class OracleMethod:
         return Outcome(traj, info["answer"], "finish")
 
     def show_evidence(self, q, env, traj: Trajectory, title: str, page: Page, observation: str,
-                      lookups_left: int) -> tuple[list[str], int]:
+                      lookups_left: int, looked_in: Page | None = None) -> tuple[list[str], int]:
         """The supporting sentences of `title` the search showed, or that a Lookup brings up while
-        `lookups_left` steps allow; returns them and the Lookup steps taken."""
+        `lookups_left` steps allow; returns them and the Lookup steps taken. `looked_in`: what a
+        Lookup walks when it is not the page alone (the bm25 mode: every retrieved page)."""
         fresh: list[str] = []
         used = 0
         for sentence in supporting_sentences(q, title, page):
             if one_line(sentence) in observation:
                 fresh.append(sentence)
                 continue
-            keyword, rank = lookup_keyword(sentence, page, q.question, title)
+            keyword, rank = lookup_keyword(sentence, looked_in or page, q.question, title)
             if keyword is None or used + rank + 1 > lookups_left:
                 continue
             thought = (f"The paragraph does not say it yet. I need to look up {keyword} "
@@ -183,6 +193,36 @@ class OracleMethod:
             evidence = " ".join(clip(s) for s in fresh) or f"The {title} page has the facts I need."
             if k + 1 < len(titles):
                 query = self.affordable_query(traj, titles, k + 1, q.question)
+                thought = f"{evidence} Next, I need to search {query}."
+            else:
+                thought = f"{evidence} So the answer is {q.answer}."
+        return self.finish(q, env, traj, thought)
+
+    # -- Act / ReAct, the bm25 (retriever) mode ---------------------------------------------------
+    def write_retrieved(self, q, env, traj: Trajectory) -> Outcome:
+        """Search each gold page with a query a student could write, find it among the retrieved
+        pages (else search the question), Lookup what they did not show, Finish."""
+        titles = agent_order(q)
+        if len(titles) + 1 > self.settings.max_steps:
+            return Outcome(traj, None, "step_limit")
+        query = retriever_query(titles[0], q.question, "")
+        thought = agent_opening(q, titles, query)
+        for k, title in enumerate(titles):
+            observation = self.act(env, traj, thought, f"Search[{query}]")
+            steps_left = self.settings.max_steps - len(traj.steps)
+            if retrieved(env, title) is None and query != q.question and steps_left > len(titles) - k:
+                thought = f"None of these is the page I need. I need to search the question's words: {q.question}"
+                observation = self.act(env, traj, thought, f"Search[{q.question}]")
+            page = retrieved(env, title)
+            if page is None:
+                return Outcome(traj, None, f"oracle_not_retrieved: {title}")
+            lookups_left = self.settings.max_steps - len(traj.steps) - (len(titles) - k)
+            everything = Page("retrieved", [s for p in env.state.pages for s in p.sentences])
+            fresh, _ = self.show_evidence(q, env, traj, title, page, observation, lookups_left, everything)
+            evidence = " ".join(clip(s) for s in fresh) or f"The {title} page has the facts I need."
+            if k + 1 < len(titles):
+                read = " ".join(step.observation for step in traj.steps)
+                query = retriever_query(titles[k + 1], q.question, read)
                 thought = f"{evidence} Next, I need to search {query}."
             else:
                 thought = f"{evidence} So the answer is {q.answer}."
@@ -307,6 +347,17 @@ def search_query(title: str, question: str, read: str = "") -> str:
     for a page the question does not name (a bridge entity), the name as an earlier observation
     writes it; else the full title."""
     return name_span(title, question) or name_span(title, read) or title
+
+
+def retriever_query(title: str, question: str, read: str) -> str:
+    """The bm25 mode's query for the page `title`: the name as the question (or, for a bridge
+    entity, an earlier observation) writes it; else the question itself, never the gold title."""
+    return name_span(title, question) or name_span(title, read) or question
+
+
+def retrieved(env, title: str) -> Page | None:
+    """The gold page `title` among the last Search's retrieved pages, or None."""
+    return next((p for p in env.state.pages if title_key(p.title) == title_key(title)), None)
 
 
 def agent_order(q) -> list[str]:
