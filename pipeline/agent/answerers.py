@@ -26,13 +26,15 @@ DEFAULT_LLM = LLMConfig()
 class PromptedModel:
     """A language model answering `task`'s questions through the prompting methods (pipeline.methods)."""
 
-    def __init__(self, cfg: LLMConfig, task: Task | None = None):
+    def __init__(self, cfg: LLMConfig, task: Task | None = None, search: str = "title"):
         self.cfg, self.label, self.task = cfg, cfg.label, get_task(task)
+        self.search = search  # the wiki.search mode: whose exemplar sets the prompts carry
 
     def check(self, methods: list[str], settings: MethodSettings) -> dict[str, dict]:
         """Fail fast on an unknown method or a missing exemplar file; return exemplar sources."""
         require_methods(methods)
-        return {m: {fmt: p.source for fmt, p in prompt_prefixes(m, settings, self.task).items()} for m in methods}
+        return {m: {fmt: p.source for fmt, p in prompt_prefixes(m, settings, self.task, self.search).items()}
+                for m in methods}
 
     def check_questions(self, name: str, questions: list | None = None) -> None:
         """A model answers any question of the task."""
@@ -46,7 +48,7 @@ class PromptedModel:
         return llm
 
     def method(self, name: str, settings: MethodSettings) -> Method:
-        return build_method(name, settings, self.task)
+        return build_method(name, settings, self.task, self.search)
 
 
 class OracleTeacher:
@@ -80,15 +82,16 @@ class OracleTeacher:
 Answerer = PromptedModel | OracleTeacher
 
 
-def answerer(cfg: LLMConfig, task: Task | str | None = None, oracle: str | None = None) -> Answerer:
+def answerer(cfg: LLMConfig, task: Task | str | None = None, oracle: str | None = None,
+             search: str = "title") -> Answerer:
     """The one place where the stand-in teacher is told apart from a language model: `oracle` (the
     stage config's key: exact | agent) answers with the task's stand-in teacher in that search
-    style and loads no model; None, the model `cfg` names. Either answers `task`'s questions
-    (default HotpotQA)."""
+    style and loads no model; None, the model `cfg` names, prompted with the exemplars of the
+    wiki.search mode `search`. Either answers `task`'s questions (default HotpotQA)."""
     task = get_task(task)
     if oracle is not None:
         return OracleTeacher(oracle, task)
-    return PromptedModel(cfg, task)
+    return PromptedModel(cfg, task, search)
 
 
 def check_oracle(oracle: str | None, serve, llm: LLMConfig, section: str) -> None:

@@ -29,9 +29,11 @@ __all__ = ["METHODS", "METHOD_NAMES", "EpisodeContext", "Method", "MethodSetting
            "Program", "build_method", "method_spec", "prompt_prefixes"]
 
 
-def prompt_prefixes(name: str, settings: MethodSettings, task: Task | str | None = None) -> dict[str, PromptPrefix]:
+def prompt_prefixes(name: str, settings: MethodSettings, task: Task | str | None = None,
+                    search: str = "title") -> dict[str, PromptPrefix]:
     """The prefix of each format `name` uses for `task` (a pipeline.tasks name or Task; default
-    HotpotQA), for the manifest's exemplar source too."""
+    HotpotQA) in the wiki.search mode `search` (its own exemplar sets), for the manifest's
+    exemplar source too."""
     from pipeline.tasks import get_task
 
     task = get_task(task)
@@ -43,15 +45,17 @@ def prompt_prefixes(name: str, settings: MethodSettings, task: Task | str | None
     formats = method_spec(name).formats
     if settings.style == "zero_shot":
         return {fmt: zero_shot(fmt) for fmt in formats}
-    return {fmt: load_prompt(fmt, settings.exemplars, task) for fmt in formats}
+    return {fmt: load_prompt(fmt, settings.exemplars, task, search) for fmt in formats}
 
 
-def build_method(name: str, settings: MethodSettings | None = None, task: Task | str | None = None) -> Method:
-    """Method `name` prompting for `task` (default HotpotQA), whose metric scores its records."""
+def build_method(name: str, settings: MethodSettings | None = None, task: Task | str | None = None,
+                 search: str = "title") -> Method:
+    """Method `name` prompting for `task` (default HotpotQA), whose metric scores its records,
+    with the exemplars of the wiki.search mode `search`."""
     from pipeline.tasks import get_task
 
     settings, task = settings or MethodSettings(), get_task(task)
-    p = prompt_prefixes(name, settings, task)
+    p = prompt_prefixes(name, settings, task, search)
     if settings.style == "fireact":
         from pipeline.methods.fireact import FireActReAct
 

@@ -10,6 +10,9 @@ Two exemplar sources, each the task's (pipeline.tasks):
     cotqa_simple6 / webqa_simple6; `python -m pipeline data fetch prompts`), FEVER's `fever.json`
     (the *_simple3 keys, 3 exemplars each; `python -m pipeline data fetch fever-prompts`).
 Zero-shot mode ("none") has no prefix at all: a fine-tuned student sees the question line alone.
+In the bm25 search mode (wiki.search=bm25) "ours" and "paper" name that mode's sets, built by
+pipeline.methods.build_exemplars into the task's exemplar_dir / "bm25": ours replayed through the
+retriever, and the paper's ReAct / Act exemplars with their observations replayed (`paper.json`).
 
     python -c "from pipeline.methods.prompts import load_prompt; print(load_prompt('react').prefix)"
 """
@@ -47,6 +50,16 @@ def zero_shot(fmt: str) -> PromptPrefix:
     return PromptPrefix(fmt, "", "", "none")
 
 
+def exemplar_dir(task: Task, search: str = "title") -> Path:
+    """Where the task's exemplars of ours for a wiki.search mode are (title: exemplar_dir itself)."""
+    return Path(task.exemplar_dir) if search == "title" else Path(task.exemplar_dir) / search
+
+
+def paper_replay_file(directory: Path) -> Path:
+    """The paper's exemplars with observations replayed in a search mode (build_exemplars writes it)."""
+    return Path(directory) / "paper.json"
+
+
 def our_exemplar_file(fmt: str, directory: Path) -> Path:
     return Path(directory) / f"{fmt}.json"
 
@@ -71,30 +84,39 @@ def load_our_exemplars(fmt: str, directory: str | Path) -> list[dict]:
     return records
 
 
-def our_prefix(fmt: str, directory: str | Path | None = None, task: Task | str | None = None) -> PromptPrefix:
-    """Our exemplars of `fmt` from `directory` (default: the task's own; HotpotQA's by default)."""
+def our_prefix(fmt: str, directory: str | Path | None = None, task: Task | str | None = None,
+               search: str = "title") -> PromptPrefix:
+    """Our exemplars of `fmt` from `directory` (default: the task's own for the search mode;
+    HotpotQA's by default)."""
     from pipeline.tasks import get_task
 
     task = get_task(task)
     if "ours" not in task.exemplar_sets:
         raise PipelineError(f"the {task.title} task has no exemplars of ours; set prompting.exemplars=paper")
     instruction = task.our_instruction(fmt)
-    directory = directory if directory is not None else task.exemplar_dir
+    directory = directory if directory is not None else exemplar_dir(task, search)
     records = load_our_exemplars(fmt, directory)
     text = "".join(render(Trajectory.from_dict(r["trajectory"])).text for r in records)
     return PromptPrefix(fmt, instruction, text, f"ours:{Path(directory)}")
 
 
-def paper_prefix(fmt: str, path: str | Path | None = None, task: Task | str | None = None) -> PromptPrefix:
+def paper_prefix(fmt: str, path: str | Path | None = None, task: Task | str | None = None,
+                 search: str = "title") -> PromptPrefix:
     """The paper's exemplars for `fmt` in the task's release (HotpotQA's by default), verbatim,
     from `path` (its prompts_naive.json / fever.json) or, when None, the file the data resolver
-    finds (project cache, local mirror, or a download)."""
+    finds (project cache, local mirror, or a download); in another search mode, with the
+    observations replayed in it (`paper_replay_file`, written by build_exemplars)."""
     from pipeline.core.paths import SOURCES, resolve_source
     from pipeline.tasks import get_task
 
     _check_format(fmt)
     task = get_task(task)
     source = SOURCES[task.paper_prompts]
+    if path is None and search != "title":
+        path = paper_replay_file(exemplar_dir(task, search))
+        if not path.is_file():
+            raise PipelineError(f"{path}: the paper's exemplars replayed in wiki.search={search} are missing; build "
+                                f"them with `python -m pipeline.methods.build_exemplars --index INDEX --search {search} --write`")
     if path is None:
         path = resolve_source(task.paper_prompts)
     path = Path(path)
@@ -113,15 +135,17 @@ def paper_prefix(fmt: str, path: str | Path | None = None, task: Task | str | No
     return PromptPrefix(fmt, task.paper_instruction(fmt), exemplars, f"paper:{path}#{key}")
 
 
-def load_prompt(fmt: str, exemplars: str = "ours", task: Task | str | None = None) -> PromptPrefix:
+def load_prompt(fmt: str, exemplars: str = "ours", task: Task | str | None = None,
+                search: str = "title") -> PromptPrefix:
     """`exemplars`: "ours", "paper", "none" (zero-shot), a file of the paper's exemplars
     (prompts_naive.json, fever.json), or a folder holding our exemplar files (<format>.json).
-    `task`: a pipeline.tasks name or Task (default HotpotQA)."""
+    `task`: a pipeline.tasks name or Task (default HotpotQA); `search`: the wiki.search mode,
+    whose own sets "ours" and "paper" name."""
     _check_format(fmt)
     if exemplars == "ours":
-        return our_prefix(fmt, task=task)
+        return our_prefix(fmt, task=task, search=search)
     if exemplars == "paper":
-        return paper_prefix(fmt, task=task)
+        return paper_prefix(fmt, task=task, search=search)
     if exemplars in ("none", "zero-shot", "zero_shot"):
         return zero_shot(fmt)
     path = Path(exemplars).expanduser()

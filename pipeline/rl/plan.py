@@ -86,7 +86,7 @@ class RlPlan:
         from pipeline.methods import prompt_prefixes
 
         cfg, task = self.cfg, self.task
-        prefix = prompt_prefixes(cfg.format, cfg.prompting, task)[cfg.format].text
+        prefix = prompt_prefixes(cfg.format, cfg.prompting, task, cfg.wiki.search)[cfg.format].text
         by_prompt: dict = {}
         for q in task.load_questions(cfg.questions, limit=cfg.limit):
             by_prompt.setdefault(prefix + question_line(q.question, task.question_label), q)

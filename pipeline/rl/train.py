@@ -139,7 +139,7 @@ def build_trainer(plan: RlPlan, layout: Layout, train_plan: TrainPlan | None = N
     if train_plan.launch.strategy == "zero3" and train_plan.launch.rank0:
         print(f"[grpo] ZeRO-3: {partition_line(model)}")
     backend = open_environment(cfg)
-    rollouts = Rollouts(plan.questions.by_prompt, build_method(cfg.format, cfg.prompting, plan.task), backend,
+    rollouts = Rollouts(plan.questions.by_prompt, build_method(cfg.format, cfg.prompting, plan.task, cfg.wiki.search), backend,
                         seed=cfg.seed,
                         max_batch_size=cfg.rollout.max_batch_size, max_context=cfg.rollout.max_context,
                         engine=cfg.rollout.engine, sample_dtype=sample_dtype(cfg, train_plan),
@@ -170,7 +170,7 @@ def heldout_callback(trainer, plan: RlPlan, backend, train_plan: TrainPlan):
 
     cfg = plan.cfg
     questions = plan.task.load_questions(cfg.heldout.questions, limit=cfg.heldout.limit)
-    method = build_method(cfg.format, replace(cfg.prompting, temperature=0.0), plan.task)
+    method = build_method(cfg.format, replace(cfg.prompting, temperature=0.0), plan.task, cfg.wiki.search)
     return heldout.heldout_callback(trainer, cfg.heldout, questions, method, backend, cfg.rollout.max_batch_size,
                                     cfg.output_dir, sample_dtype(cfg, train_plan))
 

@@ -142,7 +142,7 @@ def check_settings(cfg: EvalConfig) -> None:
     check_style(cfg.prompting.style)
     # a fine-tuned model's own style is read with it; its trained format's is checked then
     style = "zero_shot" if cfg.finetuned and cfg.prompting.style == DEFAULT_STYLE else cfg.prompting.style
-    check_run_settings(cfg, answerer(cfg.model, cfg.task, cfg.oracle), replace(cfg.prompting, style=style))
+    check_run_settings(cfg, answerer(cfg.model, cfg.task, cfg.oracle, cfg.wiki.search), replace(cfg.prompting, style=style))
 
 
 def sent_style(given: str, target: ModelUnderTest) -> str:
@@ -187,7 +187,7 @@ def run_evaluation(cfg: EvalConfig, target: ModelUnderTest, llm_cfg: LLMConfig, 
     for it: `server`, watched for dying mid-run)."""
     settings = replace(cfg.prompting, style=sent_style(cfg.prompting.style, target))
     task = get_task(cfg.task)
-    model = answerer(llm_cfg, task, target.oracle)
+    model = answerer(llm_cfg, task, target.oracle, cfg.wiki.search)
     record = precision_record(target)  # what the model computes in, however it is reached
     questions, backend, llm, _ = start_run(cfg, "eval", model, settings, IDENTITY_KEYS, methods=methods,
                                            check=lambda: check_same_precision(cfg.out_dir, record))

@@ -127,7 +127,7 @@ def generate(cfg: GenerateConfig) -> dict[str, dict]:
     check_resumable(cfg.out_dir, "generate", cfg, identity_keys(cfg))  # refuse before a server loads for minutes
     with served(cfg.teacher, cfg.serve, cfg.out_dir / "serve.log", cfg.max_in_flight) as (llm, server):
         try:
-            return run_generation(cfg, answerer(llm, teacher.task, cfg.oracle), server)
+            return run_generation(cfg, answerer(llm, teacher.task, cfg.oracle, cfg.wiki.search), server)
         except ServerGone as gone:
             raise PipelineError(f"generate {cfg.out_dir}: {gone}") from None
 
@@ -141,7 +141,7 @@ def check_settings(cfg: GenerateConfig) -> Answerer:
     every generate unit's when it makes its plan); returns who answers, its task resolved."""
     check_samples(cfg)
     check_oracle(cfg.oracle, cfg.serve, cfg.teacher, "teacher")
-    teacher = answerer(cfg.teacher, get_task(cfg.task), cfg.oracle)
+    teacher = answerer(cfg.teacher, get_task(cfg.task), cfg.oracle, cfg.wiki.search)
     check_run_settings(cfg, teacher, cfg.prompting)
     return teacher
 
