@@ -149,6 +149,26 @@ def check_question_sets(rows: list[dict], allow_mixed: bool) -> list[str]:
     return sets
 
 
+def search_of_row(row: dict) -> str:
+    """A summary row's wiki.search mode (rows written before the key searched by exact title)."""
+    return row.get("search") or "title"
+
+
+def check_search_modes(rows: list[dict]) -> str:
+    """The one wiki.search mode of the rows, said as the figure and tables say it ("title search"
+    or "bm25 search"); summaries of both modes in one figure are refused in one line. A student
+    evaluated in the mode it was not trained in (eval's allow_search_mismatch) is labelled so."""
+    modes = sorted({search_of_row(r) for r in rows})
+    if len(modes) > 1:
+        where = {m: next(r["origin"] for r in rows if search_of_row(r) == m) for m in modes}
+        raise PipelineError("plot: summaries of different wiki.search modes in one figure ("
+                            + "; ".join(f"{m} e.g. {w}" for m, w in where.items()) + "); plot each mode separately")
+    for row in rows:
+        if row.get("trained_search") not in (None, search_of_row(row)):
+            row["model"] = f"{row['model']} (trained on {row['trained_search']} search)"
+    return f"{modes[0] if modes else 'title'} search"
+
+
 def precision_of(row: dict) -> str:
     """"bf16", or "bf16-trained fp32" for a student trained in one precision and run in another."""
     run, trained = row.get("precision") or "unrecorded", row.get("train_precision")

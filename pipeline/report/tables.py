@@ -11,7 +11,7 @@ from pipeline.methods.registry import figure_rank, in_figure_order
 from pipeline.report.summaries import MODES, em_gap_interval, em_interval, method_label, pct, pct_ci
 from pipeline.tasks import Task, get_task
 
-CSV_COLUMNS = ("source", "mode", "model", "size_class", "params_b", "method", "question_set", "n",
+CSV_COLUMNS = ("source", "mode", "search", "model", "size_class", "params_b", "method", "question_set", "n",
                "em_pct", "em_lo_pct", "em_hi_pct", "f1_pct", "finish_rate", "mean_steps", "reference")
 
 
@@ -28,6 +28,7 @@ def results_csv(rows: list[dict], references: list[dict]) -> str:
             "em_lo_pct": None if ci[0] is None else round(100 * ci[0], 2),
             "em_hi_pct": None if ci[1] is None else round(100 * ci[1], 2),
             "source": row.get("source") or "ours",
+            "search": (row.get("search") or "title") if (row.get("source") or "ours") == "ours" else None,
             "em_pct": round(100 * row["em"], 2),
             "f1_pct": None if row.get("f1") is None else round(100 * row["f1"], 2),
             "reference": row.get("reference") or row.get("note") or "",
@@ -39,7 +40,8 @@ def results_markdown(rows: list[dict], references: list[dict], question_sets: li
                      task: Task | None = None) -> str:
     task = get_task(task)
     metric = task.metric_label
-    lines = [f"# {task.title} {metric} (%) by model size: {', '.join(question_sets)}", "",
+    search = rows[0].get("search") or "title" if rows else "title"  # one mode per table (check_search_modes)
+    lines = [f"# {task.title} {metric} (%) by model size: {', '.join(question_sets)}; {search} search", "",
              f"Each cell: {metric} [95% Wilson interval over the n questions] (n=questions).", ""]
     for mode, title in MODES.items():
         mode_rows = [r for r in rows if r["mode"] == mode]

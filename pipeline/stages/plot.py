@@ -76,11 +76,13 @@ from pipeline.report.references import collect_references
 from pipeline.report.summaries import (
     check_duplicates,
     check_question_sets,
+    check_search_modes,
     check_task,
     is_grpo,
     label_precisions,
     load_summaries,
     one_x_per_size,
+    search_of_row,
 )
 from pipeline.report.tables import exemplars_markdown, results_csv, results_markdown, sizes_markdown
 
@@ -110,6 +112,7 @@ def run_plot(cfg: PlotConfig) -> dict[str, Path]:
     rows = load_summaries(cfg.summaries)
     question_sets = check_question_sets(rows, cfg.allow_mixed_question_sets)
     task = check_task(rows)
+    search = check_search_modes(rows)
     label_precisions(rows)
     check_duplicates(rows)
     references = collect_references(task, cfg.reference_points, cfg.fireact_runs)
@@ -125,7 +128,7 @@ def run_plot(cfg: PlotConfig) -> dict[str, Path]:
     paths = {"png": out / f"{cfg.name}.png", "svg": out / f"{cfg.name}.svg", "csv": out / "results.csv",
              "md": out / "results.md", "orderings": out / "orderings.md", "orderings_json": out / "orderings.json"}
     remove_stale_temps(out)  # a killed run's half-written figure or tables
-    title = cfg.title or f"{task.title} {task.metric_label}: prompting vs fine-tuning ({', '.join(question_sets)})"
+    title = cfg.title or f"{task.title} {task.metric_label}: prompting vs fine-tuning ({', '.join(question_sets)}; {search})"
     fig = draw_figure(rows, references, title, task)
     try:
         save_figure(fig, paths["png"], "png")
@@ -169,7 +172,8 @@ def write_sizes(cfg: PlotConfig, rows: list[dict], extra: list[dict], references
     """The figure with sizes on its x axis and its table; returns every sizes output's path."""
     out = Path(cfg.out_dir)
     paths = {key: out / name.format(name=cfg.name) for key, name in SIZES_OUTPUTS.items()}
-    title = cfg.title or f"{task.title} {task.metric_label} by model size ({', '.join(question_sets)})"
+    search = search_of_row(rows[0]) if rows else "title"  # one mode per plot (check_search_modes)
+    title = cfg.title or f"{task.title} {task.metric_label} by model size ({', '.join(question_sets)}; {search} search)"
     fig = draw_sizes_figure([r for r in rows if not is_grpo(r)], extra, references, title, task)
     try:
         save_figure(fig, paths["sizes_png"], "png")
