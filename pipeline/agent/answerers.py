@@ -33,6 +33,9 @@ class PromptedModel:
     def check(self, methods: list[str], settings: MethodSettings) -> dict[str, dict]:
         """Fail fast on an unknown method or a missing exemplar file; return exemplar sources."""
         require_methods(methods)
+        if "rag" in methods and self.search != "bm25":
+            raise PipelineError(f"method rag retrieves with the question, which wiki.search={self.search} cannot "
+                                "(it looks one page up by its exact title): set wiki.search=bm25, or drop rag")
         return {m: {fmt: p.source for fmt, p in prompt_prefixes(m, settings, self.task, self.search).items()}
                 for m in methods}
 

@@ -15,6 +15,7 @@ from pipeline.methods.base import Method
 from pipeline.methods.composed import SelfConsistency, cot_sc_then_react, react_then_cot_sc
 from pipeline.methods.direct import Direct
 from pipeline.methods.interactive import Interactive
+from pipeline.methods.rag import Rag
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,8 @@ METHODS: tuple[MethodSpec, ...] = (
     MethodSpec("react", ("react",), Interactive, "ReAct", "#d62728", "o", line=True),
     MethodSpec("react_to_cot_sc", ("react", "cot"), react_then_cot_sc, "ReAct→CoT-SC", "#8c564b", "s", line=False),
     MethodSpec("cot_sc_to_react", ("cot", "react"), cot_sc_then_react, "CoT-SC→ReAct", "#e377c2", "s", line=False),
+    # the field's retrieval baseline (wiki.search=bm25 only): one retrieval with the question, then an answer
+    MethodSpec("rag", ("standard",), Rag, "RAG (1 retrieval)", "#2ca02c", "D", line=False),
 )
 
 

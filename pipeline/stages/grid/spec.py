@@ -64,6 +64,9 @@ class RunConfig:
     # The grid's trajectory formats: the teacher generates each (prompted with the method of the same
     # name), filter makes its SFT dataset, each student trains on it, and prompted students are evaluated with it
     formats: list[str] = checked(listed, default_factory=lambda: ["standard", "cot", "act", "react"])
+    # Methods beside `formats` the prompted students are evaluated with, none trained on (e.g.
+    # [rag], the field's retrieval baseline, in wiki.search=bm25)
+    prompted_methods: list[str] = checked(distinct, default_factory=list)
     wiki: dict = field(default_factory=dict)  # WikiConfig keys shared by generate and eval
     generate: dict = field(default_factory=dict)  # GenerateConfig keys
     filter: dict = field(default_factory=dict)  # FilterConfig keys

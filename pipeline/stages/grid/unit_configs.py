@@ -48,7 +48,7 @@ def eval_config(cfg: RunConfig, student: Student, final: Path | None, fmt: str |
     self-training round (pipeline/rounds.py: its own folder and model label)."""
     if final is None:
         name, layer = f"{student.name}-prompt", {
-            "model": student.prompt_model, "methods": cfg.formats,
+            "model": student.prompt_model, "methods": [*cfg.formats, *cfg.prompted_methods],
             "size_class": student.size_class, "params_b": student.params_b}
         if exemplars is not None:
             name, layer = f"{name}-{exemplars}", merged(layer, {"prompting": {"exemplars": exemplars}})
