@@ -20,7 +20,7 @@ EPISODE_FIELDS = {"id", "question", "gold_answer", "method", "teacher", "predict
                   "prompt_tokens", "completion_tokens", "seconds", "source"}
 SUMMARY_FIELDS = {"model", "size_class", "params_b", "mode", "method", "question_set", "n", "em",
                   "f1", "finish_rate", "errors", "mean_steps", "prompt_tokens", "completion_tokens",
-                  "seconds", "source", "precision", "train_precision"}
+                  "seconds", "source", "precision", "train_precision", "search"}
 TIMING_FIELDS = ("seconds",)
 
 

@@ -160,6 +160,12 @@ def closed_port() -> int:
     (["teacher.backend=openai", "teacher.base_url=http://127.0.0.1:{port}/v1", "teacher.ready_timeout_s=0"],
      "endpoint unavailable"),
     (["wiki.backend=cloud"], "wiki.backend 'cloud' is unknown"),
+    (["wiki.search=bm3"], "'wiki.search' must be title or bm25, got 'bm3'"),
+    (["wiki.search_k=0"], "'wiki.search_k' must be >= 1, got 0"),
+    (["wiki.search=bm25", "wiki.backend=live"], "wiki.search=bm25 ranks the pages of a local index"),
+    (["task=fever", "questions=offline-eval", "wiki.search=bm25"], "wiki.search=bm25 does not apply to FEVER"),
+    (["oracle=exact", "wiki.search=bm25"], "oracle=exact searches the gold titles"),
+    (["methods=[rag]"], "method rag retrieves with the question, which wiki.search=title cannot"),
     (["questions=no-such-set"], "unknown question set 'no-such-set'"),
     (["limit=-1"], "'limit' must be >= 1, got -1"),
     (["limit=0"], "'limit' must be >= 1, got 0"),  # was "question set ... is empty" (issue 39)
