@@ -89,7 +89,7 @@ class EvalConfig:
     wiki: WikiConfig = same_run("identity", default_factory=WikiConfig)
     # A student fine-tuned on one wiki.search mode's observations is refused in the other; true
     # evaluates it anyway, its rows labelled with the mode it was trained in (`trained_search`)
-    allow_search_mismatch: bool = same_run("identity", default=False)
+    allow_search_mismatch: bool = same_run("free", default=False)
     max_in_flight: int = same_run("free", default=16, metadata=bound(1))
     shard: str | None = same_run("identity", default=None)  # i/n: this job's share of the questions, for N jobs (pipeline.core.shards)
     # Stop, with no summary, once more than this share of a method's episodes end in a model or
