@@ -12,7 +12,12 @@ similar-title query):
 - miss: sampled titles altered (a word dropped, " (film)" appended, two letters swapped);
 - agent: real Search[...] arguments written by GPT-4 (FireAct) and text-davinci-002 (ReAct FEVER),
   from ../shared/data, mostly misses with many common words.
-Lookup: `Lookup[word]` after a hit. Every latency set is measured `--repeats` times; the table
+Lookup: `Lookup[word]` after a hit.
+The retriever mode (wiki.search=bm25): `Search[question]` through `WikiEnv(search="bm25")`, the
+top 3 pages by BM25, for questions: HotpotQA's 500 offline-eval questions (real question text) and
+as many built around sampled titles of the corpus ("Which magazine is <title> ... ?"), so that on
+the synthetic corpus too the words select pages. `--retriever-only` builds each index once and
+measures this row alone (what docs/environment.md extrapolates to the 5M-page abstracts dump). Every latency set is measured `--repeats` times; the table
 gives the median over repeats and the spread (min-max of the repeats' p50).
 
 Baseline, in the same process: what a user would otherwise write for a local Wikipedia, an
@@ -102,8 +107,26 @@ def query_sets(titles: list[str], n: int, seed: int = 0) -> tuple[dict[str, list
     return {"hit": hits, "miss": misses, "agent": agent_queries()}, sources
 
 
-def search_latencies(index: LocalIndex, queries: list[str]) -> tuple[list[float], list[str]]:
-    env = WikiEnv(index, max_steps=10**9)
+def retrieval_queries(titles: list[str], n: int, seed: int = 0) -> list[str]:
+    """Question-like queries for the bm25 mode: offline-eval questions (when the shared data has
+    them) and questions built around n sampled titles."""
+    rng = random.Random(seed)
+    from pipeline.core.errors import PipelineError
+    from pipeline.tasks import get_task
+
+    try:
+        questions = [q.question for q in get_task("hotpotqa").load_questions("offline-eval", limit=n)]
+    except PipelineError:  # no offline split here: the built questions alone
+        questions = []
+    shapes = ("Which {noun} was {title} part of?", "When was the {noun} that {title} belongs to founded?",
+              "What is {title} and which {noun} is it in?")
+    built = [rng.choice(shapes).format(title=t, noun=rng.choice(("magazine", "band", "film", "city", "team")))
+             for t in rng.sample(titles, min(n, len(titles)))]
+    return questions + built
+
+
+def search_latencies(index: LocalIndex, queries: list[str], search: str = "title") -> tuple[list[float], list[str]]:
+    env = WikiEnv(index, max_steps=10**9, search=search, search_k=3)
     env.reset("benchmark")
     latencies, observations = [], []
     for query in queries:
@@ -212,6 +235,7 @@ def bench_corpus(name: str, corpus: Path, workdir: Path, n_queries: int, n_basel
     build = repeated_build([corpus], out, build_repeats)
     rows.append({"corpus": name, "what": "build (ours)", **build})
     rows.append({"corpus": name, "what": "build (SQLite defaults)", **base})
+    rows += bench_retriever(name, out, read_titles(corpus), n_queries, repeats)
     print(f"[{name}] build: {build['pages']:,} pages in {build['seconds']:.1f} s wall (median of {build_repeats}; "
           f"{build['seconds_min']:.1f}-{build['seconds_max']:.1f}), {build['cpu_seconds']:.1f} s CPU; "
           f"SQLite defaults {base['seconds']:.1f} s -> ours {base['seconds'] / build['seconds']:.1f}x faster", flush=True)
@@ -256,6 +280,27 @@ def bench_corpus(name: str, corpus: Path, workdir: Path, n_queries: int, n_basel
     return rows
 
 
+def bench_retriever(name: str, out: Path, titles: list[str], n_queries: int, repeats: int) -> list[dict]:
+    """The bm25 mode's Search[question] (top 3 pages) over the built index `out`."""
+    queries = retrieval_queries(titles, min(n_queries, 500))
+    with LocalIndex(out) as index:
+        search_latencies(index, queries[:100], "bm25")  # warm the page cache
+        stats = repeated(lambda: search_latencies(index, queries, "bm25")[0], repeats)
+        found = sum(not o.startswith("Could not find") for o in search_latencies(index, queries, "bm25")[1])
+    print(f"[{name}] bm25 Search[question]: p50 {stats['p50_ms']:.1f} ms over {len(queries)} queries; {load()}",
+          flush=True)
+    return [{"corpus": name, "what": "Search bm25 (top 3, question queries)", "n": len(queries),
+             "hit_rate": found / len(queries), **stats}]
+
+
+def retriever_only(name: str, corpus: Path, workdir: Path, n_queries: int, repeats: int) -> list[dict]:
+    out = workdir / f"{name}.sqlite"
+    print(f"[{name}] start: {load()}", flush=True)
+    build = timed_build([corpus], out)
+    print(f"[{name}] build: {build['pages']:,} pages in {build['seconds']:.1f} s wall", flush=True)
+    return bench_retriever(name, out, read_titles(corpus), n_queries, repeats)
+
+
 def print_table(rows: list[dict]) -> None:
     print(f"\n{'corpus':<14} {'measure':<44} {'n':>9} {'p50 ms':>9} {'p50 spread':>15} {'p99 ms':>9}  note")
     for r in rows:
@@ -288,18 +333,26 @@ def main() -> int:
     parser.add_argument("--skip-synthetic", action="store_true")
     parser.add_argument("--workdir", type=Path, default=None, help="keep files here (default: a temp dir)")
     parser.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
+    parser.add_argument("--retriever-only", action="store_true",
+                        help="build each index once and measure the bm25 mode's Search alone")
     args = parser.parse_args()
     print(f"{' '.join(sys.argv)}\nstart: {load()}, {os.cpu_count()} CPUs", flush=True)
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="bench-wiki-") as tmp:
         workdir = args.workdir or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
-        if args.corpus.exists():
+        if args.retriever_only:
+            if args.corpus.exists():
+                rows += retriever_only("shared-26k", args.corpus, workdir, args.queries, args.repeats)
+            if not args.skip_synthetic:
+                synthetic = write_corpus(args.pages, workdir / f"synthetic-{args.pages}.jsonl")
+                rows += retriever_only(f"synthetic-{args.pages // 1000}k", synthetic, workdir, args.queries, args.repeats)
+        elif args.corpus.exists():
             rows += bench_corpus("shared-26k", args.corpus, workdir, args.queries, args.baseline_misses,
                                  args.repeats, args.build_repeats, args.baseline_repeats)
         else:
             print(f"{args.corpus} absent: skipping the shared corpus")
-        if not args.skip_synthetic:
+        if not args.skip_synthetic and not args.retriever_only:
             started = time.perf_counter()
             synthetic = write_corpus(args.pages, workdir / f"synthetic-{args.pages}.jsonl")
             print(f"[synthetic] generated {args.pages:,} pages in {time.perf_counter() - started:.1f} s", flush=True)
