@@ -107,9 +107,9 @@ def query_sets(titles: list[str], n: int, seed: int = 0) -> tuple[dict[str, list
     return {"hit": hits, "miss": misses, "agent": agent_queries()}, sources
 
 
-def retrieval_queries(titles: list[str], n: int, seed: int = 0) -> list[str]:
-    """Question-like queries for the bm25 mode: offline-eval questions (when the shared data has
-    them) and questions built around n sampled titles."""
+def retrieval_queries(titles: list[str], n: int, seed: int = 0) -> dict[str, list[str]]:
+    """Question-like queries for the bm25 mode, by kind: offline-eval questions (when the offline
+    split is there) and questions built around n sampled titles."""
     rng = random.Random(seed)
     from pipeline.core.errors import PipelineError
     from pipeline.tasks import get_task
@@ -122,7 +122,7 @@ def retrieval_queries(titles: list[str], n: int, seed: int = 0) -> list[str]:
               "What is {title} and which {noun} is it in?")
     built = [rng.choice(shapes).format(title=t, noun=rng.choice(("magazine", "band", "film", "city", "team")))
              for t in rng.sample(titles, min(n, len(titles)))]
-    return questions + built
+    return {"offline-eval questions": questions, "questions on sampled titles": built}
 
 
 def search_latencies(index: LocalIndex, queries: list[str], search: str = "title") -> tuple[list[float], list[str]]:
@@ -282,22 +282,28 @@ def bench_corpus(name: str, corpus: Path, workdir: Path, n_queries: int, n_basel
 
 def bench_retriever(name: str, out: Path, titles: list[str], n_queries: int, repeats: int) -> list[dict]:
     """The bm25 mode's Search[question] (top 3 pages) over the built index `out`."""
-    queries = retrieval_queries(titles, min(n_queries, 500))
+    rows = []
     with LocalIndex(out) as index:
-        search_latencies(index, queries[:100], "bm25")  # warm the page cache
-        stats = repeated(lambda: search_latencies(index, queries, "bm25")[0], repeats)
-        found = sum(not o.startswith("Could not find") for o in search_latencies(index, queries, "bm25")[1])
-    print(f"[{name}] bm25 Search[question]: p50 {stats['p50_ms']:.1f} ms over {len(queries)} queries; {load()}",
-          flush=True)
-    return [{"corpus": name, "what": "Search bm25 (top 3, question queries)", "n": len(queries),
-             "hit_rate": found / len(queries), **stats}]
+        for kind, queries in retrieval_queries(titles, min(n_queries, 500)).items():
+            if not queries:
+                continue
+            search_latencies(index, queries[:100], "bm25")  # warm the page cache
+            stats = repeated(lambda queries=queries: search_latencies(index, queries, "bm25")[0], repeats)
+            found = sum(not o.startswith("Could not find") for o in search_latencies(index, queries, "bm25")[1])
+            print(f"[{name}] bm25 Search[{kind}]: p50 {stats['p50_ms']:.1f} ms over {len(queries)}; {load()}", flush=True)
+            rows.append({"corpus": name, "what": f"Search bm25 top 3: {kind}", "n": len(queries),
+                         "hit_rate": found / len(queries), **stats})
+    return rows
 
 
 def retriever_only(name: str, corpus: Path, workdir: Path, n_queries: int, repeats: int) -> list[dict]:
     out = workdir / f"{name}.sqlite"
     print(f"[{name}] start: {load()}", flush=True)
-    build = timed_build([corpus], out)
-    print(f"[{name}] build: {build['pages']:,} pages in {build['seconds']:.1f} s wall", flush=True)
+    if out.exists():  # a --workdir kept from an earlier run: the same corpus, built already
+        print(f"[{name}] reusing {out}", flush=True)
+    else:
+        build = timed_build([corpus], out)
+        print(f"[{name}] build: {build['pages']:,} pages in {build['seconds']:.1f} s wall", flush=True)
     return bench_retriever(name, out, read_titles(corpus), n_queries, repeats)
 
 
@@ -345,7 +351,9 @@ def main() -> int:
             if args.corpus.exists():
                 rows += retriever_only("shared-26k", args.corpus, workdir, args.queries, args.repeats)
             if not args.skip_synthetic:
-                synthetic = write_corpus(args.pages, workdir / f"synthetic-{args.pages}.jsonl")
+                synthetic = workdir / f"synthetic-{args.pages}.jsonl"
+                if not synthetic.exists():
+                    write_corpus(args.pages, synthetic)
                 rows += retriever_only(f"synthetic-{args.pages // 1000}k", synthetic, workdir, args.queries, args.repeats)
         elif args.corpus.exists():
             rows += bench_corpus("shared-26k", args.corpus, workdir, args.queries, args.baseline_misses,
