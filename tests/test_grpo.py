@@ -173,6 +173,9 @@ def test_config_refusals_are_one_line(world, random_student, tmp_path, capsys):
          "which tensor parallelism cannot take"),
         (["accelerate_config=fsdp", "--num-processes", "1", "--dry-run"],
          "rollout.engine=transformers cannot run under FSDP"),
+        (["wiki.search=bm3"], "'wiki.search' must be title or bm25, got 'bm3'"),
+        (["wiki.search=bm25", "wiki.backend=live", "--dry-run"], "wiki.search=bm25 ranks the pages of a local index"),
+        (["task=fever", "wiki.search=bm25", "--dry-run"], "wiki.search=bm25 does not apply to FEVER"),
     ]
     for extra, needle in cases:
         assert main(["grpo", *base, *extra]) == 2, extra
