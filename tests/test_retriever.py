@@ -183,22 +183,32 @@ def test_a_grid_whose_students_train_in_one_mode_and_are_evaluated_in_the_other_
     assert allowed.returncode == 0, allowed.stderr
 
 
-def test_the_floor_grid_plans_act_react_and_rag_in_the_retriever_mode_with_both_exemplar_sets(tmp_path, monkeypatch):
+def test_the_floor_grid_plans_act_react_and_rag_in_the_retriever_mode_with_both_exemplar_sets(tmp_path, monkeypatch,
+                                                                                              smollm2_dir):
+    """configs/small-retriever-floor.yaml, planned as `run` plans it, and its rehearsal's plan
+    (--rehearse keeps the grid's search mode where it replaces the index)."""
     from episode_testdata import REPO
 
     from pipeline.core.config import build, load_config
+    from pipeline.rehearsal.rewrite import rehearse
     from pipeline.stages.eval import EvalConfig
+    from pipeline.stages.generate import GenerateConfig
     from pipeline.stages.grid.plan import plan
     from pipeline.stages.grid.spec import RunConfig, Student
 
     monkeypatch.chdir(REPO)
-    cfg = load_config(RunConfig, REPO / "configs/small-retriever-floor.yaml", [f"out_dir={tmp_path}/grid"])
-    evals = [u.config for u in plan(cfg, [build(Student, s, where="students") for s in cfg.students])
-             if isinstance(u.config, EvalConfig)]
+    cfg = load_config(RunConfig, REPO / "configs/small-retriever-floor.yaml",
+                      [f"out_dir={tmp_path}/grid", f"wiki.index={tmp_path}/not-here.sqlite"])
+    students = [build(Student, s, where="students") for s in cfg.students]
+    evals = [u.config for u in plan(cfg, students) if isinstance(u.config, EvalConfig)]
     assert len(evals) == 4 and all(e.finetuned is None for e in evals)
     assert all((e.wiki.search, e.wiki.search_k, e.methods, e.questions, e.limit) ==
                ("bm25", 3, ["act", "react", "rag"], "offline-eval", None) for e in evals)
     assert sorted(e.prompting.exemplars for e in evals) == ["ours", "ours", "paper", "paper"]
+    rehearsal = rehearse(cfg, students)
+    assert rehearsal.config.wiki["index"] != f"{tmp_path}/not-here.sqlite"  # the local corpus stands in
+    units = plan(rehearsal.config, rehearsal.students)
+    assert {u.config.wiki.search for u in units if isinstance(u.config, EvalConfig | GenerateConfig)} == {"bm25"}
 
 
 def test_plot_refuses_both_modes_in_one_figure():
