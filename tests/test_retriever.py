@@ -217,3 +217,43 @@ def test_plot_refuses_both_modes_in_one_figure():
     assert check_search_modes([{"search": "bm25", "origin": "a"}, {"search": "bm25", "origin": "b"}]) == "bm25 search"
     with pytest.raises(PipelineError, match=r"different wiki.search modes in one figure \(bm25 e.g. a; title e.g. b\)"):
         check_search_modes([{"search": "bm25", "origin": "a"}, {"origin": "b"}])
+
+
+def test_generate_looks_its_task_up_by_name_once_and_prompts_with_the_modes_exemplars(index, tmp_path, monkeypatch):
+    """A prompted teacher (a scripted one behind a real HTTP endpoint) in the retriever mode:
+    the stage resolves its task once at its entrance and hands it down (before, its config named
+    the task to five look-ups on the way through answerers, the run folder and the shards), and
+    the prompts carry the mode's exemplars (their observations are the retriever's)."""
+    from episode_testdata import ScriptedTeacher
+    from http_servers import FakeOpenAI
+
+    import pipeline.agent.answerers
+    import pipeline.stages.generate
+    import pipeline.tasks
+    from pipeline.core.config import build
+    from pipeline.stages.generate import GenerateConfig, generate
+    from pipeline.tasks import Task
+
+    lookups = []
+    real = pipeline.tasks.get_task
+
+    def counting(name=None):
+        if not isinstance(name, Task):
+            lookups.append(name)
+        return real(name)
+
+    for module in (pipeline.tasks, pipeline.stages.generate, pipeline.agent.answerers):
+        monkeypatch.setattr(module, "get_task", counting)
+    questions = real("hotpotqa").load_questions("offline-bootstrap", limit=2)
+    with FakeOpenAI(model="scripted-teacher") as server:
+        server.replies = ScriptedTeacher(questions)
+        cfg = build(GenerateConfig, {
+            "teacher": {"backend": "openai", "model": "scripted-teacher", "base_url": f"{server.url}/v1"},
+            "methods": ["react"], "questions": "offline-bootstrap", "limit": 2, "out_dir": str(tmp_path / "gen"),
+            "wiki": {"index": str(index), "search": "bm25"}})
+        generate(cfg)
+        prompts = list(server.replies.prompts)
+    assert lookups == ["hotpotqa"], lookups
+    assert prompts and all("Observation 1: (1) " in p for p in prompts)  # the bm25 exemplars
+    manifest = json.loads((tmp_path / "gen" / "manifest.json").read_text())
+    assert manifest["exemplar_sources"]["react"]["react"].endswith("exemplars/bm25")
