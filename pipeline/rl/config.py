@@ -69,7 +69,9 @@ class RolloutPrompting(MethodSettings):
 
     style: str = "zero_shot"  # the question line alone, as `eval` prompts a fine-tuned student (the only style here)
     max_new_tokens: int = at_least(1, default=100)  # per step (the original ReAct code's cap)
-    temperature: float = checked(in_range(0, above=True), default=1.0)  # samples the rollouts (> 0); the loss's log-probabilities use it too
+    # samples the rollouts; the loss's log-probabilities use it too. The bound is >= 0 so that 0 reaches
+    # resolve()'s refusal, which says why GRPO needs > 0 (a greedy group has no advantage to learn from)
+    temperature: float = checked(in_range(0), default=1.0)
 
 
 @dataclass
