@@ -86,7 +86,10 @@ def dataset_facts(folder: Path) -> dict:
     return {"format": fmt or folder.name, "task": task_of(manifest),
             "teachers": dataset_teachers(manifest),
             "rule": filter_rule(manifest), "stats": stats,
-            "fireact": any("fireact" in s for s in (stats.get("sources") or {}))}
+            "fireact": any("fireact" in s for s in (stats.get("sources") or {})),
+            # the messages layout's counts, when the folder has one (filter writes it since the layout exists)
+            "messages": stats.get("messages") if (folder / "messages.jsonl").is_file()
+            and (stats.get("messages") or {}).get("rows") else None}
 
 
 def dataset_card(folders: list[Path], *, name: str) -> str:
@@ -97,7 +100,8 @@ def dataset_card(folders: list[Path], *, name: str) -> str:
             "task_categories": ["text-generation", "question-answering"],
             "tags": ["react", "agents", task.name, "trajectories", "sft"],
             "size_categories": [_size_category(total)]}
-    lines = [front_matter(meta, configs_yaml([f["format"] for f in facts])), f"# {name}", "",
+    lines = [front_matter(meta, configs_yaml([f["format"] for f in facts], [f["format"] for f in facts if f["messages"]])),
+             f"# {name}", "",
              f"Supervised fine-tuning data for ReAct-style {task.title} agents, one configuration per trajectory "
              "format, written by react-finetune-pipeline (`generate` -> `filter` -> `publish`).", "",
              "    from datasets import load_dataset",
@@ -114,6 +118,7 @@ def dataset_card(folders: list[Path], *, name: str) -> str:
         lines.append(f"- `{f['format']}`: `prompt` is the question line, `completion` the trajectory "
                      f"(`{format_text(f['format'], task)}`); `observation_spans` are [start, end) "
                      "character offsets of observation text in `completion`, for optional loss masking.")
+    lines += messages_section(facts)
     lines += ["", "## How the examples were chosen", ""]
     for f in facts:
         dropped = json.dumps(f["stats"].get("dropped") or {})
@@ -126,12 +131,39 @@ def dataset_card(folders: list[Path], *, name: str) -> str:
     return "\n".join(lines)
 
 
-def configs_yaml(methods: list[str]) -> list[str]:
-    """`configs:` for the datasets library: one per method, each its own train.jsonl; the first is the default."""
+def configs_yaml(methods: list[str], messages: list[str] = ()) -> list[str]:
+    """`configs:` for the datasets library: one per method, each its own train.jsonl (the first is
+    the default), and `<method>-messages` for each method in `messages`, its messages.jsonl."""
     lines = ["configs:"]
     for i, method in enumerate(methods):
         lines += [f"- config_name: {method}"] + (["  default: true"] if i == 0 else [])
         lines += ["  data_files:", "  - split: train", f"    path: {method}/train.jsonl"]
+    for method in messages:
+        lines += [f"- config_name: {method}-messages", "  data_files:", "  - split: train",
+                  f"    path: {method}/messages.jsonl"]
+    return lines
+
+
+def messages_section(facts: list[dict]) -> list[str]:
+    """The card's words on the messages layout (pipeline/core/messages.py; docs/formats.md)."""
+    with_messages = [f["format"] for f in facts if f["messages"]]
+    if not with_messages:
+        return []
+    lines = ["", "## Two layouts", "",
+             "Each format comes in two layouts holding the same trajectories, row for row:", "",
+             "- `<format>` (`<format>/train.jsonl`): text completion in the paper's layout, `prompt` and `completion`.",
+             "- `<format>-messages` (`<format>/messages.jsonl`): chat `messages` with `tool_calls`, `role: tool` "
+             "observations and a `tools` column (JSON schemas of `search`, `lookup`, `finish`), the layout TRL's "
+             "SFTTrainer takes. Act and ReAct: one assistant turn per step, its thought as `content` and its action "
+             "as one tool call; the last turn is the `finish` call (the environment's reply to it is not written). "
+             "Standard and CoT: one plain assistant answer. Train it with a chat template that renders tool "
+             "calls and `assistant_only_loss=True`, so observations are never in the loss.", "",
+             "    from datasets import load_dataset",
+             f"    ds = load_dataset(\"<this repo or folder>\", \"{with_messages[0]}-messages\")  # messages, tools"]
+    left_out = {f["format"]: f["messages"]["left_out"] for f in facts if f["messages"] and f["messages"]["left_out"]}
+    if left_out:
+        lines += ["", f"Rows with no tool-call form (an action the environment refused), left out of the messages "
+                  f"layout only: {json.dumps(left_out)}."]
     return lines
 
 

@@ -15,6 +15,13 @@ one renderer, with capitalised actions and the observations kept verbatim; what 
 Standard/CoT/Act/ReAct (Reflexion-style retries, malformed chats, other tasks) is skipped and
 counted. `read_fireact_eval_run` turns an eval run into a summary row for the figure.
 
+The same reader takes any .jsonl of chat `messages` with `tool_calls` (the messages layout,
+pipeline/core/messages.py, which reads them): a row whose messages hold a tool call or a
+`role: tool` turn is read as one, FireAct's text-in-chat rows as above. Its correctness is the
+`finish` call's tool result (`Episode finished, reward = 1`) when the row has one, else the row's
+`em`; a row with neither is skipped (`no_reward`). Its teacher is the row's `teacher`, its
+source `messages:<folder>/<file>`; its questions are read as HotpotQA's, as FireAct's are.
+
     python -m pipeline.hub.importers trajectories ../shared/data/fireact/alpaca_format/hotpotqa.json -o fireact.jsonl
     python -m pipeline.hub.importers runs ../shared/data/fireact/trajs -o fireact_summary.json
 """
@@ -31,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.core.errors import PipelineError
+from pipeline.core.messages import NotToolCalls, from_messages
 from pipeline.core.storage import atomic_write_json, atomic_write_text, read_utf8
 from pipeline.core.trajectory import Step, Trajectory, render
 from pipeline.tasks import get_task
@@ -99,17 +107,26 @@ def read_fireact_trajectories(path: str | Path, *, other_tasks: bool = False) ->
         raise PipelineError(f"{path}: FireAct file not found; expected alpaca_format/*.json or gpt_format/*.jsonl")
     source = f"fireact:{path.parent.name}/{path.name}"
     pairs = _read_pairs(path)
-    hotpot = None if other_tasks or path.name.startswith("hotpotqa") else _hotpotqa_questions(path)
+    task_filter = not (other_tasks or path.name.startswith("hotpotqa"))
+    hotpot = None  # a multitask file's HotpotQA questions, read when its first FireAct row needs them
     multimethod = "multimethod" in path.name
     report = ImportReport(source)
     episodes = []
     for index, (question, text) in enumerate(pairs):
         report.seen += 1
         try:
+            if isinstance(text, dict):  # a row of chat messages with tool calls
+                episode = tool_calls_episode(text, path)
+                report.kept[episode["method"]] += 1
+                report.incorrect += episode["em"] == 0.0
+                episodes.append(episode)
+                continue
             if question is None:
                 raise Skip("no_question")
-            if hotpot is not None and question.strip() not in hotpot:
-                raise Skip("not_hotpotqa")
+            if task_filter:
+                hotpot = _hotpotqa_questions(path) if hotpot is None else hotpot
+                if question.strip() not in hotpot:
+                    raise Skip("not_hotpotqa")
             episode = fireact_episode(question, text, source=source, multimethod=multimethod)
         except Skip as skip:
             report.skipped[skip.reason] += 1
@@ -121,8 +138,9 @@ def read_fireact_trajectories(path: str | Path, *, other_tasks: bool = False) ->
     return episodes, report
 
 
-def _read_pairs(path: Path) -> list[tuple[str | None, str]]:
-    """(question, trajectory text in FireAct's line format) per record, for either layout."""
+def _read_pairs(path: Path) -> list[tuple[str | None, str | dict]]:
+    """(question, trajectory text in FireAct's line format) per record, for either layout; a
+    row of messages with tool calls comes as (None, the row)."""
     try:
         if path.suffix == ".jsonl":
             rows = [json.loads(line) for line in read_utf8(path).splitlines() if line.strip()]
@@ -141,10 +159,13 @@ def _read_pairs(path: Path) -> list[tuple[str | None, str]]:
     return pairs
 
 
-def _gpt_pair(row: dict, path: Path, line: int) -> tuple[str | None, str]:
+def _gpt_pair(row: dict, path: Path, line: int) -> tuple[str | None, str | dict]:
     messages = row.get("messages") if isinstance(row, dict) else None
-    if not isinstance(messages, list) or not messages:
-        raise PipelineError(f"{path}:{line}: expected {{messages: [...]}} (FireAct gpt format)")
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+        raise PipelineError(f"{path}:{line}: expected {{messages: [...]}} (FireAct gpt format, or chat messages "
+                            "with tool calls: docs/formats.md)")
+    if any(m.get("tool_calls") or m.get("role") == "tool" for m in messages):
+        return None, row
     if messages[0].get("role") != "user":
         return None, ""  # a chat that starts with the assistant has lost its question
     return messages[0]["content"], "\n".join(m.get("content") or "" for m in messages[1:])
@@ -218,6 +239,31 @@ def fireact_episode(question: str, text: str, *, source: str, multimethod: bool 
     if trajectory.format == "cot":
         trajectory.reasoning, trajectory.steps = steps[0].thought, []
     return _episode_record(trajectory, correct, source)
+
+
+def tool_calls_episode(row: dict, path: Path) -> dict:
+    """One row of chat messages with tool calls -> our episode record (raises Skip with a reason)."""
+    try:
+        trajectory, finish_result = from_messages(row["messages"])
+    except NotToolCalls as exc:
+        raise Skip(exc.reason) from None
+    if trajectory.answer is None:
+        raise Skip("no_finish")
+    reward = _FINISHED.match(finish_result or "")
+    if reward is not None:
+        correct = reward.group(1) in ("True", "1", "1.0")
+    elif isinstance(row.get("em"), (int, float)) and not isinstance(row.get("em"), bool):
+        correct = row["em"] == 1
+    else:
+        raise Skip("no_reward")
+    if trajectory.steps:  # our environment's own text for the finish observation
+        trajectory.steps[-1].observation = f"Episode finished, reward = {int(correct)}"
+    episode = _episode_record(trajectory, correct, f"messages:{path.parent.name}/{path.name}")
+    reward_source = "the finish call's tool result" if reward is not None else "the row's em"
+    episode.update(teacher=str(row.get("teacher") or f"unknown ({path.name} names no teacher)"),
+                   em_source=f"{reward_source}; correctness was not checked against a gold answer",
+                   observation_source=f"the tool results in {path.name}" if trajectory.steps else None)
+    return episode
 
 
 def _capitalised_action(action: str, *, last: bool) -> str:
@@ -404,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 __all__ = [
-    "ImportReport", "Skip", "fireact_episode", "find_fireact_files", "fireact_run_model",
+    "ImportReport", "Skip", "fireact_episode", "tool_calls_episode", "find_fireact_files", "fireact_run_model",
     "parse_fireact_text", "question_id", "read_fireact_eval_run",
     "read_fireact_eval_runs", "read_fireact_trajectories",
 ]

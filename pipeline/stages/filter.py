@@ -49,6 +49,7 @@ from pipeline.core.config import (
     to_dict,
 )
 from pipeline.core.errors import PipelineError
+from pipeline.core.messages import dataset_rows
 from pipeline.core.same_run import run_keys, same_run
 from pipeline.core.storage import (
     TMP_SUFFIX,
@@ -74,6 +75,7 @@ DROP_REASONS = ("error", "unfinished", "incorrect", "low_f1", "bad_trajectory", 
 # the others were dropped as data problems (bad_trajectory) or as surplus correct ones.
 FAILED_REASONS = ("error", "unfinished", "incorrect", "low_f1")
 FAILED_FILE = "failed.jsonl"
+MESSAGES_FILE = "messages.jsonl"  # the same rows as chat messages with tool calls (pipeline/core/messages.py)
 # The generate config keys that make shards parts of one run: GenerateConfig's fields marked
 # shard_set (pipeline.core.same_run); named here because a stage imports no sibling stage, and
 # held equal to them by tests/test_config.py.
@@ -426,6 +428,9 @@ def stats_line(stats: dict) -> str:
         line += f" = {stats['union']['rows_from_them']} earlier rows + {stats['union']['new_rows']} new"
     if steps and steps != f"0:{stats['kept']}":
         line += f"; steps {steps}"
+    left_out = (stats.get("messages") or {}).get("left_out")
+    if left_out:
+        line += f"; not in {MESSAGES_FILE} (no tool-call form): {', '.join(f'{r} {n}' for r, n in left_out.items())}"
     tokens = stats.get("tokens")
     if tokens:
         line += (f"; tokens ({tokens['tokenizer']}) min {tokens['min']} mean {tokens['mean']} "
@@ -458,6 +463,7 @@ def format_card(stats: dict, cfg: FilterConfig, task: Task | None = None) -> str
         "(append the tokenizer's EOS token at tokenization); `observation_spans` are [start, end)",
         "character offsets of observation text inside `completion`, for optional loss masking.",
         "",
+        *messages_card_lines(stats),
         f"Selection (pipeline.stages.filter): finished episodes with {task.correct_rule}"
         + (f" and F1 >= {cfg.min_f1}" if cfg.min_f1 is not None else "")
         + "; repeated episode ids and repeated trajectories of a question dropped (first kept)"
@@ -482,8 +488,19 @@ def format_card(stats: dict, cfg: FilterConfig, task: Task | None = None) -> str
                   "are Google search snippets, not this project's Wikipedia environment; no gold answers were",
                   "released, so correctness is FireAct's own finish reward."]
     lines += ["", f"{task.data_kind.capitalize()}: {task.citation}, {task.licence}.", "",
-              "    datasets.load_dataset(\"json\", data_files=\"train.jsonl\")", ""]
+              "    datasets.load_dataset(\"json\", data_files=\"train.jsonl\")     # prompt / completion",
+              f"    datasets.load_dataset(\"json\", data_files=\"{MESSAGES_FILE}\")  # messages / tools", ""]
     return "\n".join(lines)
+
+
+def messages_card_lines(stats: dict) -> list[str]:
+    """What the card says of messages.jsonl (docs/formats.md, "Messages layout")."""
+    layout = stats.get("messages") or {}
+    left_out = layout.get("left_out") or {}
+    return [f"`{MESSAGES_FILE}`: the same {layout.get('rows', 0)} trajectories as chat `messages` with `tool_calls` "
+            "and `role: tool` observations, plus `tools` (JSON schemas of search, lookup, finish), for chat "
+            "templates and TRL's SFTTrainer (`assistant_only_loss=True`); the final answer is a `finish` call."
+            + (f" Left out, having no tool-call form: {json.dumps(left_out)}." if left_out else ""), ""]
 
 
 def write_dataset_dir(target: Path, files: dict[str, str], manifest: dict) -> None:
@@ -563,7 +580,7 @@ def content_key(cfg: FilterConfig) -> dict:
 
 def is_up_to_date(folder: Path, inputs: list[dict], cfg: FilterConfig) -> bool:
     return (is_done(folder / "manifest.json", inputs=inputs, settings=content_key(cfg))
-            and (folder / "train.jsonl").exists())
+            and (folder / "train.jsonl").exists() and (folder / MESSAGES_FILE).exists())
 
 
 # ---------------------------------------------------------------- the stage
@@ -627,8 +644,11 @@ def run_filter(cfg: FilterConfig, allow_empty: bool = False) -> dict:
         stats = dataset_stats(selection, examples, tokenizer, cfg.tokenizer)
         if union is not None:
             stats["union"] = union
+        messages, left_out = dataset_rows(examples, question_label=task.question_label, answer_space=task.answer_space)
+        stats["messages"] = {"rows": len(messages), "left_out": dict(left_out)}
         files = {
             "train.jsonl": "".join(json.dumps(e, ensure_ascii=False) + "\n" for e in examples),
+            MESSAGES_FILE: "".join(json.dumps(m, ensure_ascii=False) + "\n" for m in messages),
             FAILED_FILE: failed_lines(selection),
             "stats.json": json.dumps(stats, indent=2) + "\n",
             "README.md": format_card(stats, cfg, task),

@@ -4,9 +4,11 @@
     python -m pipeline publish checkpoint=checkpoints/demo/smollm2-135m/react/final \\
         summaries=[runs/demo/eval/*/summary.json] hub_id=me/smollm2-135m-react
 
-A dataset becomes a `datasets`-loadable folder: `<method>/train.jsonl` per method and a README.md
+A dataset becomes a `datasets`-loadable folder: `<method>/train.jsonl` per method (and its
+`messages.jsonl`, the same trajectories as chat messages with tool calls) and a README.md
 dataset card (teacher, format, counts, filter rule, token statistics, licences) whose `configs:`
-block makes `load_dataset(folder, "<method>")` read it. A checkpoint becomes a copy of its
+block makes `load_dataset(folder, "<method>")` read the text layout and
+`load_dataset(folder, "<method>-messages")` the messages layout. A checkpoint becomes a copy of its
 `final/` folder (weights or adapter, tokenizer, manifest) with the model card (pipeline.hub.cards:
 training config, data provenance, EM / F1 from the eval summaries that evaluated it), loadable
 with `from_pretrained`. The folder is written to a temporary name and renamed.
@@ -95,7 +97,7 @@ def dataset_package(dataset: Path, name: str | None) -> tuple[str, str, dict[str
     facts = [dataset_facts(f) for f in folders]
     formats = [f["format"] for f in facts]
     name = name or f"{facts[0]['task']}-react-sft-{'-'.join(formats)}"
-    files = {f"{m}/{n}": f / n for m, f in zip(formats, folders, strict=True) for n in ("train.jsonl", "stats.json")
+    files = {f"{m}/{n}": f / n for m, f in zip(formats, folders, strict=True) for n in ("train.jsonl", "messages.jsonl", "stats.json")
              if (f / n).is_file()}
     return "dataset", name, files, dataset_card(folders, name=name)
 
