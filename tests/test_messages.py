@@ -212,3 +212,157 @@ def test_a_trajectory_with_a_refused_action_stays_in_the_text_layout_only(tmp_pa
     assert json.loads((folder / "stats.json").read_text())["messages"] == {"rows": 1, "left_out": {"action_not_a_tool": 1}}
     assert "not in messages.jsonl (no tool-call form): action_not_a_tool 1" in capsys.readouterr().out
     assert 'Left out, having no tool-call form: {"action_not_a_tool": 1}' in (folder / "README.md").read_text()
+
+
+# ---------------------------------------------------------------- reading the layout back
+
+
+def _chat(*turns) -> list[dict]:
+    """user / assistant (content, (tool, arguments) or None) / tool turns, as an API writes them."""
+    out = []
+    for turn in turns:
+        if turn[0] == "assistant" and turn[2] is not None:
+            name, arguments = turn[2]
+            out.append({"role": "assistant", "content": turn[1],
+                        "tool_calls": [{"id": "x", "type": "function", "function": {"name": name, "arguments": arguments}}]})
+        else:
+            out.append({"role": turn[0], "content": turn[1]})
+    return out
+
+
+@needs_fireact
+def test_tool_call_chats_and_fireact_chats_come_in_through_one_reader(both_layouts, tmp_path):
+    from pipeline.hub.importers import read_fireact_trajectories
+
+    ours = read_jsonl(both_layouts / "react" / "messages.jsonl")
+    api = _chat(("user", "Where is X?"), ("assistant", "Search X.", ("search", '{"entity": "X"}')),  # OpenAI: a JSON string
+                ("tool", "X is in Y."), ("assistant", "So Y.", ("finish", {"answer": "Y"})),
+                ("tool", "Episode finished, reward = 0"))
+    rows = [{**ours[0], "em": 1.0}, {"messages": api}, {"messages": ours[1]["messages"]},  # the last: no reward to read
+            {"messages": _chat(("user", "Q?"), ("assistant", "t", ("browse", {"url": "u"})), ("tool", "o"))},
+            {"messages": _chat(("user", "Q?"), ("assistant", "t", ("search", "{not json")), ("tool", "o"))},
+            {"messages": _chat(("user", "Q?"), ("assistant", "t", ("search", {"query": "x"})), ("tool", "o"))},
+            {"messages": _chat(("user", "Q?"), ("assistant", "t", ("search", {"entity": "x"})), ("tool", "o"),
+                               ("assistant", "I think it is x.", None), ("user", "Go on."))},
+            {"messages": [*_chat(("user", "Q?")), {"role": "assistant", "content": "", "tool_calls": [
+                {"type": "function", "function": {"name": "search", "arguments": {"entity": "a"}}},
+                {"type": "function", "function": {"name": "search", "arguments": {"entity": "b"}}}]}]},
+            {"messages": _chat(("user", "Q?"), ("assistant", "t", ("search", {"entity": "x"})), ("tool", "o"),
+                               ("assistant", "", ("finish", {"answer": "x"})), ("tool", "Episode finished, reward = 1"))}]
+    path = tmp_path / "chats.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    episodes, report = read_fireact_trajectories(path)
+    assert report.seen == 9 and dict(report.kept) == {"react": 2} and report.incorrect == 1
+    assert dict(report.skipped) == {"no_reward": 1, "unknown_tool": 1, "bad_arguments": 2, "no_tool_call": 1,
+                                    "several_tool_calls": 1, "mixed_thoughts": 1}
+    train = read_jsonl(both_layouts / "react" / "train.jsonl")[0]
+    assert episodes[0]["text"] == train["prompt"] + train["completion"]  # our messages read back as our text
+    assert episodes[0]["source"] == f"messages:{tmp_path.name}/chats.jsonl"
+    assert episodes[1]["trajectory"]["steps"] == [
+        {"thought": "Search X.", "action": "Search[X]", "observation": "X is in Y."},
+        {"thought": "So Y.", "action": "Finish[Y]", "observation": "Episode finished, reward = 0"}]
+    assert episodes[1]["em"] == 0.0 and episodes[1]["teacher"] == "unknown (chats.jsonl names no teacher)"
+    # FireAct's own chats (text in content, observations as user turns) still read as before
+    fireact, fireact_report = read_fireact_trajectories(FIREACT / "gpt_format" / "hotpotqa.jsonl")
+    assert fireact_report.seen == 500 and fireact[0]["source"] == "fireact:gpt_format/hotpotqa.jsonl"
+
+
+# ---------------------------------------------------------------- TRL's own trainer on the layout
+
+
+def assistant_turn_text(message: dict) -> str:
+    """What the shipped template writes for an assistant turn inside {% generation %}."""
+    calls = [json.dumps({"name": c["function"]["name"], "arguments": c["function"]["arguments"]}, ensure_ascii=False)
+             for c in message.get("tool_calls") or []]
+    calls = [f"<tool_call>\n{call}\n</tool_call>" for call in calls]
+    return "\n".join(([message["content"]] if message["content"] else []) + calls) + "<|im_end|>"
+
+
+def trained_text(tokenizer, input_ids: list[int], labels: list[int]) -> str:
+    return tokenizer.decode([i for i, label in zip(input_ids, labels, strict=True) if label != -100])
+
+
+def tool_turn_labels(tokenizer, row: dict, example: dict) -> set[int]:
+    """The labels TRL gave the tokens of the `role: tool` turns, found by character position in
+    the rendered chat (the template writes each as <|im_start|>tool ... <|im_end|>)."""
+    text = tokenizer.apply_chat_template(row["messages"], tools=row["tools"], tokenize=False)
+    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    assert encoded["input_ids"] == example["input_ids"]
+    spans, start = [], text.find("<|im_start|>tool")
+    while start != -1:
+        end = text.index("<|im_end|>", start) + len("<|im_end|>")
+        spans.append((start, end))
+        start = text.find("<|im_start|>tool", end)
+    assert len(spans) == sum(m["role"] == "tool" for m in row["messages"]) > 0
+    return {label for (a, b), label in zip(encoded["offset_mapping"], example["labels"], strict=True)
+            if any(a < e and s < b for s, e in spans)}
+
+
+@pytest.mark.slow  # a real SFTTrainer: its imports and two steps take ~20 s on 2 cores
+@needs_fireact
+def test_trl_sft_trains_on_the_exported_messages_assistant_turns_only(both_layouts, smollm2_dir, tmp_path):
+    """TRL's SFTTrainer, given messages.jsonl as written (6 of FireAct's ReAct trajectories), the
+    shipped template and assistant_only_loss, trains on each assistant turn (thought, tool call,
+    <|im_end|>) and on nothing else: no question, no tool schema, no observation. Beside it, the
+    text layout's masks (pipeline/train/sft.py) on the same trajectories: docs/formats.md says how
+    they differ, and these asserts hold each difference."""
+    import torch
+    from datasets import load_dataset
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from trl import SFTConfig, SFTTrainer
+    from trl.chat_template_utils import is_chat_template_prefix_preserving, supports_tool_calling
+    from trl.trainer.sft_trainer import is_chat_template_stop_token_trained
+
+    from pipeline.hub.chat_template import TOOL_CALLS_TEMPLATE, tool_calls_template
+    from pipeline.train.sft import tokenize_example
+    from pipeline.train.trainer import sft_trainer_class
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    assert not supports_tool_calling(tokenizer)  # SmolLM2's own template drops tool calls
+    lines = (both_layouts / "react" / "messages.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
+    fireact = sorted((line for line in lines if '"source": "fireact' in line), key=len)[:6]  # the shortest: seconds on a CPU
+    (tmp_path / "messages.jsonl").write_text("".join(fireact), encoding="utf-8")
+    dataset = load_dataset("json", data_files=str(tmp_path / "messages.jsonl"), split="train",
+                           cache_dir=str(tmp_path / "cache"))
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=2, intermediate_size=64,
+                                         max_position_embeddings=4096, eos_token_id=tokenizer.eos_token_id))
+    before = [p.detach().clone() for p in model.parameters()]
+    args = SFTConfig(output_dir=str(tmp_path / "out"), assistant_only_loss=True, max_steps=2, per_device_train_batch_size=3,
+                     learning_rate=1e-3, report_to=[], save_strategy="no", logging_steps=1, use_cpu=True,
+                     activation_checkpointing=False, disable_tqdm=True, chat_template_path=str(TOOL_CALLS_TEMPLATE))
+    # TRL's SFTTrainer prepares the data (chat template, assistant masks, labels) as it is; the class
+    # is the project's, which computes the same cross-entropy on those labels with the model's own
+    # loss instead of TRL's chunked LM head, ~10x slower on a CPU (pipeline/train/trainer.py)
+    trainer = sft_trainer_class("model")(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+    assert isinstance(trainer, SFTTrainer) and trainer.processing_class.chat_template == tool_calls_template()
+    assert supports_tool_calling(tokenizer) and is_chat_template_prefix_preserving(tokenizer)
+    assert is_chat_template_stop_token_trained(tokenizer)  # <|im_end|> is in the loss: the model learns to stop
+
+    rows = {r["id"]: r for r in read_jsonl(both_layouts / "react" / "train.jsonl")}
+    for example, line in zip(trainer.train_dataset, fireact, strict=True):
+        row = json.loads(line)
+        ours = trained_text(tokenizer, example["input_ids"], example["labels"])
+        assistant = [m for m in row["messages"] if m["role"] == "assistant"]
+        assert ours == "".join(assistant_turn_text(m) for m in assistant)  # the assistant turns, whole, and only them
+        assert tool_turn_labels(tokenizer, row, example) == {-100}  # observations, by position: never in the loss
+        assert "<tools>" not in ours and "<tool_response>" not in ours and "Question:" not in ours
+        observations = [m["content"] for m in row["messages"] if m["role"] == "tool"]
+        # The text layout on the same trajectory (pipeline/train/sft.py), paper default and masked:
+        text = rows[row["id"]]
+        paper = tokenize_example(tokenizer, text["prompt"], text["completion"], text["observation_spans"], False)
+        masked = tokenize_example(tokenizer, text["prompt"], text["completion"], text["observation_spans"], True)
+        paper_text = trained_text(tokenizer, paper["input_ids"], paper["labels"])
+        masked_text = trained_text(tokenizer, masked["input_ids"], masked["labels"])
+        assert all(o[:40] in paper_text for o in observations)  # the paper trains on observations
+        assert "Episode finished, reward = 1" in paper_text  # and on Finish's observation, which the messages omit
+        assert "Episode finished" not in masked_text
+        n = len(assistant)
+        assert masked_text.count("Observation") == n and masked_text.count("Thought") == n  # labels trained
+        assert masked_text.endswith("<|im_end|>") and masked_text.count("<|im_end|>") == 1  # one EOS at the end
+        assert ours.count("<|im_end|>") == n and "Observation" not in ours  # one per turn, no labels
+    trainer.train()
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert len(losses) == 2 and all(torch.isfinite(torch.tensor(losses)))
+    assert any(not torch.equal(a, b.detach()) for a, b in zip(before, model.parameters(), strict=True))
