@@ -88,7 +88,8 @@ class FilterConfig:
     RENAMED_KEYS: ClassVar[dict[str, str]] = {"methods": "formats"}  # old key -> new (pipeline.core.config)
 
     inputs: list[str] = same_run("input", default_factory=list)  # generate output folders
-    fireact: list[str] = same_run("input", default_factory=list)  # FireAct alpaca .json / gpt .jsonl files or folders
+    # FireAct alpaca .json / gpt .jsonl files or folders, or any .jsonl of chat messages with tool calls
+    fireact: list[str] = same_run("input", default_factory=list)
     fireact_other_tasks: bool = same_run("identity", default=False)  # keep non-HotpotQA questions of FireAct's multitask files
     # SFT dataset folders (this stage's out_dirs) whose <method>/train.jsonl rows come first in each
     # dataset, the new episodes' rows added unless already there (self-training's union of rounds);
