@@ -189,7 +189,7 @@ def from_messages(messages: list[dict[str, Any]], *, question_label: str = QUEST
         if role == "assistant" and message.get("tool_calls"):
             if steps and steps[-1].action and steps[-1].action.startswith("Finish["):
                 raise NotToolCalls("finish_not_last", f"message {n}")
-            steps.append(_step(message, n))
+            steps.append(reply_step(_text(message), message["tool_calls"], f"message {n}"))
         elif role == "assistant":
             if n != len(turns) or steps:
                 raise NotToolCalls("no_tool_call", f"message {n}: an assistant turn without a tool call")
@@ -216,24 +216,46 @@ def _text(message: dict[str, Any]) -> str:
     return content if isinstance(content, str) else ""
 
 
-def _step(message: dict[str, Any], n: int) -> Step:
-    calls = message["tool_calls"]
-    if len(calls) != 1:
-        raise NotToolCalls("several_tool_calls", f"message {n}: {len(calls)} calls in one turn; a step acts once")
-    function = calls[0].get("function") or calls[0]
+def reply_step(content: str | None, tool_calls: Any, where: str = "the reply") -> Step:
+    """An assistant turn (its content and tool calls) -> the step it takes: its content the
+    thought, its one call the action as the text layout writes it (`search {"entity": "x"}` ->
+    `Search[x]`). Raises NotToolCalls: `no_tool_call`, `several_tool_calls`, `unknown_tool`,
+    `bad_arguments` (not JSON, or not the tool's one string)."""
+    if not tool_calls:
+        raise NotToolCalls("no_tool_call", f"{where}: an assistant turn without a tool call")
+    if not isinstance(tool_calls, list) or len(tool_calls) != 1 or not isinstance(tool_calls[0], dict):
+        count = len(tool_calls) if isinstance(tool_calls, list) else "malformed"
+        raise NotToolCalls("several_tool_calls" if isinstance(tool_calls, list) else "bad_arguments",
+                           f"{where}: {count} calls in one turn; a step acts once")
+    function = tool_calls[0].get("function") or tool_calls[0]
     name, arguments = function.get("name"), function.get("arguments")
     if name not in PARAMETERS:
-        raise NotToolCalls("unknown_tool", f"message {n}: {name!r}")
+        raise NotToolCalls("unknown_tool", f"{where}: {name!r} is not one of {', '.join(PARAMETERS)}")
     if isinstance(arguments, str):  # OpenAI's API sends arguments as a JSON string
         try:
             arguments = json.loads(arguments)
         except json.JSONDecodeError:
-            raise NotToolCalls("bad_arguments", f"message {n}: not JSON: {arguments[:80]!r}") from None
+            raise NotToolCalls("bad_arguments", f"{where}: not JSON: {arguments[:80]!r}") from None
     value = arguments.get(PARAMETERS[name]) if isinstance(arguments, dict) else None
     if not isinstance(value, str):
-        raise NotToolCalls("bad_arguments", f"message {n}: {name} needs {{{PARAMETERS[name]!r}: <string>}}")
-    thought = _text(message).strip()
+        raise NotToolCalls("bad_arguments", f"{where}: {name} needs {{{PARAMETERS[name]!r}: <string>}}")
+    thought = one_line(content or "")
     return Step(thought=thought or None, action=f"{ACTION_TEXT[name]}[{value.strip()}]")
+
+
+def wire_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages as an OpenAI-compatible chat endpoint takes them: each tool call's
+    `arguments` a JSON string (this layout keeps them as objects, as chat templates take them)."""
+    out = []
+    for message in messages:
+        calls = message.get("tool_calls")
+        if calls:
+            calls = [{**c, "function": {**c["function"], "arguments": json.dumps(c["function"]["arguments"],
+                                                                                 ensure_ascii=False)}}
+                     for c in calls]
+            message = {**message, "tool_calls": calls}
+        out.append(message)
+    return out
 
 
 def _tool_trajectory(question: str, steps: list[Step], question_label: str) -> Trajectory:

@@ -38,6 +38,10 @@ class GenerationRequest:
     temperature: float = 0.0  # 0 = greedy
     n: int = 1  # samples per prompt (CoT-SC uses 21 at T=0.7)
     seed: int | None = None
+    # A chat request (prompting.interface: tools): the conversation so far in OpenAI's wire format
+    # and the tools' JSON schemas, in place of `prompt` (pipeline/core/messages.py writes both)
+    messages: list[dict] | None = None
+    tools: list[dict] | None = None
 
 
 @dataclass
@@ -47,6 +51,7 @@ class Completion:
     completion_tokens: int = 0
     finish_reason: str = "stop"  # "stop" (hit a stop string / EOS), "length", or "error"
     error: str | None = None  # why, when finish_reason == "error" (e.g. context window exceeded)
+    tool_calls: list[dict] | None = None  # a chat request's answer: the tool calls as the server sent them
 
 
 class LLM(Protocol):

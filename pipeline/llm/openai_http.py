@@ -5,7 +5,9 @@
       base_url: http://127.0.0.1:8000/v1   # where `vllm serve MODEL` listens (or a list of
                                              # replicas: pipeline.llm.replicas)
       model: meta-llama/Llama-3.1-70B-Instruct
-      api: completions                       # or chat (one user message per prompt)
+      api: completions                       # or chat (one user message per prompt); a request
+                                             # with messages and tools (prompting.interface: tools)
+                                             # goes to chat/completions either way
       api_key_env: OPENAI_API_KEY            # the key is read from this variable only
       max_concurrency: 8                     # default: the stage's max_in_flight
 
@@ -197,7 +199,7 @@ class OpenAICompatibleLLM:
             self.replicas.release(replica)
             break
         try:
-            return _completions(payload, request, chat=self.api == "chat")
+            return _completions(payload, request, chat=self.api == "chat" or request.messages is not None)
         except (TypeError, ValueError, AttributeError) as e:  # e.g. usage {"prompt_tokens": "x"}
             return _failed(request, self.client.redact(f"malformed answer from {url}: {e}"))
 
@@ -210,6 +212,11 @@ class OpenAICompatibleLLM:
             body["stop"] = list(request.stop)
         if request.seed is not None:
             body["seed"] = request.seed
+        if request.messages is not None:  # a conversation with tools, whatever `api` says of text prompts
+            body["messages"] = request.messages
+            if request.tools:
+                body["tools"] = request.tools
+            return f"{base_url}/chat/completions", body
         if self.api == "chat":
             body["messages"] = [{"role": "user", "content": request.prompt}]
             return f"{base_url}/chat/completions", body
@@ -266,10 +273,13 @@ def _completions(payload: dict, request: GenerationRequest, *, chat: bool) -> li
     for choice, text, tokens in zip(choices, texts, shares, strict=True):
         text, stopped = cut_at_stop(text, request.stop)
         reason = choice.get("finish_reason")
+        calls = (choice.get("message") or {}).get("tool_calls") if request.messages is not None else None
+        if reason == "tool_calls" and request.messages is not None:  # the model's own ending of a tool turn
+            reason = "stop"
         finish = "stop" if stopped else _FINISH_REASONS.get(reason, "error")
         error = f"finish_reason={reason}" if finish == "error" else None
         out.append(Completion(text=text, prompt_tokens=prompt_tokens, completion_tokens=tokens,
-                              finish_reason=finish, error=error))
+                              finish_reason=finish, error=error, tool_calls=calls if calls else None))
     out += [Completion(text="", finish_reason="error",
                        error=f"endpoint returned {len(choices)} of {request.n} choices")
             for _ in range(request.n - len(out))]

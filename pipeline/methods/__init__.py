@@ -24,6 +24,7 @@ METHOD_NAMES = tuple(spec.name for spec in METHODS)
 FORMATS_USED = {spec.name: spec.formats for spec in METHODS}  # the formats each method prompts with
 STYLES = ("prompt", "zero_shot", "fireact")
 LOOPS = ("ours", "original")
+INTERFACES = ("text", "tools")  # prompting.interface: the paper's text, or native tool calls
 
 __all__ = ["METHODS", "METHOD_NAMES", "EpisodeContext", "Method", "MethodSettings", "MethodSpec", "Outcome",
            "Program", "build_method", "method_spec", "prompt_prefixes"]
@@ -43,6 +44,8 @@ def prompt_prefixes(name: str, settings: MethodSettings, task: Task | str | None
 
         return {"react": PromptPrefix("react", "", "", SOURCE)}
     formats = method_spec(name).formats
+    if settings.interface == "tools":  # no exemplars: the chat template lists the tools
+        return {fmt: PromptPrefix(fmt, "", "", "none: native tool calls (prompting.interface=tools)") for fmt in formats}
     if settings.style == "zero_shot":
         return {fmt: zero_shot(fmt) for fmt in formats}
     return {fmt: load_prompt(fmt, settings.exemplars, task, search) for fmt in formats}
@@ -60,6 +63,10 @@ def build_method(name: str, settings: MethodSettings | None = None, task: Task |
         from pipeline.methods.fireact import FireActReAct
 
         return FireActReAct(settings)
+    if settings.interface == "tools":
+        from pipeline.methods.tool_calling import ToolCalling
+
+        return ToolCalling(name, settings, task)
     spec = method_spec(name)
     return spec.build(*(p[fmt] for fmt in spec.formats), settings, task)
 
@@ -78,6 +85,14 @@ def check_method(name: str, settings: MethodSettings, task: Task | None = None) 
         raise PipelineError(f"FireAct's format is ReAct only; it cannot run '{name}' (set methods=[react])")
     if settings.style == "fireact" and task is not None and task.name != "hotpotqa":
         raise PipelineError(f"FireAct's format was trained on HotpotQA questions; it does not run the {task.title} task")
+    if settings.interface not in INTERFACES:
+        raise PipelineError(f"unknown prompting.interface '{settings.interface}'; expected one of {', '.join(INTERFACES)}")
+    if settings.interface == "tools" and name not in ("react", "act"):
+        raise PipelineError(f"prompting.interface=tools runs act and react through tool calls, not '{name}'; "
+                            "set methods=[react] or [act], or interface=text")
+    if settings.interface == "tools" and (settings.style == "fireact" or settings.loop == "original"):
+        raise PipelineError("prompting.interface=tools sends messages, not the text that style=fireact or "
+                            "loop=original prompt with; leave those at their defaults, or set interface=text")
     if settings.max_steps < 1 or settings.max_new_tokens < 1 or settings.cot_sc_samples < 1:
         raise PipelineError("max_steps, max_new_tokens and cot_sc_samples must be >= 1 "
                             f"(got {settings.max_steps}, {settings.max_new_tokens}, {settings.cot_sc_samples})")

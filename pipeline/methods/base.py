@@ -34,6 +34,8 @@ class MethodSettings:
     RENAMED_KEYS: ClassVar[dict[str, str]] = {"mode": "style"}  # old key -> new (pipeline.core.config)
     # a serving library's names of our keys: their did-you-mean (pipeline.core.config)
     SYNONYMS: ClassVar[dict[str, tuple[str, str]]] = {"max_tokens": ("max_new_tokens", "vLLM's and OpenAI's")}
+    # a manifest written before `interface` existed ran the text interface (pipeline.core.config.upgrade_keys)
+    UPGRADE_OLD: ClassVar = staticmethod(lambda settings: {"interface": "text", **settings})
 
     style: str = "prompt"  # prompt (instruction + exemplars + question) | zero_shot (question alone) | fireact
     exemplars: str = "ours"  # ours | paper | a prompts_naive.json path | a folder of ours
@@ -46,6 +48,9 @@ class MethodSettings:
     cot_sc_samples: int = at_least(1, default=21)
     cot_sc_temperature: float = checked(in_range(0), default=0.7)  # samples CoT-SC's votes
     seed: int = at_least(0, default=0)  # mixed with each question id into the request seed (sampling only)
+    # text | tools. tools: Act and ReAct act through native tool calls of an OpenAI-compatible chat
+    # endpoint (`backend: openai`), the conversation as messages (pipeline/methods/tool_calling.py)
+    interface: str = "text"
 
 
 @dataclass
