@@ -159,6 +159,7 @@ def test_config_refusals_are_one_line(world, random_student, tmp_path, capsys):
         (["prompting.temperature=0"], "prompting.temperature: GRPO samples"),
         (["group_size=1"], "'group_size' must be >= 2, got 1 (GRPO compares the rollouts of one question)"),
         (["prompting.style=prompt"], "GRPO trains zero-shot"),
+        (["prompting.interface=tools"], "prompting.interface: GRPO's rollouts decode the text layout"),
         (["reward.em=0"], "not all 0"),
         (["rollout.engine=vllm", "rollout.vllm_mode=server"], "needs the `trl vllm-serve` URL"),
         (["questions_per_step=17"], "fewer than questions_per_step=17"),

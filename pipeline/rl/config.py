@@ -159,6 +159,9 @@ def resolve(cfg: GrpoConfig) -> GrpoConfig:
     if cfg.prompting.style != "zero_shot":
         raise PipelineError(f"prompting.style: GRPO trains zero-shot (the question line alone), as `eval` decodes "
                             f"a fine-tuned student; got '{cfg.prompting.style}'")
+    if cfg.prompting.interface != "text":
+        raise PipelineError(f"prompting.interface: GRPO's rollouts decode the text layout; "
+                            f"'{cfg.prompting.interface}' is eval's and generate's only (remove the key)")
     if cfg.prompting.temperature <= 0:
         raise PipelineError(f"prompting.temperature: GRPO samples its rollouts (a group of greedy rollouts is one "
                             f"rollout {cfg.group_size} times, with no advantage to learn from); set it > 0, e.g. 1.0")
