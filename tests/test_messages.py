@@ -366,3 +366,14 @@ def test_trl_sft_trains_on_the_exported_messages_assistant_turns_only(both_layou
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     assert len(losses) == 2 and all(torch.isfinite(torch.tensor(losses)))
     assert any(not torch.equal(a, b.detach()) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_a_row_whose_text_does_not_read_back_is_left_out_not_guessed():
+    from pipeline.core.messages import dataset_rows
+
+    good = {"id": "a", "question": "Q?", "method": "standard", "prompt": "Question: Q?\n", "completion": "Answer: A\n"}
+    claim = {**good, "id": "b", "prompt": "Claim: Q?\n"}  # not this task's question line
+    odd = {**good, "id": "c", "completion": "Answer: A\nsomething after\n"}  # the parser drops the stray line
+    rows, left_out = dataset_rows([good, claim, odd])
+    assert [r["id"] for r in rows] == ["a"] and dict(left_out) == {"text_does_not_parse": 2}
+    assert rows[0]["messages"] == [{"role": "user", "content": "Question: Q?"}, {"role": "assistant", "content": "A"}]

@@ -151,8 +151,11 @@ def dataset_rows(rows: list[dict[str, Any]], *, question_label: str = QUESTION_L
     tools = tool_schemas(answer_space)
     for row in rows:
         text = row["prompt"] + row["completion"]
-        traj = parse(text, row["method"], question_label)
-        if render(traj).text != text:  # the renderer and the parser disagree: never write a guess
+        try:
+            traj = parse(text, row["method"], question_label)
+        except ValueError:  # e.g. not the task's question line
+            traj = None
+        if traj is None or render(traj).text != text:  # the renderer and the parser disagree: never write a guess
             left_out["text_does_not_parse"] += 1
             continue
         try:
