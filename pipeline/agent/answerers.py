@@ -33,10 +33,6 @@ class PromptedModel:
     def check(self, methods: list[str], settings: MethodSettings) -> dict[str, dict]:
         """Fail fast on an unknown method or a missing exemplar file; return exemplar sources."""
         require_methods(methods)
-        if settings.interface == "tools" and self.cfg.backend != "openai":
-            raise PipelineError(f"prompting.interface=tools sends tool calls to an OpenAI-compatible chat endpoint; "
-                                f"the '{self.cfg.backend}' backend has none: set backend: openai (a `vllm serve` "
-                                "with a tool-call parser, or a hosted API)")
         if "rag" in methods and self.search != "bm25":
             raise PipelineError(f"method rag retrieves with the question, which wiki.search={self.search} cannot "
                                 "(it looks one page up by its exact title): set wiki.search=bm25, or drop rag")

@@ -139,11 +139,22 @@ def check_settings(cfg: Any, who: Answerer, settings: MethodSettings,
     if getattr(who, "style", None) == "exact" and cfg.wiki.search != "title":
         raise PipelineError(f"oracle=exact searches the gold titles, which a student in wiki.search={cfg.wiki.search} "
                             "could not know; use oracle=agent (it searches the question's names)")
+    check_interface(cfg, who, settings)
     sources = who.check(cfg.methods if methods is None else methods, settings)
     who.task.check_question_set(cfg.questions)
     who.check_questions(cfg.questions)  # by name: before a question is loaded
     parse_shard(cfg.shard)
     return sources
+
+
+def check_interface(cfg: Any, who: Answerer, settings: MethodSettings) -> None:
+    """`prompting.interface: tools` needs an OpenAI-compatible chat endpoint: `backend: openai`, or
+    a model the stage serves itself (`serve:`, started with a tool-call parser: pipeline/llm/serving.py)."""
+    llm = getattr(who, "cfg", None)  # a prompted model's LLM section; the stand-in teacher has none
+    if settings.interface == "tools" and llm is not None and llm.backend != "openai" and getattr(cfg, "serve", None) is None:
+        raise PipelineError(f"prompting.interface=tools sends tool calls to an OpenAI-compatible chat endpoint; the "
+                            f"'{llm.backend}' backend has none: set backend: openai, or add a `serve:` section "
+                            "(a managed vllm serve, started with a tool-call parser)")
 
 
 @contextlib.contextmanager

@@ -94,6 +94,13 @@ class ServeConfig:
     # x86 reserves a CPU for its scheduler (vllm/utils/ompmultiprocessing.py): on 2 cores the model
     # computes on one. VLLM_CPU_OMP_THREADS_BIND in `env` (or this process's environment) wins.
     cpu_threads: str = field(default="vllm", metadata=check(one_of(CPU_THREADS)))
+    # vLLM's tool-call parser: `--enable-auto-tool-choice --tool-call-parser X`, so that a request with
+    # tools gets `tool_calls` back (hermes reads the <tool_call> JSON that Qwen2.5's template and the
+    # shipped SmolLM2 one write); null: none, unless the stage's prompting.interface is tools (hermes)
+    tool_call_parser: str | None = None
+    # `--chat-template`: a Jinja file, or smollm2-tool-calls (pipeline/hub/smollm2_tool_calls.jinja);
+    # null: the model's own, unless prompting.interface is tools and the model is SmolLM2 (whose own drops tool calls)
+    chat_template: str | None = None
 
 
 def cpu_binding(serve: ServeConfig) -> dict[str, str]:
@@ -144,7 +151,37 @@ def serve_command(base: LLMConfig, serve: ServeConfig, port: int, adapters: dict
         cmd += ["--enable-lora", "--lora-modules", *(f"{name}={path}" for name, path in adapters.items())]
         if "max_lora_rank" not in base.extra:  # a rank the user set is already among the extra flags
             cmd += ["--max-lora-rank", str(max(max_lora_rank(Path(p)) for p in adapters.values()))]
+    if serve.tool_call_parser:
+        cmd += ["--enable-auto-tool-choice", "--tool-call-parser", serve.tool_call_parser]
+    if serve.chat_template:
+        cmd += ["--chat-template", chat_template_file(serve.chat_template)]
     return cmd + [str(a) for a in serve.extra_args]
+
+
+SHIPPED_TEMPLATES = {"smollm2-tool-calls": "the shipped SmolLM2 template with tool calls"}
+
+
+def chat_template_file(name: str) -> str:
+    """`serve.chat_template` as a file for `--chat-template`: a shipped template's name, or a path."""
+    if name in SHIPPED_TEMPLATES:
+        from pipeline.hub.chat_template import TOOL_CALLS_TEMPLATE
+
+        return str(TOOL_CALLS_TEMPLATE)
+    if not Path(name).is_file():
+        raise PipelineError(f"serve.chat_template '{name}' is not a file; give a Jinja template's path "
+                            f"or one of {', '.join(SHIPPED_TEMPLATES)}")
+    return name
+
+
+def for_tool_calls(serve: ServeConfig | None, llm: LLMConfig, interface: str) -> ServeConfig | None:
+    """The server a stage with `prompting.interface` starts: under `tools`, with vLLM's hermes
+    tool-call parser unless another is set, and for SmolLM2 (whose own template writes content
+    only) the shipped template with tool calls unless another is set."""
+    if serve is None or interface != "tools":
+        return serve
+    smollm2 = "smollm2" in str(llm.model).lower()  # the alias, its cached folder, a hub id, a student of it
+    return replace(serve, tool_call_parser=serve.tool_call_parser or "hermes",
+                   chat_template=serve.chat_template or ("smollm2-tool-calls" if smollm2 else None))
 
 
 def vllm_runs_on_cpu() -> bool:

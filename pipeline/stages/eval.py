@@ -169,12 +169,13 @@ def evaluate(cfg: EvalConfig) -> list[dict]:
     check_finetuned_methods(methods, target)
     if cfg.serve is None:
         return run_evaluation(cfg, target, target.llm, methods)
-    from pipeline.llm.serving import ServerGone, served
+    from pipeline.llm.serving import ServerGone, for_tool_calls, served
 
     record = precision_record(target)
     check_resumable(cfg.out_dir, "eval", cfg, IDENTITY_KEYS)  # refuse before a server loads for minutes
     check_same_precision(cfg.out_dir, record)
-    with served(target.llm, cfg.serve, cfg.out_dir / "serve.log", cfg.max_in_flight) as (llm, server):
+    serve = for_tool_calls(cfg.serve, target.llm, cfg.prompting.interface)
+    with served(target.llm, serve, cfg.out_dir / "serve.log", cfg.max_in_flight) as (llm, server):
         try:
             return run_evaluation(cfg, target, llm, methods, server)
         except ServerGone as gone:

@@ -122,10 +122,11 @@ def generate(cfg: GenerateConfig) -> dict[str, dict]:
     if cfg.serve is None:
         return run_generation(cfg, teacher)
     from pipeline.agent.run_folder import check_resumable
-    from pipeline.llm.serving import ServerGone, served
+    from pipeline.llm.serving import ServerGone, for_tool_calls, served
 
     check_resumable(cfg.out_dir, "generate", cfg, identity_keys(cfg))  # refuse before a server loads for minutes
-    with served(cfg.teacher, cfg.serve, cfg.out_dir / "serve.log", cfg.max_in_flight) as (llm, server):
+    serve = for_tool_calls(cfg.serve, cfg.teacher, cfg.prompting.interface)
+    with served(cfg.teacher, serve, cfg.out_dir / "serve.log", cfg.max_in_flight) as (llm, server):
         try:
             return run_generation(cfg, answerer(llm, teacher.task, cfg.oracle, cfg.wiki.search), server)
         except ServerGone as gone:
