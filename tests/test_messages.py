@@ -377,3 +377,36 @@ def test_a_row_whose_text_does_not_read_back_is_left_out_not_guessed():
     rows, left_out = dataset_rows([good, claim, odd])
     assert [r["id"] for r in rows] == ["a"] and dict(left_out) == {"text_does_not_parse": 2}
     assert rows[0]["messages"] == [{"role": "user", "content": "Question: Q?"}, {"role": "assistant", "content": "A"}]
+
+
+@pytest.mark.slow  # a real `accelerate launch` of the tiny student: ~30 s on 2 cores
+@needs_fireact
+def test_train_learns_the_messages_layout_with_the_assistant_turns_alone_in_the_loss(both_layouts, smollm2_dir, tmp_path):
+    """`python -m pipeline train layout=messages`: messages.jsonl under the shipped template (the
+    tiny student has SmolLM2's tokenizer), the loss on the assistant's turns alone, as TRL's
+    assistant_only_loss has it; final/ keeps the template, and its manifest says the layout."""
+    from episode_testdata import run_pipeline
+    from transformers import AutoTokenizer
+
+    from pipeline.core.storage import read_manifest
+    from pipeline.hub.chat_template import tool_calls_template, with_tool_calls
+    from pipeline.train.sft import tokenize_messages
+
+    proc = run_pipeline("train", "--config", str(REPO / "configs" / "students" / "tiny.yaml"), f"dataset_dir={both_layouts}",
+                        f"output_root={tmp_path / 'ck'}", "layout=messages", "max_steps=2", "max_examples=8",
+                        "accelerate_config=cpu", "report_to=none", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    final = tmp_path / "ck" / "default" / "tiny" / "react-messages" / "final"
+    manifest = read_manifest(final / "manifest.json")
+    assert manifest["layout"] == "messages" and manifest["format"] == "react" and manifest["steps"] == 2
+    assert AutoTokenizer.from_pretrained(final).chat_template == tool_calls_template()
+    tokenizer = with_tool_calls(AutoTokenizer.from_pretrained(smollm2_dir))
+    rows = read_jsonl(both_layouts / "react" / "messages.jsonl")[:8]
+    examples = [tokenize_messages(tokenizer, row) for row in rows]
+    trained = sum(label != -100 for e in examples for label in e["labels"])
+    tokens = sum(len(e["input_ids"]) for e in examples)
+    assert f"8/8 examples, {tokens} tokens ({trained} in the loss)" in proc.stdout + proc.stderr
+    for row, example in zip(rows, examples, strict=True):  # the same labels TRL builds (the test above)
+        assert tokenizer.decode([t for t, label in zip(example["input_ids"], example["labels"], strict=True)
+                                 if label != -100]) == "".join(assistant_turn_text(m) for m in row["messages"]
+                                                               if m["role"] == "assistant")

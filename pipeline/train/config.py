@@ -59,9 +59,15 @@ class FinetuneConfig:
     trust_remote_code: bool = False
     size_class: str = "8b"  # picks the paper's step schedule: 8b | 62b (7b/135m -> 8b, 70b/72b -> 62b)
     format: str = "react"  # the trajectory format to learn: standard | cot | act | react
-    dataset_dir: Path = Path("data/sft")  # reads <dataset_dir>/<format>/train.jsonl
+    # text: <format>/train.jsonl, the paper's prompt / completion; messages: <format>/messages.jsonl, chat
+    # messages with tool calls under the chat template, the assistant's turns alone in the loss (docs/formats.md)
+    layout: Literal["text", "messages"] = "text"
+    # layout=messages: a Jinja file or smollm2-tool-calls (pipeline/hub/smollm2_tool_calls.jinja); default:
+    # the tokenizer's own when it marks the assistant's turns ({% generation %}), the shipped one for SmolLM2
+    chat_template: str | None = None
+    dataset_dir: Path = Path("data/sft")  # reads <dataset_dir>/<format>/train.jsonl (messages.jsonl for layout=messages)
     output_root: Path = Path("checkpoints")
-    output_dir: Path | None = None  # default: <output_root>/<experiment>/<student_name>/<format>
+    output_dir: Path | None = None  # default: <output_root>/<experiment>/<student_name>/<format> (<format>-messages for layout=messages)
     accelerate_config: str = "auto"  # for `python -m pipeline train`: auto | cpu | cpu_ddp | multi_gpu | ... | a path
     num_processes: int | None = at_least(1, default=None)  # for `train`: override the accelerate config's process count
     deepspeed_on_cpu: bool = False  # true: run a deepspeed_* accelerate config on CPU processes on purpose (tests; fp32 only)
@@ -111,8 +117,15 @@ def resolve(cfg: FinetuneConfig) -> FinetuneConfig:
         raise PipelineError(f"init: random trains from scratch, so finetuning must be full (an adapter on an unsaved random base is useless), got {cfg.finetuning}")
     if cfg.student_name is None:
         cfg.student_name = model_label(cfg.student)
+    if cfg.layout == "messages" and cfg.mask_observations:
+        raise PipelineError("mask_observations: layout=messages never trains on observations (the assistant's turns "
+                            "alone are in the loss); drop the key")
+    if cfg.chat_template and cfg.layout != "messages":
+        raise PipelineError("chat_template: layout=text trains on the paper's text, no chat template; drop the key "
+                            "or set layout=messages")
     if cfg.output_dir is None:
-        cfg.output_dir = cfg.output_root / cfg.experiment / cfg.student_name / cfg.format
+        folder = cfg.format if cfg.layout == "text" else f"{cfg.format}-messages"  # never the text student's folder
+        cfg.output_dir = cfg.output_root / cfg.experiment / cfg.student_name / folder
     return cfg
 
 

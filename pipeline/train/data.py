@@ -16,7 +16,7 @@ def check_dataset(cfg: FinetuneConfig) -> Path:
     """The format's train.jsonl, refused unless present and complete by its manifest (the
     `train` stage calls this too, before it launches anything)."""
     folder = cfg.dataset_dir / cfg.format
-    path = folder / "train.jsonl"
+    path = folder / ("messages.jsonl" if cfg.layout == "messages" else "train.jsonl")
     if not path.is_file():
         raise PipelineError(f"dataset_dir: {path} not found; run `python -m pipeline filter` first (or set dataset_dir)")
     require_complete(folder / "manifest.json", f"SFT dataset {folder}")
@@ -53,7 +53,30 @@ def load_tokenizer(cfg: FinetuneConfig):
                                       trust_remote_code=cfg.trust_remote_code)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = own_pad_token(tokenizer) or tokenizer.eos_token  # labels mask padding either way
+    if cfg.layout == "messages":
+        set_chat_template(cfg, tokenizer)
     return tokenizer
+
+
+def set_chat_template(cfg: FinetuneConfig, tokenizer) -> None:
+    """layout=messages: the chat template the student learns (saved in final/ with the tokenizer),
+    one that marks the assistant's turns ({% generation %}) so that they alone are in the loss."""
+    from pipeline.hub.chat_template import TOOL_CALLS_TEMPLATE
+
+    name = cfg.chat_template
+    if name is None and "smollm2" in f"{cfg.tokenizer or ''} {cfg.student}".lower():
+        name = "smollm2-tool-calls"  # SmolLM2's own template writes content only
+    if name is not None:
+        path = TOOL_CALLS_TEMPLATE if name == "smollm2-tool-calls" else Path(name)
+        if not path.is_file():
+            raise PipelineError(f"chat_template: {name} is not a file; give a Jinja template or smollm2-tool-calls")
+        tokenizer.chat_template = path.read_text(encoding="utf-8")
+    from trl.chat_template_utils import has_generation_markers
+
+    if not has_generation_markers(tokenizer.chat_template or ""):
+        raise PipelineError("layout=messages: the tokenizer's chat template does not mark the assistant's turns "
+                            "({% generation %} ... {% endgeneration %}), so the loss cannot be the assistant's alone; "
+                            "set chat_template to one that does (pipeline/hub/smollm2_tool_calls.jinja is one)")
 
 
 # Padding tokens some tokenizers define without declaring them (Llama-3.x: reserved for fine-tuning).

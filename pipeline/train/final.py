@@ -37,6 +37,7 @@ def save_final(trainer, cfg: FinetuneConfig, plan: TrainPlan, tokenizer, dataset
     fields = dict(
         student=cfg.student_name, **lineage(cfg), search=dataset_search(dataset_path),
         init=cfg.init, adapter=cfg.finetuning != "full", finetuning=cfg.finetuning, format=cfg.format,
+        layout=cfg.layout,  # messages: decodes chat turns with tool calls (prompting.interface: tools)
         size_class=cfg.size_class, steps=trainer.state.global_step, max_steps=cfg.max_steps,
         tokenizer=".", tokenizer_source=cfg.tokenizer or cfg.student, eos_token=tokenizer.eos_token,
         task=task.name, prompt_format=f"{task.question_label}: {{question}}\n", mask_observations=cfg.mask_observations,

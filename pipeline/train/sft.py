@@ -51,6 +51,23 @@ def tokenize_example(tokenizer: Any, prompt: str, completion: str,
     return {"input_ids": input_ids, "labels": labels}
 
 
+def tokenize_messages(tokenizer: Any, record: dict, n: int = 0) -> dict[str, list[int]]:
+    """Token ids and labels for one row of the messages layout (pipeline/core/messages.py): the
+    conversation under the tokenizer's chat template, with the `tools`; the template's
+    {% generation %} marks decide the loss, as TRL's assistant_only_loss does: the assistant's
+    turns (thoughts, tool calls, the end-of-turn token) in, the question, the tool schemas and
+    every tool result out."""
+    if not isinstance(record.get("messages"), list):
+        raise PipelineError(f"SFT record {n} (id {record.get('id')!r}) has no 'messages' list; re-run `filter`")
+    encoded = tokenizer.apply_chat_template(record["messages"], tools=record.get("tools") or None, tokenize=True,
+                                            return_dict=True, return_assistant_tokens_mask=True)
+    input_ids, mask = list(encoded["input_ids"]), list(encoded["assistant_masks"])
+    if not any(mask):
+        raise PipelineError(f"SFT record {n} (id {record.get('id')!r}): the chat template marks no assistant token; "
+                            "it needs {% generation %} around the assistant's turns")
+    return {"input_ids": input_ids, "labels": [t if m else IGNORE_INDEX for t, m in zip(input_ids, mask, strict=True)]}
+
+
 def _overlaps(start: int, end: int, spans: Sequence[Sequence[int]]) -> bool:
     # A token such as " Badr" starts one character before its span (the space): any overlap
     # counts, since the model must not be trained to produce any part of an observation.
@@ -97,11 +114,14 @@ def tokenize_records(records: Iterable[dict], tokenizer: Any, *, mask_observatio
         raise PipelineError(f"long_examples must be 'drop' or 'error', got {long_examples!r}")
     examples, lengths, report = [], [], LengthReport()
     for n, record in enumerate(records):
-        for key in ("prompt", "completion"):
-            if not isinstance(record.get(key), str):
-                raise PipelineError(f"SFT record {n} (id {record.get('id')!r}) has no '{key}' string; re-run `filter`")
-        example = tokenize_example(tokenizer, record["prompt"], record["completion"],
-                                   record.get("observation_spans") or (), mask_observations)
+        if "messages" in record:  # the messages layout (messages.jsonl)
+            example = tokenize_messages(tokenizer, record, n)
+        else:
+            for key in ("prompt", "completion"):
+                if not isinstance(record.get(key), str):
+                    raise PipelineError(f"SFT record {n} (id {record.get('id')!r}) has no '{key}' string; re-run `filter`")
+            example = tokenize_example(tokenizer, record["prompt"], record["completion"],
+                                       record.get("observation_spans") or (), mask_observations)
         length = len(example["input_ids"])
         lengths.append(length)
         report.n_examples += 1
