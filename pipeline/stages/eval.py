@@ -270,7 +270,8 @@ def model_under_test(cfg: EvalConfig) -> ModelUnderTest:
     # One label per student across its methods, so the figure groups them as one model; a GRPO
     # student (a `grpo` final/, read like a `train` one) says so, and its rows carry `training`.
     training = "grpo" if manifest.get("stage") == "grpo" else None
-    label = cfg.model.name or f"{manifest['student']} ({'GRPO' if training else 'fine-tuned'})"
+    messages = check_layout(final, manifest.get("layout") or "text", cfg.prompting.interface)
+    label = cfg.model.name or f"{manifest['student']} ({'GRPO' if training else 'fine-tuned'}{', messages' if messages else ''})"
     llm = replace(llm, name=label)
     size_class = cfg.size_class or manifest.get("size_class") or ""
     params_b = cfg.params_b or manifest.get("params_b")
@@ -293,6 +294,19 @@ def check_trained_search(cfg: EvalConfig, target: ModelUnderTest) -> None:
 
 
 SIZE_HINTS = {"size_class": "e.g. 8b", "params_b": "billions, e.g. 8.0"}
+
+
+def check_layout(final: Path, layout: str, interface: str) -> bool:
+    """A student decodes the layout it was trained on (its manifest's `layout`; text before the
+    key existed): messages through tool calls (prompting.interface=tools), text through text.
+    Returns whether it is a messages student."""
+    if layout == "messages" and interface != "tools":
+        raise PipelineError(f"{final} was trained on the messages layout (chat turns with tool calls); evaluate it "
+                            "with prompting.interface=tools, served (`serve:`) or behind an OpenAI-compatible endpoint")
+    if layout == "text" and interface == "tools":
+        raise PipelineError(f"{final} was trained on the text layout; prompting.interface=tools would send it chat "
+                            "turns it never saw: drop prompting.interface")
+    return layout == "messages"
 
 
 def released_model_under_test(cfg: EvalConfig) -> ModelUnderTest:
