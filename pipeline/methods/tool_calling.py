@@ -43,13 +43,13 @@ from pipeline.wiki.actions import env_action
 class ToolCalling:
     """ReAct (`fmt == "react"`) or Act through tool calls, for `task` (default HotpotQA)."""
 
-    def __init__(self, fmt: str, settings: MethodSettings, task: Task | str | None = None):
+    def __init__(self, fmt: str, settings: MethodSettings, task: Task | str | None = None, search: str = "title"):
         from pipeline.tasks import get_task
 
         if fmt not in ("react", "act"):
             raise ValueError(f"tool calls drive react or act, not {fmt!r}")
         self.name, self.settings, self.task = fmt, settings, get_task(task)
-        self.tools = tool_schemas(self.task.answer_space)
+        self.tools = tool_schemas(self.task.answer_space, search)  # the search tool as wiki.search has it
 
     def run(self, ctx: EpisodeContext) -> Program:
         traj = Trajectory(ctx.text, self.name, question_label=self.task.question_label)
