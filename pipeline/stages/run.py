@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import shutil
 import time
 
 from pipeline.core import gpu_memory
@@ -72,17 +73,7 @@ def main(args: argparse.Namespace) -> int:
     cfg = load_config(RunConfig, args.config, args.overrides)
     students = [build(Student, s, where=f"{args.config} students[{i}]") for i, s in enumerate(cfg.students)]
     if args.rehearse:  # an ordinary config from here on: tiny models, local data, CPU launches
-        from pipeline.rehearsal.rewrite import print_rehearsal, rehearse
-
-        rehearsal = rehearse(cfg, students)
-        cfg, students = rehearsal.config, rehearsal.students
-        print_rehearsal(rehearsal, "#" if args.print_config else "[run]")
-        if not args.print_config:
-            from pipeline.rehearsal.session import session
-
-            with session(rehearsal) as prepare:
-                run(cfg, students, phases, prepare)
-            return 0
+        return rehearse_grid(cfg, students, phases, args.print_config)
     if args.print_config:
         units = select(plan(cfg, students), phases)
         print_plan(units)
@@ -90,6 +81,46 @@ def main(args: argparse.Namespace) -> int:
         return 0
     run(cfg, students, phases)
     return 0
+
+
+def rehearse_grid(cfg: RunConfig, students: list[Student], phases: list[str], print_config: bool) -> int:
+    """`run --rehearse`: the grid as written is planned and checked first (the user's own values,
+    what the target node can hold: pipeline/stages/grid/node_fit.py), then rewritten into its CPU
+    rehearsal (pipeline/rehearsal), whose plan is checked before anything is written (its tiny
+    models included): a refused plan leaves nothing behind."""
+    from pipeline.rehearsal.rewrite import check_vllm_build, print_rehearsal, rehearse
+    from pipeline.stages.grid.node_fit import check_node
+
+    fit = check_node(cfg.node, plan(cfg, students))
+    rehearsal = rehearse(cfg, students)
+    rehearsal.target_needs = fit.needs
+    check_vllm_build(rehearsal)
+    cfg, students = rehearsal.config, rehearsal.students
+    units = select(plan(cfg, students), phases)
+    print_rehearsal(rehearsal, "#" if print_config else "[run]")
+    made = rehearsal.write_models()
+    try:
+        check_selected(cfg, units)
+    except PipelineError:
+        for folder in made:  # nothing of a refused plan stays
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
+    if print_config:
+        on_target_node(units, rehearsal.target_needs)
+        print_plan(units)
+        return 0
+    from pipeline.rehearsal.session import session
+
+    with session(rehearsal) as prepare:
+        run(cfg, students, phases, prepare)
+    return 0
+
+
+def on_target_node(units: list, needs: dict[str, str]) -> None:
+    """Each launch's line in the plan: the stand-in's launch here beside the target node's."""
+    for unit in units:
+        if unit.title in needs:
+            unit.needs = f"{unit.needs}\n#        on the target node: {needs[unit.title]}"
 
 
 def selected_phases(only: str | None, start: str | None, until: str | None) -> list[str]:
@@ -124,9 +155,9 @@ def run(cfg: RunConfig, students: list[Student], phases: list[str] | None = None
     started = time.monotonic()
     units = select(plan(cfg, students), phases or list(PHASES))
     check_selected(cfg, units)
-    show_plan(units)
     if prepare is not None:  # after the checks, which know the units by their actions
         prepare(units, unit_skips)
+    show_plan(units)
     outputs = run_units(units)
     if "png" not in outputs:
         chosen = [p for p in PHASES if any(u.selected and u.phase == p for u in units)]
