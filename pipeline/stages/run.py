@@ -98,11 +98,12 @@ def rehearse_grid(cfg: RunConfig, students: list[Student], phases: list[str], pr
     cfg, students = rehearsal.config, rehearsal.students
     units = select(plan(cfg, students), phases)
     print_rehearsal(rehearsal, "#" if print_config else "[run]")
+    fresh = not cfg.out_dir.exists()
     made = rehearsal.write_models()
     try:
         check_selected(cfg, units)
     except PipelineError:
-        for folder in made:  # nothing of a refused plan stays
+        for folder in [cfg.out_dir] if fresh else made:  # nothing of a refused plan stays
             shutil.rmtree(folder, ignore_errors=True)
         raise
     if print_config:
