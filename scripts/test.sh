@@ -11,11 +11,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 # DeepSpeed on a CPU compiles its shared-memory collectives (deepspeed_shm_comm) when its first
-# process group starts: 24 s on 2 idle cores, 60-100 s inside the suite's first DeepSpeed test;
-# cached in ~/.cache/torch_extensions for this venv (2 s to find). Built or found here, before the
-# first test, by the call DeepSpeed itself makes; on a GPU machine it builds nothing. A failure is
-# said and the tests go on (the DeepSpeed ones will fail with DeepSpeed's own message).
-if ! built=$(.venv/bin/python -c "from deepspeed.comm.torch import build_shm_op; build_shm_op()" 2>&1); then
+# process group starts: 24 s on 2 idle cores, 60-240 s under load. Built here once, before the
+# first test, in this environment's own folder (pipeline/train/shm_op.py: checkouts with other
+# environments do not rebuild it for each other), which every test's launch then finds through
+# TORCH_EXTENSIONS_DIR; a build lock left by a killed build is cleared. On a GPU machine it
+# builds nothing. A failure is said and the tests go on (the DeepSpeed ones will fail with
+# DeepSpeed's own message).
+export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$(.venv/bin/python -c 'from pipeline.train.shm_op import extensions_dir; print(extensions_dir())')}"
+if ! built=$(.venv/bin/python -m pipeline.train.shm_op 2>&1); then
   echo "test: DeepSpeed's CPU communication op did not build: $(tail -n 1 <<<"$built")" >&2
 fi
 workers=(-n 2 --dist loadgroup --no-loadscope-reorder)

@@ -40,6 +40,7 @@ from pipeline.rl.config import (
     rollout_python,
 )
 from pipeline.rl.plan import RlPlan
+from pipeline.train import shm_op
 from pipeline.train.launcher import (
     Machines,
     add_launch_arguments,
@@ -109,6 +110,7 @@ def grpo(cfg: GrpoConfig, *, accelerate_config: str | None = None, num_processes
         print("[grpo] " + shlex.join(cmd), flush=True)
         if dry_run:
             return 0
+        shm_op.before_launch(config_path, gpus)  # DeepSpeed's CPU op built once, a stale build lock cleared
         started = time.time()
         return exit_after_save(launch(cmd), Path(cfg.output_dir) / "final", started, "grpo")
 

@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 
 from pipeline.core.config import add_config_arguments, read_yaml, stage_config
+from pipeline.train import shm_op
 from pipeline.train.config import FinetuneConfig, resolve
 from pipeline.train.launcher import (  # noqa: F401  (ACCELERATE_CONFIGS, gpu_count, ...: re-exported for run and tests)
     ACCELERATE_CONFIGS,
@@ -103,6 +104,7 @@ def train(cfg: FinetuneConfig, *, accelerate_config: str | None = None, num_proc
         print("[train] " + shlex.join(cmd), flush=True)
         if dry_run:
             return 0
+        shm_op.before_launch(config_path, gpus)  # DeepSpeed's CPU op built once, a stale build lock cleared
         started = time.time()
         return exit_after_save(launch(cmd), Path(cfg.output_dir) / "final", started, "train")
 
