@@ -227,3 +227,16 @@ def test_a_refusal_of_the_rehearsed_plan_after_the_models_removes_them(in_repo, 
     code, _, err = rehearse_plan(capsys, "configs/paper.yaml", tmp_path / "paper")
     assert code == 2 and "refused after the models" in err
     assert not (tmp_path / "paper-rehearsal").exists()
+
+
+# ---- the student configs ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "configs/students").glob("*.yaml")), ids=lambda p: p.stem)
+def test_one_checkpoint_policy_across_the_student_configs(path):
+    """A GPU-node student (DeepSpeed: 13-128 GB per checkpoint) deletes its checkpoints once final/
+    is complete, and its header says so; a CPU student keeps its few GB."""
+    config = yaml.safe_load(path.read_text())
+    on_node = str(config.get("accelerate_config", "auto")).startswith("deepspeed")
+    assert config.get("keep_checkpoints", True) is (not on_node)
+    assert bool(re.search(r"keep_checkpoints: false\s+(#\s+)?deletes", path.read_text())) is on_node
