@@ -152,6 +152,7 @@ def test_a_llama_8b_lora_on_4_a100_40gb_fits_and_the_plan_says_both_launches(in_
     ("eval.model.tensor_parallel_size=16", r"model\.tensor_parallel_size 16 > the node's 8 GPUs"),
     ("train.accelerate_config=fsdpp", r"accelerate_config: 'fsdpp' not found"),
     ("train.global_batch_size=63", r"global_batch_size=63 does not divide over 8 processes"),
+    ("train.num_processes=16", r"train: llama-3.1-8b on standard, .*: num_processes=16 but this node has 8 GPU"),
 ])
 def test_a_mistake_in_the_grid_is_refused_before_the_rehearsal_substitutes_and_nothing_is_written(
         override, refused, in_repo, tmp_path, capsys):

@@ -144,8 +144,8 @@ def endpoint_server(endpoint: Endpoint, out_dir, gpus: int, index: int = 0, coun
 
     share = gpus // count
     devices = ",".join(str(g) for g in range(index * share, (index + 1) * share))
-    serve = build(ServeConfig, serve_section({"port": endpoint.port, "env": {"CUDA_VISIBLE_DEVICES": devices}}),
-                  where="rehearsal teacher server")
+    env = {"CUDA_VISIBLE_DEVICES": devices} if count > 1 else {}  # one server sees the whole node
+    serve = build(ServeConfig, serve_section({"port": endpoint.port, "env": env}), where="rehearsal teacher server")
     llm = LLMConfig(backend="vllm", model=str(endpoint.model), name=endpoint.name,
                     tensor_parallel_size=share, dtype="bfloat16")
     cmd = serve_command(llm, serve, endpoint.port)

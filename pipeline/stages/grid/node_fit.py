@@ -122,14 +122,21 @@ def strategy_of(config_path: Path) -> str:
 
 def training(fit: Fit, unit: Unit, config, node, model: str | None) -> None:
     """A train or grpo launch on the node: its processes, its estimate beside the GPU's memory."""
-    world = launcher.launch_world(config.accelerate_config, config.num_processes, node.gpus)
-    where = f"{world.processes} process{'es' if world.processes > 1 else ''} of {world.config.stem}"
-    shape = shape_for(model)
+    try:
+        world = launcher.launch_world(config.accelerate_config, config.num_processes, node.gpus)
+        where = f"{world.processes} process{'es' if world.processes > 1 else ''} of {world.config.stem}"
+        shape = shape_for(model)
+        launch, said = launch_of(config, shape, world, node) if shape is not None else (None, "")
+    except PipelineError as exc:  # more processes than the node's GPUs, a batch that does not divide over them
+        fit.refuse(unit, str(exc))
+        return
+    if read_yaml(world.config).get("use_cpu"):  # a CPU launch (cpu, cpu_ddp) holds none of the node's GPUs
+        fit.needs[unit.title] = f"{where}: on the CPU, none of the node's GPUs"
+        return
     if shape is None:
         fit.needs[unit.title] = f"{where}; memory not estimated ({model}: its sizes are unknown here: no config.json " \
                                 "on disk, not in pipeline/train/memory.py's table)"
         return
-    launch, said = launch_of(config, shape, world, node)
     est = memory.estimate(launch)
     limit = node.gpu_mib * 2**20
     verdict = "fits" if est.total <= limit else "does NOT fit"
