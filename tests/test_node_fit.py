@@ -166,6 +166,23 @@ def test_a_mistake_in_the_grid_is_refused_before_the_rehearsal_substitutes_and_n
     assert not (tmp_path / "paper-rehearsal").exists()
 
 
+def test_a_grpo_unit_counts_its_reference_model_and_colocated_vllm_and_names_the_settings_that_fit(
+        in_repo, tmp_path, capsys):
+    """GRPO of the paper grid's 8B with colocated vLLM rollouts and a KL reference (beta > 0): 64
+    rollouts of up to 4,096 tokens, 8 per device, no checkpointing, do not fit an 80 GB GPU; no
+    single setting makes them fit, two together do."""
+    code, _, err = rehearse_plan(capsys, "configs/paper.yaml", tmp_path / "paper", "grpo.formats=[react]",
+                                 "grpo.students=[llama-3.1-8b]", "grpo.settings={rollout: {engine: vllm, max_context: "
+                                 "4096}, beta: 0.04, accelerate_config: deepspeed_zero2}")
+    assert code == 2, err
+    found = re.search(r"grpo: llama-3\.1-8b from its react fine-tune: 8 processes of deepspeed_zero2 need ~[\d.]+ GiB "
+                      r"\(.* \+ reference model and vLLM's colocated 0\.3 share [\d.]+ \+ CUDA context 1\.0\) per GPU, "
+                      r"more than the GPU's 79\.6 GiB \(81559 MiB\); set gradient_checkpointing: true and "
+                      r"max_per_device_batch_size: 1 .*\(([\d.]+) GiB\)$", err.strip())
+    assert found and float(found[1]) <= 79.6, err
+    assert not (tmp_path / "paper-rehearsal").exists()
+
+
 def test_a_qlora_grid_is_rehearsed_as_lora_and_says_what_a_cpu_cannot_show(in_repo, tmp_path, capsys):
     grid = own_grid(tmp_path, [{"name": "llama8", "config": "configs/students/llama-3.1-8b.yaml", "size_class": "8b",
                                 "params_b": 8.0, "train": {"finetuning": "qlora"}}], {"gpus": 4, "gpu_mib": 40960})

@@ -216,9 +216,18 @@ def knobs(launch: Launch, qlora: bool = True) -> list[tuple[str, Launch]]:
 
 
 def what_fits(launch: Launch, limit: int, qlora: bool = True) -> str:
-    """The first single knob whose estimate fits `limit` bytes, said with its figure."""
-    for knob, changed in knobs(launch, qlora):
+    """The first single knob whose estimate fits `limit` bytes, else the fewest of them together
+    (in knobs' order), said with the figure."""
+    changes = knobs(launch, qlora)
+    for knob, changed in changes:
         total = estimate(changed).total
         if total <= limit:
             return f"set {knob} ({gib(total)} GiB)"
-    return "no single setting fits it: a node with more or larger GPUs, or a smaller model"
+    together, said = launch, []
+    for knob, _ in changes:
+        together = dict(knobs(together, qlora)).get(knob, together)
+        said.append(knob)
+        total = estimate(together).total
+        if total <= limit:
+            return f"set {' and '.join(said)} ({gib(total)} GiB)"
+    return "no setting here fits it: a node with more or larger GPUs, or a smaller model"

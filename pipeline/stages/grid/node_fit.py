@@ -173,6 +173,6 @@ def launch_of(config, shape: memory.Shape, world, node) -> tuple[memory.Launch, 
             what.append("reference model")
         if config.rollout.engine == "vllm" and config.rollout.vllm_mode == "colocate":
             extra += int(config.rollout.vllm_gpu_memory_utilization * node.gpu_mib * 2**20)
-            what.append(f"vLLM's colocated {config.rollout.vllm_gpu_memory_utilization:g}")
-        launch = memory.Launch(**{**launch.__dict__, "extra_bytes": extra, "extra_what": " + ".join(what)})
+            what.append(f"vLLM's colocated {config.rollout.vllm_gpu_memory_utilization:g} share")
+        launch = memory.Launch(**{**launch.__dict__, "extra_bytes": extra, "extra_what": " and ".join(what)})
     return launch, said
