@@ -12,6 +12,7 @@ without CUDA the check does nothing, as on this machine.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -295,7 +296,8 @@ def test_runs_round_one_generate_loads_its_teacher_in_a_child_process_as_its_pla
                                "tensor_parallel_size": 8}
     units = {u.title: u for u in grid_plan(cfg, [build(grid_spec.Student, s) for s in cfg.students])}
     gen = units["generate: the teacher writes trajectories"]
-    assert gen.needs.endswith("in its own process")
+    # the plan names the interpreter that has vLLM where this one has none (pipeline/llm/interpreter.py)
+    assert re.search(r"in its own process( under \S+/python)?$", gen.needs), gen.needs
     node([IDLE_FREE - 73402] + [IDLE_FREE] * 7)  # GPU 0 held: the check comes first
     with pytest.raises(PipelineError, match=r"^generate .* needs 90% of each GPU's memory free on GPU 0-7"):
         gen.action(gen.config)
