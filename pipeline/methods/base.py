@@ -20,8 +20,9 @@ from typing import Any, ClassVar, Protocol
 
 from pipeline.core.config import at_least, checked, in_range
 from pipeline.core.errors import BackendFailure
-from pipeline.core.trajectory import Trajectory, one_line
+from pipeline.core.trajectory import Step, Trajectory, one_line
 from pipeline.llm.base import Completion, GenerationRequest
+from pipeline.wiki.actions import env_action
 from pipeline.wiki.env import WikiEnv
 
 Program = Generator[list[GenerationRequest], list[list[Completion]], "Outcome"]
@@ -113,6 +114,17 @@ def step_env(env: WikiEnv, traj: Trajectory, command: str) -> tuple[str | None, 
         traj.answer = info["answer"]
         return observation, Outcome(traj, info["answer"], "finish")
     return observation, (Outcome(traj, None, "step_limit") if done else None)
+
+
+def take_step(env: WikiEnv, traj: Trajectory, step: Step) -> Outcome | None:
+    """Append `step` to `traj`, send its action to `env` and keep the observation on the step: the
+    Outcome when the episode ends there (answered, at the step limit, a failing page source), else
+    None. The one place an agent loop's step meets the environment (text and tool-call loops)."""
+    traj.steps.append(step)
+    observation, ended = step_env(env, traj, env_action(step.action))
+    if observation is not None:
+        step.observation = one_line(observation.replace("\\n", ""))
+    return ended
 
 
 def completion_failure(c: Completion) -> str | None:

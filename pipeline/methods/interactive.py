@@ -37,11 +37,10 @@ from pipeline.methods.base import (
     Program,
     completion_failure,
     request,
-    step_env,
+    take_step,
 )
 from pipeline.methods.prompts import PromptPrefix
 from pipeline.tasks import Task
-from pipeline.wiki.actions import env_action
 
 
 def split_thought_action(text: str, i: int) -> tuple[str, str | None]:
@@ -83,11 +82,7 @@ class Interactive:
                 if step is not None:
                     traj.steps.append(step)
                 return Outcome(traj, None, reason)
-            traj.steps.append(step)
-            observation, ended = step_env(env, traj, env_action(step.action))
-            if observation is None:
-                return ended
-            step.observation = one_line(observation.replace("\\n", ""))
+            ended = take_step(env, traj, step)
             if ended is not None:
                 return ended
         return Outcome(traj, None, "step_limit")

@@ -34,10 +34,9 @@ from pipeline.methods.base import (
     Outcome,
     Program,
     completion_failure,
-    step_env,
+    take_step,
 )
 from pipeline.tasks import Task
-from pipeline.wiki.actions import env_action
 
 
 class ToolCalling:
@@ -70,11 +69,7 @@ class ToolCalling:
                 return Outcome(traj, None, refused.reason, {"detail": str(refused)})
             if self.name == "act":
                 step.thought = None
-            traj.steps.append(step)
-            observation, ended = step_env(env, traj, env_action(step.action))
-            if observation is None:
-                return ended
-            step.observation = one_line(observation.replace("\\n", ""))
+            ended = take_step(env, traj, step)
             if ended is not None:
                 return ended
         return Outcome(traj, None, "step_limit")
