@@ -135,6 +135,7 @@ def test_rag_retrieves_once_with_the_question_then_answers(wiki, questions):
 
 def test_generate_filter_and_the_dataset_carry_the_mode(index, tmp_path):
     from pipeline.core.config import build
+    from pipeline.core.messages import tool_schemas
     from pipeline.stages.filter import FilterConfig, run_filter
     from pipeline.stages.generate import GenerateConfig, generate
     from pipeline.train.data import dataset_search
@@ -149,6 +150,9 @@ def test_generate_filter_and_the_dataset_carry_the_mode(index, tmp_path):
                if r["em"] == 1.0)
     run_filter(build(FilterConfig, {"inputs": [str(tmp_path / "gen")], "out_dir": str(tmp_path / "sft")}))
     assert dataset_search(tmp_path / "sft" / "react" / "train.jsonl") == "bm25"
+    # the messages layout's search tool is the one these trajectories searched with, as the tool-calling loop's
+    chats = [json.loads(line) for line in (tmp_path / "sft" / "react" / "messages.jsonl").open()]
+    assert chats and all(chat["tools"] == tool_schemas(search="bm25") for chat in chats)
 
 
 def test_a_student_of_one_mode_is_refused_in_the_other_and_labelled_when_allowed(tmp_path, index):

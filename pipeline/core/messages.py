@@ -152,14 +152,15 @@ def to_messages(traj: Trajectory, *, system: str | None = None,
 
 
 def dataset_rows(rows: list[dict[str, Any]], *, question_label: str = QUESTION_LABEL,
-                 answer_space: tuple[str, ...] | None = None) -> tuple[list[dict[str, Any]], Counter]:
+                 answer_space: tuple[str, ...] | None = None, search: str = "title") -> tuple[list[dict[str, Any]], Counter]:
     """An SFT dataset's rows (filter's train.jsonl: prompt, completion) in the messages layout,
     row for row in the same order: {id, question, method, messages, tools, answer, source}; and
     why the rows left out were left out (NotToolCalls' reasons). Each row's trajectory is read
     back from its text, so the two files hold the same trajectories whatever built the rows (new
-    episodes, or the rows of an earlier round's dataset)."""
+    episodes, or the rows of an earlier round's dataset). `search`: the wiki.search mode the
+    trajectories were generated in, which the `search` tool's description says (tool_schemas)."""
     out, left_out = [], Counter()
-    tools = tool_schemas(answer_space)
+    tools = tool_schemas(answer_space, search)
     for row in rows:
         text = row["prompt"] + row["completion"]
         try:

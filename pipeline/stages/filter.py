@@ -607,6 +607,7 @@ def run_filter(cfg: FilterConfig, allow_empty: bool = False) -> dict:
     check_writable_dir(cfg.out_dir)
     remove_stale_temps(cfg.out_dir)  # a killed run's half-written dataset folders and manifest
     episodes = collect_episodes(cfg)
+    search = inputs_search(cfg)  # the tools column's search tool says what this mode's Search does
     by_method, inputs, reports, task = episodes.by_method, episodes.fingerprints, episodes.fireact_reports, episodes.task
     methods = cfg.formats or [m for m in FORMATS if m in by_method]
     missing = [m for m in methods if m not in by_method]
@@ -645,7 +646,8 @@ def run_filter(cfg: FilterConfig, allow_empty: bool = False) -> dict:
         stats = dataset_stats(selection, examples, tokenizer, cfg.tokenizer)
         if union is not None:
             stats["union"] = union
-        messages, left_out = dataset_rows(examples, question_label=task.question_label, answer_space=task.answer_space)
+        messages, left_out = dataset_rows(examples, question_label=task.question_label, answer_space=task.answer_space,
+                                          search=search)
         stats["messages"] = {"rows": len(messages), "left_out": dict(left_out)}
         files = {
             "train.jsonl": "".join(json.dumps(e, ensure_ascii=False) + "\n" for e in examples),
