@@ -203,6 +203,20 @@ def test_the_plan_lists_each_round_as_its_own_units_after_round_one(tmp_path, in
     previous = planned(rounds_grid(tmp_path, index, init="previous", data="new"))
     assert previous[6].config.student == str(first) and previous[6].config.init == "pretrained"
     assert previous[5].config.union_with == []
+    # a student trained in the messages layout acts through tool calls in its evals and as a round's teacher
+    from pipeline.stages.eval import EvalConfig
+    from pipeline.stages.generate import GenerateConfig
+
+    messages = rounds_grid(tmp_path, index)
+    messages["train"]["layout"] = "messages"
+    messages["eval"].update(model={"backend": "vllm"}, serve={"port": 0})  # tool calls go to a served model
+    acting = [(u.title.split(":")[0], u.config.prompting.interface) for u in planned(messages)
+              if isinstance(u.config, GenerateConfig | EvalConfig)]
+    assert acting == [("generate", "text"), ("eval", "tools"), *[(f"{stage} (round {k})", "tools")
+                                                                 for k in (2, 3) for stage in ("generate", "eval")]]
+    messages["grpo"] = {"formats": ["react"]}  # GRPO's rollouts decode the text layout
+    with pytest.raises(PipelineError, match="grpo: tiny is trained in the messages layout"):
+        planned(messages)
 
 
 def test_the_shipped_rounds_config_plans_the_500_question_grid_a_grpo_unit_and_two_rounds_of_react():

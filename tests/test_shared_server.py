@@ -60,6 +60,49 @@ def test_the_plan_shows_which_units_share_which_server(tmp_path, index, question
     assert len(lines) == 3 and "(units 5, 6, 7; 2 LoRA adapter(s) by name)" in lines[0], proc.stdout[:3000]
 
 
+def test_a_grid_acting_through_tool_calls_starts_its_shared_server_with_the_tool_call_flags(
+        tmp_path, index, questions, smollm2_dir):
+    """`eval.prompting.interface: tools` and students trained with `train: {layout: messages}`:
+    the three units share one server, started (the stand-in records its argv) with vLLM's hermes
+    parser and SmolLM2's shipped chat template, as a unit's own server would be. A student left
+    in the text layout is refused when the plan is made, not after its training."""
+    import yaml
+
+    from pipeline.core.config import build, load_config
+    from pipeline.core.errors import PipelineError
+    from pipeline.hub.chat_template import TOOL_CALLS_TEMPLATE
+    from pipeline.stages.grid.plan import plan
+    from pipeline.stages.grid.spec import RunConfig, Student
+
+    tag = new_tag()
+    config = grid_config(tmp_path, index, questions, {"backend": "vllm"}, standin_serve(tmp_path, questions, tag))
+    grid = yaml.safe_load(config.read_text())
+    grid["eval"]["prompting"]["interface"] = "tools"
+
+    def planned(layout: str) -> list:
+        grid["students"][0]["train"] = {"layout": layout}
+        config.write_text(yaml.safe_dump(grid))
+        cfg = load_config(RunConfig, config, [])
+        return plan(cfg, [build(Student, s) for s in cfg.students])
+
+    with pytest.raises(PipelineError, match=r"tiny-ft-act\): .* was trained on the text layout; prompting.interface=tools"):
+        planned("text")
+    units = planned("messages")
+    evals = [u for u in units if u.phase == "eval"]
+    assert [u.config.prompting.interface for u in evals] == ["tools"] * 3 and len({id(u.group) for u in evals}) == 1
+    assert "tool calls: --tool-call-parser hermes --chat-template smollm2-tool-calls" in evals[0].needs
+    mark_trained(config)
+    group = evals[0].group
+    try:
+        group.start()
+    finally:
+        group.stop(hurry=True)
+    [argv] = [e["argv"] for e in server_events(tmp_path) if "argv" in e]
+    assert " --enable-auto-tool-choice --tool-call-parser hermes --chat-template " in " ".join(argv) + " "
+    assert argv[argv.index("--chat-template") + 1] == str(TOOL_CALLS_TEMPLATE)
+    assert wait_until_gone(tag, 10) == []
+
+
 def test_one_server_serves_the_grid_a_killed_one_stops_it_in_one_line_and_the_next_run_resumes(
         tmp_path, index, questions, smollm2_dir):
     """The stand-in dies at its 11th completion request (the prompted unit asks 8 times, the second

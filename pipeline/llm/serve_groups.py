@@ -9,7 +9,9 @@ Units share a server when they are in the same phase (and scope: a self-training
 and the next round's generate, whose teacher is that student, share one, never across the
 training between rounds: pipeline/rounds.py), serve the same base model with the same
 model settings (tensor parallel size, memory fraction, dtype, max context, extra flags) and the
-same `serve:` section, and run one after another: the eval phase's units of one server are put
+same `serve:` section as their stage would start it (under `prompting.interface: tools`, with
+vLLM's tool-call parser and SmolLM2's shipped chat template: pipeline.llm.serving.for_tool_calls),
+and run one after another: the eval phase's units of one server are put
 next to each other (their order is free), and elsewhere a unit between two of them starts a
 new group, so no server is up while a unit outside its group runs. A full fine-tune is a model of
 its own: its units share only among themselves. A member whose adapter was not there when the
@@ -39,6 +41,7 @@ from pipeline.llm.serving import (
     SHARED_SERVER_ENV,
     ManagedServer,
     SharedServer,
+    for_tool_calls,
     free_port,
     serve_command,
     shared_server,
@@ -69,10 +72,17 @@ class ServerGroup:
     def describe(self, index: dict[int, int]) -> str:
         units = ", ".join(str(index[id(m)]) for m in self.members)
         lora = sum(m.serves[1] is not None for m in self.members)
-        first = self.members[0].config
+        first, serve = self.members[0].config, self.serve
+        tools = (f", tool calls: --tool-call-parser {serve.tool_call_parser}"
+                 + (f" --chat-template {serve.chat_template}" if serve.chat_template else "")) if serve.tool_call_parser else ""
         return (f"shared server #{self.number} for {self.base} (units {units}; {lora} LoRA adapter(s) by name): "
-                f"`{' '.join(first.serve.command)}`, tensor parallel {served_model(first).tensor_parallel_size}, "
+                f"`{' '.join(serve.command)}`, tensor parallel {served_model(first).tensor_parallel_size}{tools}, "
                 "started once before the first of them that runs, stopped after the last")
+
+    @property
+    def serve(self):
+        """The `serve:` section the server starts with (its members' keys hold the same one)."""
+        return unit_serve(self.members[0])
 
     def wrap(self, unit) -> Callable[[Any], Any]:
         """The unit's action, run with this group's server up and named to its child."""
@@ -125,7 +135,7 @@ class ServerGroup:
                 adapters[lora_name(m)] = m.serves[1]
         first = self.members[0].config
         base = replace(served_model(first), model=resolve_model_path(self.base), adapter=None, name=self.base_name())
-        serve = first.serve
+        serve = self.serve
         gpu_memory.check(gpu_memory.llm_need(f"shared server #{self.number} for {self.base}", base, serve))
         port = serve.port or free_port(serve.host)
         log = Path(first.out_dir).parent / f"shared-server-{self.number}.log"
@@ -156,6 +166,15 @@ def served_model(config):
     return config.teacher if hasattr(config, "teacher") else config.model
 
 
+def unit_serve(unit):
+    """The `serve:` section a unit's server starts with: its stage's, with the tool-call flags its
+    prompting.interface needs (pipeline.llm.serving.for_tool_calls, as the unit's own server would
+    start), for the base model the group serves."""
+    config = unit.config
+    model = replace(served_model(config), model=unit.serves[0])
+    return for_tool_calls(config.serve, model, config.prompting.interface)
+
+
 def lora_name(unit) -> str:
     """A LoRA student's name in a shared server: its eval folder's name (unique in a run)."""
     return Path(unit.config.out_dir).name
@@ -168,7 +187,7 @@ def server_key(unit) -> tuple | None:
         return None
     m = served_model(ev)
     settings = (m.backend, m.tensor_parallel_size, m.gpu_memory_utilization, m.dtype, m.max_context,
-                m.trust_remote_code, json.dumps(m.extra, sort_keys=True), json.dumps(to_dict(ev.serve), sort_keys=True))
+                m.trust_remote_code, json.dumps(m.extra, sort_keys=True), json.dumps(to_dict(unit_serve(unit)), sort_keys=True))
     return (unit.phase, getattr(unit, "scope", ""), unit.serves[0], *settings)
 
 

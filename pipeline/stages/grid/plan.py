@@ -96,7 +96,7 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
             final = Path(ft.output_dir) / "final"
             units.append(Unit(f"train: {student.name} on {method}", ft, launch_train, "train", needs_train(ft),
                               precision=training_precision_record))
-            ev = eval_config(cfg, student, final, method)
+            ev = eval_config(cfg, student, final, method, layout=ft.layout)
             check_adapter_reachable(ev, ft)
             units.append(Unit(f"eval: {student.name} fine-tuned on {method}", ev,
                               with_model_card(final, skip_or(evaluate_in_child, eval_precision)), "eval", needs_eval(ev),
@@ -175,7 +175,7 @@ def round_units(cfg: RunConfig, students: list[Student], dataset_dir: Path) -> l
     for name, fmt in rounds.lines(st, list(trained), cfg.formats):
         student = trained[name]
         ft = train_config(cfg, student, fmt, dataset_dir)
-        ev = eval_config(cfg, student, Path(ft.output_dir) / "final", fmt)
+        ev = eval_config(cfg, student, Path(ft.output_dir) / "final", fmt, layout=ft.layout)
         earlier = [rounds.Round(1, name, fmt, cfg.out_dir / "generate", dataset_dir, Path(ft.output_dir) / "final",
                                 Path(ev.out_dir))]
         for _ in range(2, st.rounds + 1):
@@ -200,12 +200,13 @@ def one_round(cfg: RunConfig, student: Student, earlier: list, r, ft_before, ev_
     where = f"self_training (round {r.number} of {student.name} on {r.format})"
     teacher = rounds.teacher(to_dict(ev_before.model), ft_before.finetuning, ft_before.student, before)
     serve = to_dict(ev_before.serve) if ev_before.serve is not None else None
+    acts = {"prompting": {"interface": ev_before.prompting.interface}}  # the teacher acts as in its eval (layout)
     gen = build(GenerateConfig, merged({"task": cfg.task, "wiki": cfg.wiki}, rounds.generate_layer(
-        st, cfg.generate, merged(cfg.eval, student.eval), teacher, serve, earlier, r)), where=f"{where}: generate")
+        st, cfg.generate, merged(cfg.eval, student.eval), teacher, serve, earlier, r), acts), where=f"{where}: generate")
     flt = build(FilterConfig, rounds.filter_layer(st, cfg.filter, before, r), where=f"{where}: filter")
     ft = train_config(cfg, student, r.format, r.dataset_dir, rounds.train_layer(st, before, r))
     rounds.check_init(st, ft.finetuning, where)
-    ev = eval_config(cfg, student, r.final, r.format, r.number)
+    ev = eval_config(cfg, student, r.final, r.format, r.number, layout=ft.layout)
     check_adapter_reachable(ev, ft)
 
     def generate_unit(config):
@@ -230,6 +231,9 @@ def one_round(cfg: RunConfig, student: Student, earlier: list, r, ft_before, ev_
 def grpo_units(cfg: RunConfig, student: Student, ft, after_round: int = 1) -> list[Unit]:
     """The grpo unit that continues the fine-tuned `ft` student (the grid's, or self-training round
     `after_round`'s) in its loop, and that result's eval; after a round, both in the rounds phase."""
+    if ft.layout == "messages":
+        raise PipelineError(f"grpo: {student.name} is trained in the messages layout (train.layout) and GRPO's "
+                            "rollouts decode the text layout; leave it out of grpo.students, or train it in the text layout")
     gr = grpo_config(cfg, student, ft, after_round)
     final = Path(gr.output_dir) / "final"
     ev = eval_config(cfg, student, final, gr.format)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pipeline.core.config import build, merged, read_section
 from pipeline.core.errors import PipelineError
-from pipeline.stages.eval import EvalConfig
+from pipeline.stages.eval import EvalConfig, check_layout
 from pipeline.stages.filter import FilterConfig
 from pipeline.stages.generate import GenerateConfig
 from pipeline.stages.grid.spec import RunConfig, Student
@@ -41,11 +41,12 @@ def train_config(cfg: RunConfig, student: Student, fmt: str, dataset_dir: Path, 
 
 
 def eval_config(cfg: RunConfig, student: Student, final: Path | None, fmt: str | None = None,
-                round_number: int = 1, exemplars: str | None = None):
+                round_number: int = 1, exemplars: str | None = None, layout: str = "text"):
     """The eval unit of a prompted base model (final=None; with `exemplars`, one of the grid's
     compare_exemplars, in a folder of its own) or of the fine-tuned `final` trained on trajectory
-    format `fmt` (evaluated with the method of the same name), in round 1 or a later
-    self-training round (pipeline/rounds.py: its own folder and model label)."""
+    format `fmt` in `layout` (its train unit's: a messages student acts through tool calls, so its
+    eval sets prompting.interface=tools), evaluated with the method of the same name, in round 1
+    or a later self-training round (pipeline/rounds.py: its own folder and model label)."""
     if final is None:
         name, layer = f"{student.name}-prompt", {
             "model": student.prompt_model, "methods": [*cfg.formats, *cfg.prompted_methods],
@@ -56,6 +57,8 @@ def eval_config(cfg: RunConfig, student: Student, final: Path | None, fmt: str |
         name, layer = f"{student.name}-ft-{fmt}", {
             "finetuned": str(final), "methods": [fmt],
             "size_class": student.size_class, "params_b": student.params_b}
+        if layout == "messages":
+            layer["prompting"] = {"interface": "tools"}
     if round_number > 1:
         name, layer = f"{name}-round{round_number}", merged(layer, {"model": {
             "name": f"{student.name} round {round_number} (fine-tuned)"}})
@@ -63,7 +66,18 @@ def eval_config(cfg: RunConfig, student: Student, final: Path | None, fmt: str |
                     {"out_dir": str(cfg.out_dir / "eval" / name)})
     ev = build(EvalConfig, layers, where=f"eval ({name})")
     check_serving(ev, f"eval ({name})")
+    if final is not None:
+        check_student_layout(ev, final, layout, f"eval ({name})")
     return ev
+
+
+def check_student_layout(ev, final: Path, layout: str, where: str) -> None:
+    """The student's eval decodes the layout its train unit writes (eval's own check, made when
+    the plan is, not after the training): a text student is never sent tool calls."""
+    try:
+        check_layout(final, layout, ev.prompting.interface)
+    except PipelineError as exc:
+        raise PipelineError(f"{where}: {exc} (or train this student with `train: {{layout: messages}}`)") from None
 
 
 def finetuned_eval_config(cfg: RunConfig, student: Student):
