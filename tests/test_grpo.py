@@ -249,6 +249,10 @@ def test_start_points(world, random_student, tmp_path):
     assert resolve(load_config(GrpoConfig, None, [f"student={final}"])).student_name == "tiny-sft-grpo"
     with pytest.raises(PipelineError, match="trained on 'react' trajectories; GRPO in the 'act' loop"):
         resolve_start(str(final), fmt="act")
+    write_manifest(final / "manifest.json", stage="train", config={}, complete=True, student="tiny-sft",
+                   format="react", adapter=False, size_class="tiny", layout="messages")
+    with pytest.raises(PipelineError, match="trained in the messages layout .* start from a student trained in the text"):
+        resolve_start(str(final), fmt="react")  # outside a grid too (a grid refuses it at plan time)
     lora = tmp_path / "lora" / "final"
     lora.mkdir(parents=True)
     write_manifest(lora / "manifest.json", stage="train", config={}, complete=True, student="tiny-lora",

@@ -74,6 +74,9 @@ def _ours(final: Path, fmt: str) -> StartPoint:
     if trained != fmt:
         raise PipelineError(f"{final} was trained on '{trained}' trajectories; GRPO in the '{fmt}' loop needs a "
                             f"student of that format (set format={trained}, or start from a {fmt} student)")
+    if manifest.get("layout") == "messages":  # GRPO's rollouts are the text loop's prompt and completions
+        raise PipelineError(f"{final} was trained in the messages layout (train.layout=messages) and GRPO's rollouts "
+                            "decode the text layout; start from a student trained in the text layout")
     model, adapter = str(final), None
     if manifest.get("adapter"):
         from pipeline.hub.models import looks_like_path
