@@ -46,6 +46,12 @@ def question_id(record: dict) -> str:
     return str(record.get("question_id") or record["id"])
 
 
+def question_of_row(row: dict) -> str:
+    """The question an SFT dataset row answered: rows keep the episode's `id` only, so a sample's
+    `<question id>#<j>` is cut at the separator (question ids never hold it)."""
+    return str(row.get("question_id") or row["id"]).split(SEPARATOR)[0]
+
+
 def record_fields(question: Any) -> dict:
     """What an episode record adds for a sampled question: its question id and sample number."""
     if isinstance(question, Sample):

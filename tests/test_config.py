@@ -205,7 +205,7 @@ def test_the_declared_keys_are_the_ones_the_stages_used_to_list_by_hand():
     assert eval_stage.IDENTITY_KEYS == ("task", "model", "oracle", "finetuned", "format", "base_model", "questions",
                                         "prompting", "wiki", "shard")
     assert set(filter_stage.CONTENT_KEYS) == {"min_f1", "require_finished", "max_per_method", "per_question", "seed",
-                                              "tokenizer", "fireact_other_tasks", "shuffle"}
+                                              "tokenizer", "fireact_other_tasks", "shuffle", "equal_rows"}
     assert set(filter_stage.SHARD_SET_KEYS) == set(shard_set_keys(generate.GenerateConfig)) == {
         "task", "teacher", "oracle", "questions", "prompting", "wiki", "samples", "limit"}
     assert set(OPERATIONAL_KEYS) == {"max_batch_size", "max_concurrency", "timeout_s", "max_retries", "device",

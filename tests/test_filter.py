@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -313,3 +314,76 @@ def test_the_old_key_methods_names_formats(tmp_path):
     with pytest.raises(PipelineError, match=r"unknown key 'methods'; it was renamed: use 'formats'"):
         load_config(FilterConfig, None, ["methods=[react]"])
     assert load_config(FilterConfig, None, ["formats=[react]"]).formats == ["react"]
+
+
+def test_equal_rows_caps_every_format_by_the_seeded_draw_to_the_smallest_formats_count(tmp_path, capsys):
+    react = [episode(f"q{i:02d}") for i in range(10)]
+    act = [episode(f"q{i:02d}", "act") for i in range(6)]
+    cot = [episode(f"q{i:02d}", "cot") for i in range(4)] + [episode("q09", "cot", em=0.0)]
+    inputs = generate_folder(tmp_path / "gen", {"react": react, "act": act, "cot": cot})
+    cfg = FilterConfig(inputs=[str(inputs)], out_dir=str(tmp_path / "sft"), equal_rows=True, seed=5)
+    stats = run_filter(cfg)
+    assert {m: s["kept"] for m, s in stats.items()} == {"cot": 4, "act": 4, "react": 4}
+    assert stats["react"]["equal_rows"] == {"rows": 4, "smallest": ["cot"], "kept_before": 10}
+    assert stats["react"]["dropped"] == {"over_equal_rows": 6} and stats["cot"]["dropped"] == {"incorrect": 1}
+    # the filter's seeded draw: the rows select() keeps under the same cap and seed
+    drawn = select("react", react, FilterConfig(seed=5), rows_cap=4).kept
+    assert [r["id"] for r in read_jsonl(tmp_path / "sft" / "react" / "train.jsonl")] == [e["id"] for e in drawn]
+    manifest = read_manifest(tmp_path / "sft" / "manifest.json")
+    assert manifest["equal_rows"] == {"rows": 4, "smallest": ["cot"]}
+    assert read_manifest(tmp_path / "sft" / "react" / "manifest.json")["settings"]["equal_rows_cap"] == 4
+    assert "equal_rows: 4 rows each (the smallest: cot; 10 here before)" in capsys.readouterr().out
+    assert "then 4 (equal_rows: every format as many as the smallest, cot)" in (tmp_path / "sft" / "act" / "README.md").read_text()
+    # the cap is part of what makes a dataset the same: without cot the smallest is act's 6
+    assert run_filter(FilterConfig(**{**vars(cfg), "formats": ["react", "act"]}))["react"]["kept"] == 6
+    # and a dataset built without the key is still up to date once it exists (no rebuild for the new key)
+    plain = FilterConfig(inputs=[str(inputs)], out_dir=str(tmp_path / "plain"))
+    run_filter(plain)
+    assert "equal_rows" not in read_manifest(tmp_path / "plain" / "react" / "manifest.json")["settings"]
+
+
+@pytest.mark.parametrize(("settings", "why"), [
+    ({"formats": ["react"]}, "formats names one format: nothing to make equal"),
+    ({"union_with": ["elsewhere"]}, "union_with adds each format's earlier rows"),
+    ({"match_dataset": "elsewhere"}, "match_dataset already gives each format that dataset's row count"),
+    ({"formats": ["react", "cot"]}, r"cot kept no episode, so every format would get 0 rows; leave cot out"),
+    ({"inputs_react_only": True}, r"the inputs hold one format \(react\): nothing to make equal"),
+])
+def test_equal_rows_is_refused_in_one_line_where_it_cannot_apply_and_writes_nothing(tmp_path, settings, why):
+    only = settings.pop("inputs_react_only", False)
+    folders = {"react": [episode("a"), episode("b")]} if only else {"react": [episode("a")], "cot": [episode("a", "cot", em=0.0)]}
+    inputs = generate_folder(tmp_path / "gen", folders)
+    out = tmp_path / "sft"
+    proc = _cli(f"inputs=[{inputs}]", f"out_dir={out}", "equal_rows=true",
+                *[f"{k}=[{','.join(v)}]" if isinstance(v, list) else f"{k}={v}" for k, v in settings.items()])
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert re.search(r"^error: filter: equal_rows.*" + why, proc.stderr) and proc.stderr.count("\n") == 1, proc.stderr
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_match_dataset_keeps_the_same_questions_at_most_as_many_rows_of_each(tmp_path, capsys):
+    """Another teacher's data on the questions a dataset's rows answer: its samples `a#0`, `a#1`
+    (two rows of a), `b#0`, `c#0`; this teacher solved a (one trajectory), c, d, not b."""
+    teacher = generate_folder(tmp_path / "gen-teacher", {"react": [
+        sample("a", 0), sample("a", 1, answer="paris"), sample("b", 0), sample("c", 0), sample("e", 0, em=0.0)]})
+    run_filter(FilterConfig(inputs=[str(teacher)], out_dir=str(tmp_path / "sft")))
+    oracle = generate_folder(tmp_path / "gen-oracle", {"react": [
+        episode("a", note=" o"), episode("b", em=0.0), episode("c", note=" o"), episode("d", note=" o"), episode("e")]})
+    cfg = FilterConfig(inputs=[str(oracle)], out_dir=str(tmp_path / "sft-oracle"), match_dataset=str(tmp_path / "sft"))
+    stats = run_filter(cfg)["react"]
+    assert sorted(r["id"] for r in read_jsonl(tmp_path / "sft-oracle" / "react" / "train.jsonl")) == ["a", "c"]
+    assert stats["dropped"] == {"incorrect": 1, "other_question": 2}
+    assert stats["matched"] == {"dataset": str(tmp_path / "sft"), "its_rows": 4, "its_questions": 3, "rows": 2,
+                                "questions": 2, "questions_unsolved": 1, "rows_short": 2}
+    assert read_manifest(tmp_path / "sft-oracle" / "react" / "manifest.json")["matched"] == stats["matched"]
+    assert "2 of its 4 rows, 2 of its 3 questions (2 rows short: 1 of its questions unsolved here" in capsys.readouterr().out
+    # never more of a question than the matched dataset has rows of it
+    twice = generate_folder(tmp_path / "gen-twice", {"react": [sample("c", 0, note=" x"), sample("c", 1, note=" y")]})
+    again = run_filter(FilterConfig(inputs=[str(twice)], out_dir=str(tmp_path / "sft-twice"), match_dataset=str(tmp_path / "sft")))
+    assert again["react"]["kept"] == 1 and again["react"]["dropped"] == {"over_matched": 1}
+    # the matched dataset is an input: rebuilt when it changes
+    run_filter(FilterConfig(inputs=[str(teacher)], out_dir=str(tmp_path / "sft"), max_per_method=1, seed=1))
+    assert run_filter(cfg)["react"]["matched"]["its_rows"] == 1
+    with pytest.raises(PipelineError, match=r"match_dataset: SFT dataset .*/sft/cot .*has not run"):
+        run_filter(FilterConfig(inputs=[str(generate_folder(tmp_path / "gen-cot", {"cot": [episode("a", "cot")]}))],
+                                out_dir=str(tmp_path / "sft-cot"), match_dataset=str(tmp_path / "sft")))

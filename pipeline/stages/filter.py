@@ -14,7 +14,12 @@ files are HotpotQA) decides what counts as correct. Per method it keeps episodes
 correct (HotpotQA: EM = 1; FEVER: the gold label; optionally F1 >= min_f1), drops repeated
 episode ids (the first is kept) and repeated trajectories of one question (the k samples of
 rejection sampling, `generate samples=k`, are episodes `<question id>#<j>`: pipeline.sampling),
-keeps at most `per_question` of each question (default: every distinct trajectory), caps the rest at `max_per_method` by a seeded draw, shuffles them with the same seed (so training batches mix
+keeps at most `per_question` of each question (default: every distinct trajectory), with
+`match_dataset` (another SFT dataset folder) only the questions that dataset's rows of the format
+answer and at most as many of each (another teacher's data on the same questions and rows: a
+grid's `compare_oracle`), caps the rest at `max_per_method` by a seeded draw, with `equal_rows`
+caps every format by the same draw to the smallest format's count (refused in one line where it
+cannot apply: one format, a union, a matched dataset, a format that kept nothing), shuffles them with the same seed (so training batches mix
 questions and sources rather than follow the generate order; `shuffle=false` keeps input order),
 and writes `<out_dir>/<method>/` (docs/formats.md): train.jsonl,
 failed.jsonl (every episode that ended in a backend error, did not finish, was wrong or below
@@ -70,7 +75,7 @@ from pipeline.tasks import Task, get_task, task_of
 REQUIRED_FIELDS = ("id", "method", "em", "finished", "trajectory")
 # Why an episode was not kept, in the order the checks run ("error": a backend error ended it).
 DROP_REASONS = ("error", "unfinished", "incorrect", "low_f1", "bad_trajectory", "duplicate", "over_per_question",
-                "over_cap")
+                "other_question", "over_matched", "over_cap", "over_equal_rows")
 # The episodes that failed (the model's, or a backend's, doing), written to failed.jsonl with `why`;
 # the others were dropped as data problems (bad_trajectory) or as surplus correct ones.
 FAILED_REASONS = ("error", "unfinished", "incorrect", "low_f1")
@@ -95,6 +100,11 @@ class FilterConfig:
     # dataset, the new episodes' rows added unless already there (self-training's union of rounds);
     # max_per_method caps the new rows only. Checked by fingerprint, as the inputs are.
     union_with: list[str] = same_run("input", default_factory=list)
+    # An SFT dataset folder (this stage's out_dir) to match, per format: keep only episodes of the
+    # questions its <format>/train.jsonl rows answer, at most as many of a question as it has rows
+    # of it (so at most its row count): another teacher's data on the same questions and rows (a
+    # grid's `compare_oracle`). Fewer where these inputs solved fewer of them: stats say how many.
+    match_dataset: str | None = same_run("input", default=None)
     out_dir: str = same_run("free", default="runs/sft")
     formats: list[str] = same_run("free", metadata=check(distinct), default_factory=list)  # the training formats to build; empty: every one the inputs hold
     min_f1: float | None = same_run("identity", default=None, metadata=check(in_range(0, 1)))  # also require F1 >= this (EM = 1 is always required)
@@ -104,12 +114,18 @@ class FilterConfig:
     # null = every distinct one; 1 = the first
     per_question: int | None = same_run("identity", default=None, metadata=bound(1))
     seed: int = same_run("identity", default=0, metadata=bound(0))
+    # true: every format gets the same number of rows, each capped by the seeded draw to the
+    # smallest format's kept count (after max_per_method), so formats differ in content, not in amount
+    equal_rows: bool = same_run("identity", default=False)
     shuffle: bool = same_run("identity", default=True)  # the written order: seeded shuffle (True) or input order
     tokenizer: str | None = same_run("identity", default=None)  # "smollm2", a local folder or a hub id: token-length stats
     force: bool = same_run("free", default=False)
 
 
 CONTENT_KEYS = run_keys(FilterConfig)
+# Identity keys added after datasets were built: in the key only when set, so a dataset built
+# before them is still up to date (rebuilt, its new file would make every training on it run again)
+LATER_KEYS = ("equal_rows",)
 
 
 @dataclass
@@ -264,10 +280,13 @@ def check_counts(folder: Path, manifest: dict, found: dict[str, int], formats: l
 # ---------------------------------------------------------------- selecting
 
 
-def select(method: str, episodes: list[dict], cfg: FilterConfig, task: Task | None = None) -> Selection:
+def select(method: str, episodes: list[dict], cfg: FilterConfig, task: Task | None = None,
+           rows_cap: int | None = None, matched: Counter | None = None) -> Selection:
     """Keep finished, correct (the task's rule: HotpotQA EM = 1; and F1 >= min_f1) episodes: the
     first of each episode id and of each trajectory of a question, at most `per_question` of one
-    question, at most N; the failed ones are set apart with why."""
+    question, only the questions of `matched` (question id -> that dataset's rows of it) and at
+    most as many of each, at most N, then at most `rows_cap` (equal_rows); the failed ones are set
+    apart with why."""
     from pipeline.sampling import question_id
 
     task = get_task(task)
@@ -281,21 +300,41 @@ def select(method: str, episodes: list[dict], cfg: FilterConfig, task: Task | No
             failed_ids.add(episode["id"])
         if reason is None:
             reason = _surplus_reason(episode, cfg, seen_ids, seen_texts, per_question)
+        if reason is None and matched is not None:
+            reason = _unmatched_reason(episode, matched, per_question)
         if reason:
             dropped[reason] += 1
             continue
         seen_ids.add(episode["id"])
         per_question[question_id(episode)] += 1
         eligible.append(episode)
-    kept = eligible
-    if len(eligible) > cfg.max_per_method:
-        chosen = sorted(random.Random(cfg.seed).sample(range(len(eligible)), cfg.max_per_method))
-        kept = [eligible[i] for i in chosen]
-        dropped["over_cap"] = len(eligible) - len(kept)
+    kept = _seeded_cap(eligible, cfg.max_per_method, cfg.seed, dropped, "over_cap")
+    if rows_cap is not None:
+        kept = _seeded_cap(kept, rows_cap, cfg.seed, dropped, "over_equal_rows")
     if cfg.shuffle:  # the trainer reads the file in order: mix questions (and sources) here
         kept = list(kept)
         random.Random(f"{cfg.seed}:shuffle:{method}").shuffle(kept)
     return Selection(method, kept, len(episodes), dropped, failed)
+
+
+def _seeded_cap(episodes: list[dict], cap: int, seed: int, dropped: Counter, why: str) -> list[dict]:
+    """At most `cap` of the episodes, drawn with the seed, in their order; the rest counted as `why`."""
+    if len(episodes) <= cap:
+        return episodes
+    chosen = sorted(random.Random(seed).sample(range(len(episodes)), cap))
+    dropped[why] = len(episodes) - cap
+    return [episodes[i] for i in chosen]
+
+
+def _unmatched_reason(episode: dict, matched: Counter, per_question: Counter) -> str | None:
+    """Why a correct episode is not kept under `match_dataset`: that dataset has no row of its
+    question, or as many of it are kept already as it has rows of it."""
+    from pipeline.sampling import question_id
+
+    qid = question_id(episode)
+    if qid not in matched:
+        return "other_question"
+    return "over_matched" if per_question[qid] >= matched[qid] else None
 
 
 def _surplus_reason(episode: dict, cfg: FilterConfig, seen_ids: set, seen_texts: set,
@@ -421,12 +460,26 @@ def dataset_stats(selection: Selection, examples: list[dict], tokenizer=None, to
     return stats
 
 
+def matched_text(m: dict) -> str:
+    """What match_dataset made of one format, one clause (stats line and card)."""
+    text = f"matched to {m['dataset']}: {m['rows']} of its {m['its_rows']} rows, {m['questions']} of its {m['its_questions']} questions"
+    if m["rows_short"]:
+        text += (f" ({m['rows_short']} rows short: {m['questions_unsolved']} of its questions unsolved here, "
+                 "others solved in fewer distinct trajectories)")
+    return text
+
+
 def stats_line(stats: dict) -> str:
     dropped = ", ".join(f"{r} {n}" for r, n in stats["dropped"].items()) or "none"
     steps = " ".join(f"{k}:{v}" for k, v in stats["steps"]["histogram"].items())
     line = f"{stats['method']}: kept {stats['kept']} / {stats['seen']} seen (dropped: {dropped})"
     if "union" in stats:
         line += f" = {stats['union']['rows_from_them']} earlier rows + {stats['union']['new_rows']} new"
+    if "equal_rows" in stats:
+        eq = stats["equal_rows"]
+        line += f"; equal_rows: {eq['rows']} rows each (the smallest: {', '.join(eq['smallest'])}; {eq['kept_before']} here before)"
+    if "matched" in stats:
+        line += "; " + matched_text(stats["matched"])
     if steps and steps != f"0:{stats['kept']}":
         line += f"; steps {steps}"
     left_out = (stats.get("messages") or {}).get("left_out")
@@ -469,8 +522,11 @@ def format_card(stats: dict, cfg: FilterConfig, task: Task | None = None) -> str
         + (f" and F1 >= {cfg.min_f1}" if cfg.min_f1 is not None else "")
         + "; repeated episode ids and repeated trajectories of a question dropped (first kept)"
         + (f"; at most {cfg.per_question} per question" if cfg.per_question is not None else "")
+        + ("; " + matched_text(stats["matched"]) if "matched" in stats else "")
         + f"; at most {cfg.max_per_method} by a seeded draw"
-        f" (seed {cfg.seed}). Drops: {json.dumps(stats['dropped'])}.",
+        + (f", then {stats['equal_rows']['rows']} (equal_rows: every format as many as the smallest, "
+           f"{', '.join(stats['equal_rows']['smallest'])})" if "equal_rows" in stats else "")
+        + f" (seed {cfg.seed}). Drops: {json.dumps(stats['dropped'])}.",
         "",
         f"`{FAILED_FILE}`: the {sum(stats['failed'].values())} episodes that failed, each with `why` "
         f"({', '.join(FAILED_REASONS)}; {json.dumps(stats['failed'])}), in the same rendering plus "
@@ -544,6 +600,14 @@ def union_inputs(cfg: FilterConfig, methods: list[str]) -> list[dict]:
     return out
 
 
+def match_inputs(cfg: FilterConfig, methods: list[str]) -> list[dict]:
+    """The fingerprint of match_dataset's file of each format: a changed teacher dataset rebuilds this one."""
+    if cfg.match_dataset is None:
+        return []
+    folder = Path(cfg.match_dataset)
+    return [file_fingerprint(folder / m / "train.jsonl") for m in methods if (folder / m / "train.jsonl").is_file()]
+
+
 def union_rows(cfg: FilterConfig, method: str, new: list[dict]) -> tuple[list[dict], dict]:
     """The `union_with` datasets' rows, then each new row whose text (prompt and completion) is not
     among them, shuffled with the seed; and how many came from where."""
@@ -565,22 +629,25 @@ def failed_lines(selection: Selection) -> str:
 
 
 def dataset_manifest(cfg: FilterConfig, task: Task, method: str, inputs: list[dict], stats: dict,
-                     reports: list[dict]) -> dict:
+                     reports: list[dict], equal: dict | None = None) -> dict:
     return {"stage": "filter", "config": to_dict(cfg), "complete": True, "task": task.name, "format": method,
             "search": inputs_search(cfg),  # the observations' search mode: eval refuses a student the other
-            "inputs": inputs, "settings": content_key(cfg), "counts": {"seen": stats["seen"], "kept": stats["kept"]},
-            "fireact_imports": reports}
+            "inputs": inputs, "settings": content_key(cfg, equal),
+            "counts": {"seen": stats["seen"], "kept": stats["kept"]}, "fireact_imports": reports,
+            **{k: stats[k] for k in ("equal_rows", "matched") if k in stats}}
 
 
-def content_key(cfg: FilterConfig) -> dict:
+def content_key(cfg: FilterConfig, equal: dict | None = None) -> dict:
     """The settings that change a dataset's content (FilterConfig's identity fields; the inputs
-    are checked by fingerprint; out_dir, force, formats change nothing)."""
+    are checked by fingerprint; out_dir, force, formats change nothing, but for equal_rows'
+    cap, which the formats built decide: it is part of the key)."""
     settings = to_dict(cfg)
-    return {k: settings[k] for k in CONTENT_KEYS}
+    key = {k: settings[k] for k in CONTENT_KEYS if k not in LATER_KEYS or settings[k]}
+    return {**key, **({"equal_rows_cap": equal["rows"]} if equal else {})}
 
 
-def is_up_to_date(folder: Path, inputs: list[dict], cfg: FilterConfig) -> bool:
-    return (is_done(folder / "manifest.json", inputs=inputs, settings=content_key(cfg))
+def is_up_to_date(folder: Path, inputs: list[dict], cfg: FilterConfig, equal: dict | None = None) -> bool:
+    return (is_done(folder / "manifest.json", inputs=inputs, settings=content_key(cfg, equal))
             and (folder / "train.jsonl").exists() and (folder / MESSAGES_FILE).exists())
 
 
@@ -597,6 +664,60 @@ def check_settings(cfg: FilterConfig) -> None:
     unknown = [m for m in cfg.formats if m not in FORMATS]
     if unknown:
         raise PipelineError(f"filter: formats {unknown} are not training formats; choose from {list(FORMATS)}")
+    if cfg.equal_rows:
+        check_equal_rows(cfg)
+
+
+def check_equal_rows(cfg: FilterConfig) -> None:
+    """Where equal_rows cannot apply: one format (nothing to equal), a union (its earlier rows are
+    not drawn again), a matched dataset (whose counts the rows follow instead)."""
+    why = ("formats names one format: nothing to make equal" if len(cfg.formats) == 1
+           else "union_with adds each format's earlier rows, which the draw does not cap" if cfg.union_with
+           else "match_dataset already gives each format that dataset's row count" if cfg.match_dataset else None)
+    if why:
+        raise PipelineError(f"filter: equal_rows cannot apply: {why}; drop equal_rows (or set max_per_method to one cap)")
+
+
+def equal_rows_cap(cfg: FilterConfig, methods: list[str], selections: dict[str, Selection]) -> dict | None:
+    """equal_rows: the smallest format's kept count, each format's cap (None when off). A format
+    that kept nothing would empty every dataset: refused, before anything is written."""
+    if not cfg.equal_rows:
+        return None
+    if len(methods) < 2:
+        raise PipelineError(f"filter: equal_rows cannot apply: the inputs hold one format ({methods[0]}): nothing to "
+                            "make equal; drop equal_rows")
+    kept = {m: len(selections[m].kept) for m in methods}
+    rows = min(kept.values())
+    smallest = [m for m in methods if kept[m] == rows]
+    if rows == 0:
+        raise PipelineError(f"filter: equal_rows: {', '.join(smallest)} kept no episode, so every format would get 0 "
+                            f"rows; leave {', '.join(smallest)} out of formats, or drop equal_rows")
+    return {"rows": rows, "smallest": smallest, "kept_before": kept}
+
+
+def matched_questions(cfg: FilterConfig, method: str) -> Counter | None:
+    """match_dataset's rows of `method` by question id (None without one); a format it has no
+    dataset of is refused."""
+    if cfg.match_dataset is None:
+        return None
+    from pipeline.sampling import question_of_row
+
+    folder = Path(cfg.match_dataset) / method
+    what = f"match_dataset: SFT dataset {folder} (its filter kept no {method} episode, or has not run)"
+    require_complete(folder / "manifest.json", what)
+    if not (folder / "train.jsonl").is_file():  # a format that kept nothing leaves only its failed episodes
+        raise PipelineError(f"{what}: it has no train.jsonl; leave {method} out of formats")
+    return Counter(question_of_row(row) for row in read_jsonl(folder / "train.jsonl"))
+
+
+def match_stats(cfg: FilterConfig, matched: Counter, examples: list[dict]) -> dict:
+    """How close the match came: the matched dataset's rows and questions, and this one's."""
+    from pipeline.sampling import question_of_row
+
+    questions = {question_of_row(e) for e in examples}
+    return {"dataset": str(cfg.match_dataset), "its_rows": sum(matched.values()), "its_questions": len(matched),
+            "rows": len(examples), "questions": len(questions), "questions_unsolved": len(matched) - len(questions),
+            "rows_short": sum(matched.values()) - len(examples)}
 
 
 def run_filter(cfg: FilterConfig, allow_empty: bool = False) -> dict:
@@ -614,17 +735,21 @@ def run_filter(cfg: FilterConfig, allow_empty: bool = False) -> dict:
     if missing or not methods:
         raise PipelineError(f"filter: no input episodes for {missing or 'any method'} "
                             f"(inputs hold: {sorted(by_method) or 'nothing'})")
-    inputs = inputs + union_inputs(cfg, methods)
+    inputs = inputs + union_inputs(cfg, methods) + match_inputs(cfg, methods)
+    matched = {m: matched_questions(cfg, m) for m in methods}
+    selections = {m: select(m, by_method[m], cfg, task, matched=matched[m]) for m in methods} if cfg.equal_rows else {}
+    equal = equal_rows_cap(cfg, methods, selections)
     out_dir = Path(cfg.out_dir)
     tokenizer = None
     results, empty = {}, []
     for method in methods:
         folder = out_dir / method
-        if not cfg.force and is_up_to_date(folder, inputs, cfg):
+        if not cfg.force and is_up_to_date(folder, inputs, cfg, equal):
             results[method] = json.loads((folder / "stats.json").read_text(encoding="utf-8"))
             print(f"{method}: up to date ({folder}/manifest.json matches the inputs); force=true rebuilds")
             continue
-        selection = select(method, by_method[method], cfg, task)
+        selection = select(method, by_method[method], cfg, task, rows_cap=equal and equal["rows"],
+                           matched=matched[method])
         examples = [sft_example(e) for e in selection.kept]
         union = None
         if cfg.union_with:
@@ -638,7 +763,7 @@ def run_filter(cfg: FilterConfig, allow_empty: bool = False) -> dict:
             if selection.failed:  # still the data of what failed: the folder without a train.jsonl
                 stats = dataset_stats(selection, examples)
                 write_dataset_dir(folder, {FAILED_FILE: failed_lines(selection), "stats.json": json.dumps(stats, indent=2) + "\n"},
-                                  dataset_manifest(cfg, task, method, inputs, stats, reports))
+                                  dataset_manifest(cfg, task, method, inputs, stats, reports, equal))
                 print(f"{method}: the {len(selection.failed)} failed episodes are in {folder / FAILED_FILE}")
             continue
         if cfg.tokenizer and tokenizer is None:
@@ -646,6 +771,11 @@ def run_filter(cfg: FilterConfig, allow_empty: bool = False) -> dict:
         stats = dataset_stats(selection, examples, tokenizer, cfg.tokenizer)
         if union is not None:
             stats["union"] = union
+        if equal is not None:
+            stats["equal_rows"] = {"rows": equal["rows"], "smallest": equal["smallest"],
+                                   "kept_before": equal["kept_before"][method]}
+        if matched[method] is not None:
+            stats["matched"] = match_stats(cfg, matched[method], examples)
         messages, left_out = dataset_rows(examples, question_label=task.question_label, answer_space=task.answer_space,
                                           search=search)
         stats["messages"] = {"rows": len(messages), "left_out": dict(left_out)}
@@ -656,14 +786,15 @@ def run_filter(cfg: FilterConfig, allow_empty: bool = False) -> dict:
             "stats.json": json.dumps(stats, indent=2) + "\n",
             "README.md": format_card(stats, cfg, task),
         }
-        write_dataset_dir(folder, files, dataset_manifest(cfg, task, method, inputs, stats, reports))
+        write_dataset_dir(folder, files, dataset_manifest(cfg, task, method, inputs, stats, reports, equal))
         print(stats_line(stats))
         results[method] = stats
     if not results and not allow_empty:
         raise PipelineError(f"filter: no method kept any episode ({', '.join(empty)}); check the inputs' em/finished fields")
     write_manifest(out_dir / "manifest.json", stage="filter", config=to_dict(cfg), complete=True,
                    task=task.name, inputs=inputs, formats=sorted(results), empty_formats=empty,
-                   counts={m: {"seen": s["seen"], "kept": s["kept"]} for m, s in results.items()})
+                   counts={m: {"seen": s["seen"], "kept": s["kept"]} for m, s in results.items()},
+                   **({"equal_rows": {"rows": equal["rows"], "smallest": equal["smallest"]}} if equal else {}))
     written = ", ".join(f"{m} {s['kept']}" for m, s in results.items())
     print(f"datasets in {out_dir}/<method>/train.jsonl: {written}")
     return results
