@@ -505,6 +505,82 @@ def test_compare_exemplars_refuses_the_figures_own_set_an_unknown_one_a_set_the_
     refused(run_pipeline("run", "--config", config, f"compare_exemplars={value}", "--print-config"), pattern)
 
 
+def test_compare_oracle_plans_the_stand_ins_generate_filter_trainings_and_evals_in_their_own_folders():
+    """configs/small-real-teacher.yaml: a prompted teacher, and beside it (compare_oracle) the
+    stand-in on the same questions and wiki settings, matched to the teacher's datasets, and the
+    student trained and evaluated on its rows as `<student>-oracle-data`, whose evals plot keeps
+    out of figure 3 (teachers.md)."""
+    proc = run_pipeline("run", "--config", "configs/small-real-teacher.yaml", "--print-config")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    titles = re.findall(r"^#\s+\d+\. (\w+)\s+(.+)$", out, flags=re.M)
+    assert titles[:5] == [("teacher", "generate: the teacher writes trajectories"),
+                          ("teacher", "generate: the oracle stand-in (agent) on the same questions"),
+                          ("teacher", "eval: gemma3-270m prompted"),
+                          ("filter", "filter: correct trajectories -> SFT datasets"),
+                          ("filter", "filter: the stand-in's trajectories of the teacher's questions, as many rows -> "
+                                     "SFT datasets")]
+    for fmt in ("standard", "cot", "act", "react"):
+        assert ("train", f"train: smollm2-135m on {fmt}, the stand-in's data") in titles
+        assert ("eval", f"eval: smollm2-135m fine-tuned on {fmt}, the stand-in's data") in titles
+    assert len(titles) == 23
+
+    def unit(title: str) -> str:
+        text = out[out.index(f"] {title}\n"):]
+        return text[:text.index("\n# [")] if "\n# [" in text else text
+
+    teacher, stand_in = unit("teacher: generate: the teacher writes trajectories"), unit(
+        "teacher: generate: the oracle stand-in (agent) on the same questions")
+    assert "oracle: agent\n" in stand_in and "samples: 1\n" in stand_in and "serve: null" in stand_in
+    assert "out_dir: runs/small-real-teacher/generate-oracle\n" in stand_in
+    for same in ("questions: offline-bootstrap\n", "limit: 400\n", "  search: bm25\n", "  search_k: 3\n"):
+        assert same in teacher and same in stand_in, same
+    flt = unit("filter: filter: the stand-in's trajectories of the teacher's questions, as many rows -> SFT datasets")
+    assert "- runs/small-real-teacher/generate-oracle\nfireact" in flt
+    assert "match_dataset: runs/small-real-teacher/sft\nout_dir: runs/small-real-teacher/sft-oracle\n" in flt
+    assert "equal_rows: false" in flt and "per_question: 1" in flt  # the grid's filter keys, not its equal_rows
+    assert "equal_rows: true" in unit("filter: filter: correct trajectories -> SFT datasets")
+    ft = unit("train: train: smollm2-135m on react, the stand-in's data")
+    assert "student_name: smollm2-135m-oracle-data\n" in ft and "dataset_dir: runs/small-real-teacher/sft-oracle\n" in ft
+    ev = unit("eval: eval: smollm2-135m fine-tuned on react, the stand-in's data")
+    assert "finetuned: checkpoints/small-real-teacher/smollm2-135m-oracle-data/react/final" in ev
+    assert "out_dir: runs/small-real-teacher/eval/smollm2-135m-oracle-data-ft-react\n" in ev
+    plot = unit("plot: plot: figure 3 and the table")
+    figure, compared = plot[:plot.index("oracle_data_comparison:")], plot[plot.index("oracle_data_comparison:"):]
+    assert "oracle-data" not in figure and "eval/smollm2-135m-ft-react/summary.json" in figure
+    assert compared.count("oracle-data-ft-") == 4
+
+
+@pytest.mark.parametrize("config, value, pattern", [
+    ("configs/small-figure3.yaml", "agent", r"compare_oracle: agent compares a model teacher's data with the "
+                                            r"stand-in's, and this grid's teacher is the stand-in already"),
+    ("configs/small-real-teacher.yaml", "exact", r"oracle=exact searches the gold titles, which a student in "
+                                                 r"wiki.search=bm25 could not know"),
+    ("configs/small-real-teacher.yaml", "agnet", r"the oracle stand-in \(agnet\).*oracle must be one of exact, agent"),
+    ("configs/small-real-teacher.yaml", "agent students[0].finetune=false",
+     r"compare_oracle: agent but no student here is trained"),
+])
+def test_compare_oracle_is_refused_in_one_line_where_it_cannot_apply_and_nothing_is_written(
+        config, value, pattern, tmp_path, capsys, monkeypatch):
+    from pipeline.cli import main
+
+    monkeypatch.chdir(REPO)
+    key, *more = value.split()
+    if more:  # a student entry changed: a copy of the config
+        import yaml
+
+        data = yaml.safe_load((REPO / config).read_text())
+        data["students"][0]["finetune"] = False
+        config = str(tmp_path / "grid.yaml")
+        Path(config).write_text(yaml.safe_dump(data))
+    code = main(["run", "--config", config, f"compare_oracle={key}", f"out_dir={tmp_path / 'run'}",
+                 f"train.output_root={tmp_path / 'ckpt'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and err.startswith("error: "), err
+    assert re.search(pattern, err), err
+    assert not (tmp_path / "run").exists() and not (tmp_path / "ckpt").exists()
+
+
 # -------------------------------------------------------------------------- plans checked when made
 
 

@@ -112,6 +112,8 @@ def rehearse(cfg, students: list) -> Rehearsal:
     c.train = dict(c.train)
     for student in r.students:
         rehearse_student(c, student, models, r)
+        if c.compare_oracle is not None and student.name in r.target_launches:  # it trains on the stand-in's data too
+            r.target_launches[c.oracle_data_name(student.name)] = r.target_launches[student.name]
     split_endpoints(r, c.node.gpus)
     if c.self_training.rounds > 1:
         c.self_training = rounds_section(c.self_training, r.notes)

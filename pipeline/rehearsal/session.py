@@ -54,7 +54,9 @@ def session(rehearsal: Rehearsal) -> Iterator[Callable[[list], None]]:
                       and u.config.oracle is None]  # the stand-in teacher's own trajectories need no fill-in
         round_generate = None  # a self-training round's generate unit: its filter comes next
         for unit in units:
-            if unit.selected and unit.phase == FILTER_PHASE and generating:
+            # the filter of the model teacher's episodes (not the stand-in's own: compare_oracle)
+            if (unit.selected and unit.phase == FILTER_PHASE and generating
+                    and str(generating[0].config.out_dir) in unit.config.inputs):
                 unit.action = filling(unit.action, generating[0].config)
             if unit.phase == ROUNDS_PHASE and kind(unit) == "GenerateConfig":
                 round_generate = unit.config

@@ -8,7 +8,15 @@ import csv
 import io
 
 from pipeline.methods.registry import figure_rank, in_figure_order
-from pipeline.report.summaries import MODES, em_gap_interval, em_interval, method_label, pct, pct_ci
+from pipeline.report.summaries import (
+    MODES,
+    em_gap_interval,
+    em_interval,
+    is_grpo,
+    method_label,
+    pct,
+    pct_ci,
+)
 from pipeline.tasks import Task, get_task
 
 CSV_COLUMNS = ("source", "mode", "search", "model", "size_class", "params_b", "method", "question_set", "n",
@@ -139,4 +147,25 @@ def exemplars_markdown(figure_rows: list[dict], other_rows: list[dict], task: Ta
         lines.append(f"| {other['model']} | {other['size_class']} | {method_label(other)} | "
                      f"{(figure or {}).get('exemplars', '–')} | {_pct_n(figure)} | {other.get('exemplars', '?')} | "
                      f"{_pct_n(other)} | {gap_text(other, figure)} |")
+    return "\n".join(lines) + "\n"
+
+
+def teachers_markdown(figure_rows: list[dict], other_rows: list[dict], task: Task | None = None) -> str:
+    """teachers.md: each student trained on the stand-in teacher's data (a grid's compare_oracle)
+    beside the same size's student trained on the model teacher's data (figure 3's fine-tuned cell
+    of that method: not GRPO, not released), and the gap (the model teacher's minus the stand-in's,
+    with Newcombe's 95% interval)."""
+    task = get_task(task)
+    metric = task.metric_label
+    lines = [f"# Fine-tuned {task.title} {metric} (%) by teacher: the prompted model's data against the stand-in's", "",
+             f"Each cell: {metric} [95% Wilson interval] (n); the same questions and per-format rows for both "
+             "(filter's match_dataset: fewer for the stand-in where it solved fewer); gap: the model teacher's "
+             "data minus the stand-in's [Newcombe's 95% interval]; within noise when it contains 0.", "",
+             f"| size | method | on the model teacher's data | {metric} | on the stand-in's data | {metric} | gap |",
+             "|---|---|---|---:|---|---:|---:|"]
+    for other in sorted(other_rows, key=lambda r: (r["params_b"], r["model"], figure_rank(r["method"]))):
+        own = next((r for r in figure_rows if r["mode"] == "finetune" and not is_grpo(r) and not r.get("released")
+                    and (r["size_class"], r["method"]) == (other["size_class"], other["method"])), None)
+        lines.append(f"| {other['size_class']} | {method_label(other)} | {(own or {}).get('model', '–')} | "
+                     f"{_pct_n(own)} | {other['model']} | {_pct_n(other)} | {gap_text(own, other)} |")
     return "\n".join(lines) + "\n"

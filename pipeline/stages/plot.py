@@ -18,7 +18,8 @@ filled plus markers labelled with their own name, apart from our students' lines
 by the orderings check; GRPO students' rows (`training: grpo`) are triangles with their intervals
 beside the fine-tuned points of their size, a column of their own in the table, not judged either. Writes <name>.png, <name>.svg,
 results.csv, results.md, orderings.md, orderings.json and manifest.json into out_dir, each by an
-atomic rename; with `exemplar_comparison` (prompted evals with another exemplar set), exemplars.md.
+atomic rename; with `exemplar_comparison` (prompted evals with another exemplar set), exemplars.md;
+with `oracle_data_comparison` (students trained on the stand-in teacher's data), teachers.md.
 
 Summaries of more than one model size of ours (released agents aside) also get the figure with
 sizes on its x axis, <name>-sizes.png / .svg (pipeline.report.figure.draw_sizes_figure: per method
@@ -84,7 +85,13 @@ from pipeline.report.summaries import (
     one_x_per_size,
     search_of_row,
 )
-from pipeline.report.tables import exemplars_markdown, results_csv, results_markdown, sizes_markdown
+from pipeline.report.tables import (
+    exemplars_markdown,
+    results_csv,
+    results_markdown,
+    sizes_markdown,
+    teachers_markdown,
+)
 
 
 @dataclass
@@ -104,6 +111,10 @@ class PlotConfig:
     # summary.json files of prompted evals with other exemplar sets than figure 3's (a grid's
     # `compare_exemplars`): exemplars.md sets each beside figure 3's cell; no figure shows them
     exemplar_comparison: list[str] = field(default_factory=list)
+    # summary.json files of students trained on the stand-in teacher's data beside a model teacher's
+    # (a grid's `compare_oracle`): teachers.md sets each beside the same size's fine-tuned cell of
+    # that method; figure 3 and its tables keep the model teacher's students alone
+    oracle_data_comparison: list[str] = field(default_factory=list)
 
 
 def run_plot(cfg: PlotConfig) -> dict[str, Path]:
@@ -153,6 +164,10 @@ def run_plot(cfg: PlotConfig) -> dict[str, Path]:
         paths["exemplars"] = out / "exemplars.md"
         others = [row for row in load_summaries(cfg.exemplar_comparison) if row["mode"] == "prompt"]
         atomic_write_text(paths["exemplars"], exemplars_markdown(rows, others, task))
+    if cfg.oracle_data_comparison:
+        paths["teachers"] = out / "teachers.md"
+        others = [row for row in load_summaries(cfg.oracle_data_comparison) if row["mode"] == "finetune"]
+        atomic_write_text(paths["teachers"], teachers_markdown(rows, others, task))
     write_manifest(out / "manifest.json", stage="plot", config=to_dict(cfg), complete=True, task=task.name,
                    inputs=[file_fingerprint(p) for p in cfg.summaries], rows=len(rows),
                    references=len(references), outputs={k: str(v) for k, v in paths.items()},

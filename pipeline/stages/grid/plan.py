@@ -44,6 +44,8 @@ from pipeline.stages.grid.unit_configs import (
     generate_config,
     grpo_config,
     grpo_formats,
+    oracle_filter_config,
+    oracle_generate_config,
     plot_config,
     served_as,
     train_config,
@@ -62,15 +64,20 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
         raise PipelineError(f"students: {repeated[0]!r} names two students; give each its own name (it names its folders)")
     dataset_dir = cfg.out_dir / "sft"
     units, compared, rows = [], [], {}  # compared: prompted evals with the other exemplar sets; rows: check_one_row
+    oracle_data = []  # compare_oracle: the evals of students trained on the stand-in's data
     teacher = None
     if not students or not all(s.finetuned for s in students):  # a grid of released students needs no data
         gen = generate_config(cfg)
         check_oracle(gen.oracle, gen.serve, gen.teacher, "teacher")
         teacher = gen.teacher if gen.oracle is None else None  # the stand-in teacher is served by no one
         units = [Unit("generate: the teacher writes trajectories", gen, skip_or(generate_in_child), "teacher",
-                      needs_model(gen.teacher, oracle=gen.oracle)),
+                      needs_model(gen.teacher, gen.serve, oracle=gen.oracle)),
                  Unit("filter: correct trajectories -> SFT datasets", filter_config(cfg, dataset_dir), run_filter,
                       "filter", "no model: CPU only")]
+        units += oracle_data_units(cfg, gen, dataset_dir)
+    if cfg.compare_oracle is not None and not any(s.finetune and not s.finetuned for s in students):
+        raise PipelineError(f"compare_oracle: {cfg.compare_oracle} but no student here is trained (each is prompted "
+                            "only or already `finetuned`): none would learn from either teacher's data; drop the key")
     for student in students:
         check_student(student)
         if student.prompt_model:
@@ -103,7 +110,12 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
                               precision=eval_precision, serves=served_as(ft, final)))
             if method in grpo_formats(cfg, student) and cfg.grpo.from_round == 1:
                 units += grpo_units(cfg, student, ft)
-    summaries = [u.config.out_dir / "summary.json" for u in units if u.title.startswith("eval") and u not in compared]
+            if cfg.compare_oracle is not None:
+                on_oracle_data = oracle_data_student_units(cfg, student, method)
+                units += on_oracle_data
+                oracle_data += on_oracle_data[1:]
+    summaries = [u.config.out_dir / "summary.json" for u in units
+                 if u.title.startswith("eval") and u not in compared and u not in oracle_data]
     later = round_units(cfg, students, dataset_dir)  # self-training rounds 2..N and their report
     units += later
     rounds_evals = [u.config.out_dir / "summary.json" for u in later if u.title.startswith("eval (round")]
@@ -112,7 +124,8 @@ def plan(cfg: RunConfig, students: list[Student]) -> list[Unit]:
         raise PipelineError(f"compare_exemplars: {cfg.compare_exemplars} but no student here is prompted "
                             "(a `prompt_model`): nothing to compare; drop the key or prompt a student")
     units.append(Unit("plot: figure 3 and the table",
-                      plot_config(cfg, summaries, rounds_evals, [u.config.out_dir / "summary.json" for u in compared]),
+                      plot_config(cfg, summaries, rounds_evals, [u.config.out_dir / "summary.json" for u in compared],
+                                  [u.config.out_dir / "summary.json" for u in oracle_data]),
                       run_plot, "plot", "no model: CPU only"))
     order = list(PHASES)
     units = sorted(units, key=lambda u: order.index(u.phase))  # stable: the grid's order within a phase
@@ -165,6 +178,38 @@ def compared_exemplars(cfg: RunConfig, student: Student, figure_set: str) -> lis
                           skip_or(evaluate_in_child, eval_precision), "eval", needs_eval(ev),
                           precision=eval_precision, serves=(ev.model.model, None)))
     return units
+
+
+def oracle_data_units(cfg: RunConfig, gen, dataset_dir: Path) -> list[Unit]:
+    """compare_oracle's stand-in teacher: its generate unit on the model teacher's questions and
+    wiki settings, and its filter unit matched to the model teacher's datasets; none without the key."""
+    if cfg.compare_oracle is None:
+        return []
+    if gen.oracle is not None:
+        raise PipelineError(f"compare_oracle: {cfg.compare_oracle} compares a model teacher's data with the stand-in's, "
+                            f"and this grid's teacher is the stand-in already (generate.oracle: {gen.oracle}); drop "
+                            "the key, or give generate a `teacher` model instead of `oracle`")
+    stand_in = oracle_generate_config(cfg, gen)
+    flt = oracle_filter_config(cfg, stand_in.out_dir, cfg.out_dir / "sft-oracle", dataset_dir)
+    return [Unit(f"generate: the oracle stand-in ({cfg.compare_oracle}) on the same questions", stand_in,
+                 skip_or(generate_in_child), "teacher", needs_model(stand_in.teacher, oracle=stand_in.oracle)),
+            Unit("filter: the stand-in's trajectories of the teacher's questions, as many rows -> SFT datasets", flt,
+                 run_filter, "filter", "no model: CPU only")]
+
+
+def oracle_data_student_units(cfg: RunConfig, student: Student, method: str) -> list[Unit]:
+    """The student trained on the stand-in's `method` rows (sft-oracle/) as `<student>-oracle-data`,
+    and its eval: beside the same student trained on the model teacher's."""
+    data_student = replace(student, name=cfg.oracle_data_name(student.name), prompt_model={})
+    ft = train_config(cfg, data_student, method, cfg.out_dir / "sft-oracle")
+    final = Path(ft.output_dir) / "final"
+    ev = eval_config(cfg, data_student, final, method, layout=ft.layout)
+    check_adapter_reachable(ev, ft)
+    return [Unit(f"train: {student.name} on {method}, the stand-in's data", ft, launch_train, "train", needs_train(ft),
+                 precision=training_precision_record),
+            Unit(f"eval: {student.name} fine-tuned on {method}, the stand-in's data", ev,
+                 with_model_card(final, skip_or(evaluate_in_child, eval_precision)), "eval", needs_eval(ev),
+                 precision=eval_precision, serves=served_as(ft, final))]
 
 
 def round_units(cfg: RunConfig, students: list[Student], dataset_dir: Path) -> list[Unit]:

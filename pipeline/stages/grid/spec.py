@@ -87,4 +87,17 @@ class RunConfig:
     # own folder (<student>-prompt-<set>); figure 3 keeps `eval.prompting.exemplars`' cells and
     # plot sets these beside them in exemplars.md
     compare_exemplars: list[str] = checked(distinct, default_factory=list)
+    # The stand-in teacher (its style: agent | exact) beside a prompted model teacher: it answers the
+    # same questions in the same wiki settings (generate-oracle/), filter keeps per format its
+    # trajectories of the questions the model teacher's rows answer, at most as many rows
+    # (sft-oracle/: filter's match_dataset), and every trained student trains and is evaluated on
+    # them too, as `<student>-oracle-data`; plot sets each such cell beside the student's own in
+    # teachers.md. null (the default): no comparison
+    compare_oracle: str | None = None
     node: TargetNode = field(default_factory=TargetNode)  # what --rehearse simulates
+
+    ORACLE_DATA_SUFFIX: ClassVar[str] = "-oracle-data"
+
+    def oracle_data_name(self, student: str) -> str:
+        """The name (folders, labels) of a student trained on the stand-in's data (compare_oracle)."""
+        return f"{student}{self.ORACLE_DATA_SUFFIX}"

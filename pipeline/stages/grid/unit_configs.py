@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.core.config import build, merged, read_section
+from pipeline.core.config import build, merged, read_section, to_dict
 from pipeline.core.errors import PipelineError
 from pipeline.stages.eval import EvalConfig, check_layout
 from pipeline.stages.filter import FilterConfig
@@ -21,6 +21,26 @@ def generate_config(cfg: RunConfig):
     layers = merged({"task": cfg.task, "methods": cfg.formats, "wiki": cfg.wiki}, cfg.generate,
                     {"out_dir": str(cfg.out_dir / "generate")})
     return build(GenerateConfig, layers, where="generate")
+
+
+def oracle_generate_config(cfg: RunConfig, gen):
+    """compare_oracle's generate unit: the stand-in teacher on the model teacher's question set
+    (its first `limit` questions; all of them in target mode, whose draw can reach any), in its
+    resolved wiki settings, one episode per question (the stand-in does not sample), in generate-oracle/."""
+    layers = {"task": cfg.task, "methods": cfg.formats, "oracle": cfg.compare_oracle, "questions": gen.questions,
+              "limit": gen.limit if gen.target_correct is None else None, "wiki": to_dict(gen.wiki),
+              "prompting": {"max_steps": gen.prompting.max_steps},  # the same step budget in the environment
+              "max_in_flight": gen.max_in_flight, "out_dir": str(cfg.out_dir / "generate-oracle")}
+    return build(GenerateConfig, layers, where="compare_oracle (the stand-in's generate)")
+
+
+def oracle_filter_config(cfg: RunConfig, gen_dir: Path, dataset_dir: Path, matched_dir: Path):
+    """compare_oracle's filter unit: the grid's filter settings on the stand-in's episodes, matched
+    to the model teacher's datasets (same questions, at most its rows: match_dataset), so its own
+    row counts follow those, never equal_rows'."""
+    layers = merged({"formats": cfg.formats}, cfg.filter, {
+        "inputs": [str(gen_dir)], "out_dir": str(dataset_dir), "match_dataset": str(matched_dir), "equal_rows": False})
+    return build(FilterConfig, layers, where="compare_oracle (the stand-in's filter)")
 
 
 def filter_config(cfg: RunConfig, dataset_dir: Path):
@@ -95,14 +115,16 @@ def finetuned_eval_config(cfg: RunConfig, student: Student):
 
 
 def plot_config(cfg: RunConfig, summaries: list[Path], rounds_evals: list[Path] | None = None,
-                compared: list[Path] | None = None):
+                compared: list[Path] | None = None, oracle_data: list[Path] | None = None):
     """The plot unit: every eval's summary, the self-training rounds' (points of the figure with
-    sizes on its x axis), the prompted evals with other exemplars (exemplars.md), into
+    sizes on its x axis), the prompted evals with other exemplars (exemplars.md), the students
+    trained on the stand-in's data (compare_oracle: teachers.md), into
     <out_dir>/plot unless the `plot` section names its own out_dir (a grid that extends another's
     folders keeps that grid's figure: configs/small-scaling.yaml)."""
     layers = merged({"out_dir": str(cfg.out_dir / "plot")}, cfg.plot, {
         "summaries": [str(s) for s in summaries], "rounds": [str(s) for s in rounds_evals or []],
-        "exemplar_comparison": [str(s) for s in compared or []]})
+        "exemplar_comparison": [str(s) for s in compared or []],
+        "oracle_data_comparison": [str(s) for s in oracle_data or []]})
     return build(PlotConfig, layers, where="plot")
 
 
