@@ -284,6 +284,30 @@ def test_another_exemplar_sets_prompted_cells_are_set_beside_figure_3s_with_the_
         assert paths[kind].read_text() == plain[kind].read_text()
 
 
+def test_students_on_the_stand_ins_data_are_set_beside_the_same_sizes_fine_tuned_cells_with_the_gap(tmp_path):
+    """oracle_data_comparison: the evals of students trained on the stand-in's data (a grid's
+    compare_oracle) go to teachers.md, each beside the fine-tuned cell of its size and method (the
+    model teacher's data), with the gap's Newcombe interval; figure 3's outputs never see them."""
+    from pipeline.report.summaries import em_gap_interval
+
+    stand_in = [row("M-8B-oracle-data (fine-tuned)", "8b", 8.0, "finetune", "react", 0.25),
+                row("M-8B-oracle-data (fine-tuned)", "8b", 8.0, "finetune", "standard", 0.30)]
+    summary = write_summary(tmp_path / "summary.json", PAPER_LIKE)
+    other = write_summary(tmp_path / "oracle-data.json", stand_in)
+    paths = run_plot(PlotConfig(summaries=[str(summary)], oracle_data_comparison=[str(other)],
+                                out_dir=str(tmp_path / "plot"), reference_points=False))
+    text = paths["teachers"].read_text()
+    own = next(r for r in PAPER_LIKE if (r["size_class"], r["mode"], r["method"]) == ("8b", "finetune", "react"))
+    low, high = em_gap_interval(own, stand_in[0])
+    assert (f"| 8b | ReAct | {own['model']} | 31.0 [28.2, 33.9] (1000) | M-8B-oracle-data (fine-tuned) | "
+            f"25.0 [22.4, 27.8] (1000) | +6.0 [{100 * low:+.1f}, {100 * high:+.1f}] |") in text
+    assert text.index("| Standard |") < text.index("| ReAct |")
+    plain = run_plot(PlotConfig(summaries=[str(summary)], out_dir=str(tmp_path / "plain"), reference_points=False))
+    assert "teachers" not in plain
+    for kind in ("md", "csv", "orderings"):
+        assert paths[kind].read_text() == plain[kind].read_text()
+
+
 @pytest.mark.skipif(not FIREACT_TRAJS.is_dir(), reason="FireAct data not present")
 def test_fireact_runs_as_reference_points(tmp_path, capsys):
     summary = write_summary(tmp_path / "summary.json", [dict(r, question_set="react-dev500") for r in PAPER_LIKE])

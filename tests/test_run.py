@@ -300,3 +300,60 @@ def test_a_tiny_grid_with_a_grpo_section_trains_evaluates_and_plots_its_grpo_stu
     assert f"[run] skip: {grpo_dir / 'final'} is complete" in again.stdout
     assert again.stdout.count("[run] skip:") == 5  # generate, training, grpo, 2 evals
     assert outputs(run_dir) == before
+
+
+def test_compare_oracle_matches_the_stand_ins_rows_to_the_teachers_questions_and_row_counts(
+        tmp_path, index, tiny_prompt_model):
+    """The plan of a grid with a model teacher and `compare_oracle: agent`, its two filter units run
+    on real episodes of the real index: the teacher's datasets get equal rows per format, and the
+    stand-in's keep, per format, its trajectories of exactly those questions the teacher's rows
+    answer and it solved, as many as the teacher's rows where it solved them all. The teacher's
+    episodes here are a STAND-IN's too (the oracle in its exact style, 2 samples a question, written
+    into the teacher's generate folder): the tiny random teacher of the plan would solve nothing."""
+    from dataclasses import replace
+
+    from pipeline.core.storage import read_jsonl
+    from pipeline.llm.config import LLMConfig
+    from pipeline.sampling import question_id, question_of_row
+    from pipeline.stages.filter import run_filter
+    from pipeline.stages.generate import generate
+
+    cfg = build(RunConfig, {
+        "experiment": "teachers", "out_dir": str(tmp_path / "run"), "formats": ["standard", "react"],
+        "compare_oracle": "agent", "wiki": {"index": str(index)},
+        "generate": {"teacher": {"backend": "transformers", "model": str(tiny_prompt_model)}, "limit": 40,
+                     "samples": 2, "prompting": {"temperature": 0.7}},
+        "filter": {"per_question": 1, "equal_rows": True},
+        "train": {"output_root": str(tmp_path / "ckpt"), "max_steps": 2, "global_batch_size": 4,
+                  "accelerate_config": "cpu"},
+        "eval": {"questions": "offline-eval", "limit": 2},
+        "students": [{"name": "tiny", "config": str(REPO / "configs" / "students" / "tiny.yaml"),
+                      "size_class": "tiny", "params_b": 0.0032}]})
+    units = {u.title: u for u in plan(cfg, [build(Student, s) for s in cfg.students])}
+    assert [t for t in units if "stand-in" in t] == [
+        "generate: the oracle stand-in (agent) on the same questions",
+        "filter: the stand-in's trajectories of the teacher's questions, as many rows -> SFT datasets",
+        "train: tiny on standard, the stand-in's data", "train: tiny on react, the stand-in's data",
+        "eval: tiny fine-tuned on standard, the stand-in's data", "eval: tiny fine-tuned on react, the stand-in's data"]
+    teacher_gen = units["generate: the teacher writes trajectories"].config
+    stand_in_gen = units["generate: the oracle stand-in (agent) on the same questions"].config
+    assert (stand_in_gen.questions, stand_in_gen.limit, stand_in_gen.wiki) == (teacher_gen.questions, 40, teacher_gen.wiki)
+    assert units["train: tiny on react, the stand-in's data"].config.output_dir == tmp_path / "ckpt" / "teachers" / "tiny-oracle-data" / "react"
+    generate(replace(teacher_gen, oracle="exact", teacher=LLMConfig()))  # the labelled stand-in for the model teacher
+    generate(stand_in_gen)
+    teacher = run_filter(units["filter: correct trajectories -> SFT datasets"].config)
+    stand_in = run_filter(units["filter: the stand-in's trajectories of the teacher's questions, as many rows -> "
+                                "SFT datasets"].config)
+    rows = {fmt: s["kept"] for fmt, s in teacher.items()}
+    assert len(set(rows.values())) == 1 and min(s["equal_rows"]["kept_before"] for s in teacher.values()) == rows["react"]
+    run = tmp_path / "run"
+    for fmt in ("standard", "react"):
+        theirs = [question_of_row(r) for r in read_jsonl(run / "sft" / fmt / "train.jsonl")]
+        ours = [question_of_row(r) for r in read_jsonl(run / "sft-oracle" / fmt / "train.jsonl")]
+        solved = {question_id(e) for e in read_jsonl(run / "generate-oracle" / f"{fmt}.jsonl") if e["em"] == 1 and e["finished"]}
+        assert len(theirs) == len(set(theirs)) == rows[fmt] and len(ours) == len(set(ours))
+        assert set(ours) == set(theirs) & solved  # the same questions, every one the stand-in solved
+        assert stand_in[fmt]["dropped"].get("other_question", 0) == len(solved - set(theirs))
+        matched = stand_in[fmt]["matched"]
+        assert (matched["its_rows"], matched["rows"], matched["questions_unsolved"]) == \
+            (rows[fmt], len(ours), len(set(theirs) - solved))
