@@ -432,6 +432,17 @@ def test_every_shipped_grid_rehearses_every_unit_of_its_plan(name, tmp_path, mon
     assert rehearsed == real and real
 
 
+def test_a_grid_with_compare_oracle_rehearses_its_stand_in_students_launch_as_the_students_own(tmp_path, monkeypatch):
+    """configs/small-real-teacher.yaml: each `<student>-oracle-data` training is checked against the
+    target node's launch of its student (without it the rehearsal's train phase had no launch to check)."""
+    monkeypatch.chdir(REPO)
+    cfg = load_config(RunConfig, REPO / "configs" / "small-real-teacher.yaml", [f"out_dir={tmp_path}/grid"])
+    rehearsal = rehearse(cfg, [build(Student, s) for s in cfg.students])
+    launches = rehearsal.target_launches
+    assert sorted(launches) == ["smollm2-135m", "smollm2-135m-oracle-data"]
+    assert launches["smollm2-135m-oracle-data"] is launches["smollm2-135m"]
+
+
 @pytest.mark.parametrize("family", sorted(OTHER_FAMILIES))
 def test_the_paper_grid_with_another_family_of_students_rehearses_too(family, tmp_path, monkeypatch, smollm2_dir):
     monkeypatch.chdir(REPO)
