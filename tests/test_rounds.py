@@ -95,63 +95,8 @@ def test_questions_solved_for_the_first_time_count_against_the_earlier_runs(tmp_
     assert len({r["id"] for r in read_records(tmp_path / "r2" / "react.jsonl")}) == 10
 
 
-@pytest.mark.slow
-@pytest.mark.vllm
-def test_a_round_teacher_served_by_a_real_vllm_samples_the_same_draws_in_any_batch(tmp_path, index, smollm2_dir):
-    """A LoRA round-1 student of SmolLM2 as the round-2 teacher, through ONE real vLLM server that
-    its generate units attach to as a run's shared server (fp32, so batching changes no logit):
-    2 samples of 2 questions at temperature 0.7, twice: with 4 episodes in flight, and 1."""
-    from dataclasses import asdict
-
-    from vllm_testdata import (
-        MODEL_SETTINGS,
-        SERVER_ENV,
-        TAG_VAR,
-        build_lora_adapter,
-        new_tag,
-        require_vllm,
-        wait_until_gone,
-    )
-
-    from pipeline.hub.models import resolve_model_path
-    from pipeline.llm.config import LLMConfig
-    from pipeline.llm.serving import (
-        SHARED_SERVER_ENV,
-        ManagedServer,
-        ServeConfig,
-        SharedServer,
-        free_port,
-        serve_command,
-    )
-    from pipeline.stages.generate import GenerateConfig, generate
-
-    require_vllm()
-    adapter = build_lora_adapter(smollm2_dir, tmp_path / "round-1-final")
-    tag = new_tag()
-    serve = build(ServeConfig, {"port": 0, "startup_timeout_s": 900, "stop_grace_s": 20, "env": {**SERVER_ENV, TAG_VAR: tag}})
-    port = free_port("127.0.0.1")
-    base = LLMConfig(backend="vllm", model="smollm2", name="SmolLM2", **MODEL_SETTINGS)
-    server = ManagedServer(serve_command(base, serve, port, {"round1": str(adapter)}), "127.0.0.1", port,
-                           ["SmolLM2", "round1"], tmp_path / "serve.log", serve)
-    server.start()
-    try:
-        shared = SharedServer(host="127.0.0.1", port=port, model=resolve_model_path("smollm2"), name="SmolLM2",
-                              adapters={"round1": str(adapter)}, pid=server.server_pid, log=str(tmp_path / "serve.log"))
-        with pytest.MonkeyPatch.context() as env:
-            env.setenv(SHARED_SERVER_ENV, json.dumps(asdict(shared)))
-            for out, in_flight in (("a", 4), ("b", 1)):
-                generate(build(GenerateConfig, {
-                    "teacher": {"backend": "vllm", "model": "smollm2", "adapter": str(adapter), "name": "round 1",
-                                **MODEL_SETTINGS},
-                    "methods": ["react"], "limit": 2, "samples": 2, "max_in_flight": in_flight,
-                    "prompting": {"style": "zero_shot", "temperature": 0.7, "max_new_tokens": 24, "max_steps": 2},
-                    "wiki": {"index": str(index)}, "serve": {"port": 0}, "out_dir": str(tmp_path / out)}))
-    finally:
-        server.stop()
-    assert wait_until_gone(tag, 10) == []
-    first = records(tmp_path / "a" / "react.jsonl")
-    assert len(first) == 4 and len({r["text"] for r in first}) == 4 and all(r["teacher"] == "round 1" for r in first)
-    assert records(tmp_path / "b" / "react.jsonl") == first
+# A round's teacher served by a real vLLM server (a LoRA round-1 student, seeded samples the same in
+# any batch): tests/test_vllm_server.py, on that module's server.
 
 
 # ---------------------------------------------------------------- the plan

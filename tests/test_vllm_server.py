@@ -5,8 +5,10 @@ every test here skips with one line: `bash scripts/setup_vllm.sh` installs it (.
 One server (started by the pipeline's own managed serve: pipeline/llm/serving.py, fp32, eager mode)
 serves the base model and the adapter to most tests: its greedy completions against the
 transformers backend (PEFT for the adapter), the teacher role (`generate`, continuous) against
-the round-based runner, and a slow, loaded server that must be waited for, never asked twice.
-A lifecycle test starts its own: a server that exits before it is healthy is one line with
+the round-based runner, the adapter as a self-training round's teacher (seeded samples, the same
+in any batch), a slow, loaded server that must be waited for, never asked twice, and vLLM's
+neutral sampling defaults over the model's generation_config.json (the served model sets
+Llama-3.1's). A lifecycle test starts its own: a server that exits before it is healthy is one line with
 vLLM's own reason (tests/test_vllm_kills.py kills evals that manage one, again and again). On 2
 cores each start-up costs 1-2 minutes.
 
@@ -65,11 +67,29 @@ def adapter(smollm2_dir, tmp_path_factory) -> Path:
     return build_lora_adapter(smollm2_dir, tmp_path_factory.mktemp("lora") / "final")
 
 
+# Llama-3.1's sampling settings, as its generation_config.json ships them: a model folder that sets
+# them is served to every test here, and a managed server must not take them up (the last test).
+LLAMA_SAMPLING = {"bos_token_id": 1, "eos_token_id": 2, "do_sample": True, "temperature": 0.6, "top_p": 0.9}
+
+
 @pytest.fixture(scope="module")
-def server(smollm2_dir, adapter, tmp_path_factory):
-    """One managed vLLM server for the module: the base model as BASE, the adapter as LORA_NAME."""
+def served_model(smollm2_dir, tmp_path_factory) -> Path:
+    """SmolLM2 (its files linked, the same weights and tokenizer) with LLAMA_SAMPLING as its
+    generation_config.json."""
+    model = tmp_path_factory.mktemp("model")
+    for path in smollm2_dir.iterdir():
+        if path.name != "generation_config.json":
+            (model / path.name).symlink_to(path)
+    (model / "generation_config.json").write_text(json.dumps(LLAMA_SAMPLING))
+    return model
+
+
+@pytest.fixture(scope="module")
+def server(served_model, adapter, tmp_path_factory):
+    """One managed vLLM server for the module: the base model (served_model) as BASE, the adapter
+    as LORA_NAME."""
     tag = new_tag()
-    llm = LLMConfig(backend="vllm", model=str(smollm2_dir), adapter=str(adapter), name=BASE, **MODEL_SETTINGS)
+    llm = LLMConfig(backend="vllm", model=str(served_model), adapter=str(adapter), name=BASE, **MODEL_SETTINGS)
     serve = ServeConfig(port=0, startup_timeout_s=900, stop_grace_s=30, env={**SERVER_ENV, TAG_VAR: tag})
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     started = time.monotonic()
@@ -191,6 +211,40 @@ def test_the_teacher_role_generate_continuously_against_vllm_matches_the_round_b
     assert same / len(rounds) >= MIN_IDENTICAL_SHARE
 
 
+def test_a_round_teacher_served_by_a_real_vllm_samples_the_same_draws_in_any_batch(server, served_model, adapter,
+                                                                                   index, tmp_path):
+    """A LoRA round-1 student of SmolLM2 (the module's adapter) as the round-2 teacher of
+    self-training rounds (pipeline/rounds.py), through the module's real vLLM server, which its
+    generate units attach to as a run's shared server (fp32, so batching changes no logit): 2
+    samples of 2 questions at temperature 0.7, twice: with 4 episodes in flight, and 1."""
+    from dataclasses import asdict
+
+    from pipeline.core.config import build
+    from pipeline.hub.models import resolve_model_path
+    from pipeline.llm.serving import SHARED_SERVER_ENV, SharedServer
+    from pipeline.stages.generate import GenerateConfig, generate
+
+    shared = SharedServer(host="127.0.0.1", port=server.managed.port, model=resolve_model_path(str(served_model)),
+                          name=BASE, adapters={LORA_NAME: str(adapter)}, pid=server.managed.server_pid,
+                          log=str(server.log))
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv(SHARED_SERVER_ENV, json.dumps(asdict(shared)))
+        for out, in_flight in (("a", 4), ("b", 1)):
+            generate(build(GenerateConfig, {
+                "teacher": {"backend": "vllm", "model": str(served_model), "adapter": str(adapter), "name": "round 1",
+                            **MODEL_SETTINGS},
+                "methods": ["react"], "limit": 2, "samples": 2, "max_in_flight": in_flight,
+                "prompting": {"style": "zero_shot", "temperature": 0.7, "max_new_tokens": 24, "max_steps": 2},
+                "wiki": {"index": str(index)}, "serve": {"port": 0}, "out_dir": str(tmp_path / out)}))
+    first = sorted_records(tmp_path / "a" / "react.jsonl")
+    assert len(first) == 4 and len({r["text"] for r in first}) == 4 and all(r["teacher"] == "round 1" for r in first)
+    assert sorted_records(tmp_path / "b" / "react.jsonl") == first
+
+
+def sorted_records(path: Path) -> list[dict]:
+    return sorted((without_timing(r) for r in read_records(path)), key=lambda r: r["id"])
+
+
 def finished_requests(server) -> dict[str, float]:
     """vLLM's own count of the requests it finished, by finish reason (its /metrics)."""
     with urllib.request.urlopen(server.client.base_url.removesuffix("/v1") + "/metrics", timeout=30) as response:
@@ -235,6 +289,24 @@ def test_a_busy_managed_server_is_waited_for_and_never_asked_twice(server):
         [(c[0].finish_reason, c[0].error) for c in patient]
     assert total(after) - total(middle) == 8
     assert plain_errors or total(middle) - total(before) > 8  # what the managed client is spared
+
+
+def test_a_managed_server_samples_with_vllms_neutral_defaults_not_the_models_generation_config(server):
+    """The module's server loads a model whose generation_config.json sets Llama-3.1's sampling
+    (top_p 0.9, temperature 0.6): the managed server starts with --generation-config vllm, so vLLM
+    fills no knob from it (it says so in its log when it does), and the client, seeing a vLLM
+    server, sends vLLM's knobs too and the real server takes them."""
+    from pipeline.llm.openai_http import OpenAICompatibleLLM
+
+    openai = OpenAICompatibleLLM(replace(server.client, model=BASE))
+    openai.check_available()
+    assert openai.sampling_fields() == {**OPENAI_SAMPLING, **VLLM_SAMPLING}
+    out = openai.generate([GenerationRequest("The capital of France is", max_new_tokens=4, temperature=0.7,
+                                             n=2, seed=0)])
+    assert [c.finish_reason != "error" for c in out[0]] == [True, True], out
+    text = server.log.read_text()
+    assert "'generation_config': 'vllm'" in text  # vLLM's own record of its non-default arguments
+    assert "have been overridden by the model's" not in text, text[-3000:]
 
 
 # -- servers of their own: killed evals, failed starts ----------------------------------------------
@@ -312,33 +384,3 @@ def test_the_in_process_vllm_backend_evaluates_in_venv_vllm(tmp_path, student, a
     same = sum(ours[i] == theirs.get(i) for i in ours)
     print(f"[test] in-process vLLM + LoRA: {same}/4 records identical to transformers + PEFT ({load()})")
     assert same >= 3
-
-
-def test_a_managed_server_samples_with_vllms_neutral_defaults_not_the_models_generation_config(smollm2_dir, tmp_path):
-    """A model whose generation_config.json sets Llama-3.1's sampling (top_p 0.9, temperature 0.6):
-    the managed server starts with --generation-config vllm, so vLLM fills no knob from it (it says
-    so in its log when it does), and the client, seeing a vLLM server, sends vLLM's knobs too and
-    the real server takes them."""
-    from pipeline.llm.openai_http import OpenAICompatibleLLM
-
-    require_vllm()
-    model = tmp_path / "model"
-    model.mkdir()
-    for path in smollm2_dir.iterdir():
-        if path.name != "generation_config.json":
-            (model / path.name).symlink_to(path)
-    (model / "generation_config.json").write_text(json.dumps(
-        {"bos_token_id": 1, "eos_token_id": 2, "do_sample": True, "temperature": 0.6, "top_p": 0.9}))
-    llm = LLMConfig(backend="vllm", model=str(model), name="tiny", **MODEL_SETTINGS)
-    serve = ServeConfig(port=0, startup_timeout_s=900, stop_grace_s=30, env={**SERVER_ENV, TAG_VAR: new_tag()})
-    log = tmp_path / "serve.log"
-    with served(llm, serve, log) as (client, _):
-        openai = OpenAICompatibleLLM(replace(client, api_key_env=""))
-        openai.check_available()
-        assert openai.sampling_fields() == {**OPENAI_SAMPLING, **VLLM_SAMPLING}
-        out = openai.generate([GenerationRequest("The capital of France is", max_new_tokens=4, temperature=0.7,
-                                                 n=2, seed=0)])
-        assert [c.finish_reason != "error" for c in out[0]] == [True, True], out
-    text = log.read_text()
-    assert "'generation_config': 'vllm'" in text  # vLLM's own record of its non-default arguments
-    assert "have been overridden by the model's" not in text, text[-3000:]
