@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -137,10 +139,28 @@ def clone_env(clone: Path) -> dict:
     """The clone's environment. Its own TORCH_EXTENSIONS_DIR: DeepSpeed's CPU op (built by
     scripts/test.sh) is compiled with the venv's paths as the clone sees them, and in the shared
     cache that build and this checkout's rebuilt each other (26 s each on 2 idle cores, one of them
-    inside the next DeepSpeed test of the suite)."""
+    inside the next DeepSpeed test of the suite). It holds a copy of this environment's op
+    (seeded_op): the clone's environment is this one, set up already, as its linked venvs are."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("REACT_PIPELINE_PROGRESS", "PYTEST_"))}
     return {**env, "PATH": f"{clone / '.venv' / 'bin'}{os.pathsep}{env['PATH']}", "PYTHONPATH": str(clone),
-            "TORCH_EXTENSIONS_DIR": str(clone.parent / "torch_extensions")}
+            "TORCH_EXTENSIONS_DIR": str(seeded_op(clone.parent / "torch_extensions"))}
+
+
+def seeded_op(folder: Path) -> Path:
+    """`folder` holding a copy of this environment's DeepSpeed CPU op (built first where it is not,
+    as scripts/test.sh does before the suite), so that the clone's scripts/test.sh finds it built
+    as it does at its every run after the first. Its first run compiled it: 24 s on 2 idle cores,
+    130 s of this test's 302 s beside other work (load average 13-16); that build (`python -m
+    pipeline.train.shm_op`) is tested in tests/test_shm_op.py, and runs before every suite."""
+    from pipeline.train import shm_op
+
+    source = shm_op.extensions_dir()
+    if not shm_op.built(source):
+        subprocess.run([sys.executable, "-m", "pipeline.train.shm_op"], check=True, timeout=900,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    shutil.copytree(source / shm_op.OP, folder / shm_op.OP, ignore=shutil.ignore_patterns("lock"))
+    assert shm_op.built(folder)
+    return folder
 
 
 def serve_and_stop(command: str, clone: Path, env: dict) -> None:
