@@ -1,6 +1,7 @@
 """Shared fixtures: the offline data folder, one local Wikipedia index built from it per session,
-the embedded SmolLM2 (its tokenizer and weights), each skipping with the reason when absent, and
-a tiny random base model with SmolLM2's tokenizer for the tiny grids; and how the tests are
+the embedded SmolLM2 (its tokenizer and weights), each skipping with the reason when absent,
+a tiny random base model with SmolLM2's tokenizer for the tiny grids, and a LoRA adapter of
+SmolLM2 for the real-vLLM tests; and how the tests are
 shared between pytest-xdist workers (scripts/test.sh runs two)."""
 
 from pathlib import Path
@@ -80,6 +81,17 @@ def tiny_prompt_model(tmp_path_factory, smollm2_dir) -> Path:
     LlamaForCausalLM(config).save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+@pytest.fixture(scope="session")
+def lora_adapter(smollm2_dir, tmp_path_factory) -> Path:
+    """The rank-64 LoRA adapter of SmolLM2 that the real-vLLM tests serve (vllm_testdata's
+    build_lora_adapter, seeded: ~10 s), built once for them all; read-only (a test that writes
+    into a student's folder copies it there). Skipped without .venv-vllm, before it is built."""
+    from vllm_testdata import build_lora_adapter, require_vllm
+
+    require_vllm()
+    return build_lora_adapter(smollm2_dir, tmp_path_factory.mktemp("lora") / "final")
 
 
 @pytest.hookimpl(optionalhook=True)  # an xdist hook, on the controller; absent under -p no:xdist

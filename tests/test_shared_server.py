@@ -22,7 +22,6 @@ from vllm_testdata import (
     grid_config,
     mark_trained,
     new_tag,
-    require_vllm,
     wait_until_gone,
 )
 
@@ -145,14 +144,11 @@ def test_one_server_serves_the_grid_a_killed_one_stops_it_in_one_line_and_the_ne
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_one_real_vllm_start_up_serves_a_prompted_model_and_two_lora_students(tmp_path, index, questions,
-                                                                              smollm2_dir):
-    require_vllm()
-    from vllm_testdata import build_lora_adapter
-
+                                                                              smollm2_dir, lora_adapter):
     tag = new_tag()
     serve = {"port": 0, "startup_timeout_s": 900, "stop_grace_s": 20, "env": {**SERVER_ENV, TAG_VAR: tag}}
     config = grid_config(tmp_path, index, questions, {"backend": "vllm", **MODEL_SETTINGS}, serve)
-    mark_trained(config, build_lora_adapter(smollm2_dir, tmp_path / "adapter"))
+    mark_trained(config, lora_adapter)  # copied into each student's final/
     proc = run_pipeline("run", "--config", str(config), "--only", "eval", timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("[serve] starting:") == 1 and proc.stdout.count("[serve] healthy") == 1, proc.stdout

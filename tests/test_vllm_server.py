@@ -41,9 +41,7 @@ from vllm_testdata import (
     MODEL_SETTINGS,
     SERVER_ENV,
     TAG_VAR,
-    build_lora_adapter,
     new_tag,
-    require_vllm,
     wait_until_gone,
 )
 
@@ -62,9 +60,9 @@ MIN_IDENTICAL_SHARE = 0.75
 
 
 @pytest.fixture(scope="module")
-def adapter(smollm2_dir, tmp_path_factory) -> Path:
-    require_vllm()
-    return build_lora_adapter(smollm2_dir, tmp_path_factory.mktemp("lora") / "final")
+def adapter(lora_adapter) -> Path:
+    """The session's rank-64 adapter of SmolLM2 (tests/conftest.py)."""
+    return lora_adapter
 
 
 # Llama-3.1's sampling settings, as its generation_config.json ships them: a model folder that sets
