@@ -286,22 +286,32 @@ def test_another_exemplar_sets_prompted_cells_are_set_beside_figure_3s_with_the_
 
 def test_students_on_the_stand_ins_data_are_set_beside_the_same_sizes_fine_tuned_cells_with_the_gap(tmp_path):
     """oracle_data_comparison: the evals of students trained on the stand-in's data (a grid's
-    compare_oracle) go to teachers.md, each beside the fine-tuned cell of its size and method (the
-    model teacher's data), with the gap's Newcombe interval; figure 3's outputs never see them."""
+    compare_oracle) go to teachers.md, each beside the fine-tuned cell of the student of its name
+    (the model teacher's data; never another student of the same size), with the gap's Newcombe
+    interval and each side's precision; figure 3's outputs never see them."""
     from pipeline.report.summaries import em_gap_interval
 
-    stand_in = [row("M-8B-oracle-data (fine-tuned)", "8b", 8.0, "finetune", "react", 0.25),
-                row("M-8B-oracle-data (fine-tuned)", "8b", 8.0, "finetune", "standard", 0.30)]
-    summary = write_summary(tmp_path / "summary.json", PAPER_LIKE)
+    trained = {"precision": "bf16", "train_precision": "fp32"}
+    stand_in = [dict(row("M-8B-oracle-data", "8b", 8.0, "finetune", "react", 0.25), **trained),
+                dict(row("M-8B-oracle-data", "8b", 8.0, "finetune", "standard", 0.30), **trained)]
+    # a second 8B student listed first: the pairing goes by name, not by size
+    figure_rows = [row("N-8B", "8b", 8.0, "finetune", "react", 0.05),
+                   *(dict(r, **trained) if r["mode"] == "finetune" else r for r in PAPER_LIKE)]
+    summary = write_summary(tmp_path / "summary.json", figure_rows)
     other = write_summary(tmp_path / "oracle-data.json", stand_in)
     paths = run_plot(PlotConfig(summaries=[str(summary)], oracle_data_comparison=[str(other)],
                                 out_dir=str(tmp_path / "plot"), reference_points=False))
     text = paths["teachers"].read_text()
     own = next(r for r in PAPER_LIKE if (r["size_class"], r["mode"], r["method"]) == ("8b", "finetune", "react"))
     low, high = em_gap_interval(own, stand_in[0])
-    assert (f"| 8b | ReAct | {own['model']} | 31.0 [28.2, 33.9] (1000) | M-8B-oracle-data (fine-tuned) | "
+    assert (f"| 8b | ReAct | M-8B [fp32-trained bf16] | 31.0 [28.2, 33.9] (1000) | "
+            f"M-8B-oracle-data [fp32-trained bf16] | "
             f"25.0 [22.4, 27.8] (1000) | +6.0 [{100 * low:+.1f}, {100 * high:+.1f}] |") in text
+    assert "N-8B" not in text
     assert text.index("| Standard |") < text.index("| ReAct |")
+    summary = write_summary(tmp_path / "summary.json", PAPER_LIKE)  # figure 3 without the comparison: unchanged
+    paths = run_plot(PlotConfig(summaries=[str(summary)], oracle_data_comparison=[str(other)],
+                                out_dir=str(tmp_path / "plot"), reference_points=False))
     plain = run_plot(PlotConfig(summaries=[str(summary)], out_dir=str(tmp_path / "plain"), reference_points=False))
     assert "teachers" not in plain
     for kind in ("md", "csv", "orderings"):

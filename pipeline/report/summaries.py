@@ -22,6 +22,9 @@ from pipeline.tasks import Task, get_task, task_of
 MODES = {"prompt": "Prompting", "finetune": "Fine-tuning"}  # mode -> its panel and table section
 REQUIRED = ("model", "mode", "method", "question_set", "em")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([mbt])\s*$", re.IGNORECASE)
+# A student trained on the stand-in teacher's data is named `<student>-oracle-data` (a grid's
+# compare_oracle); teachers.md pairs it with `<student>` by that name.
+ORACLE_DATA_SUFFIX = "-oracle-data"
 
 
 def load_summaries(paths: list[str | Path]) -> list[dict]:
@@ -118,7 +121,9 @@ def validate_row(row: dict, where: str) -> dict:
     em = row["em"]
     if not isinstance(em, int | float) or not 0.0 <= em <= 1.0:
         raise PipelineError(f"{where}: em must be a fraction between 0 and 1, got {em!r}")
-    row = dict(row, params_b=resolve_params_b(row, where), origin=where)
+    # `name`: the model as its summary names it; the plot's labels (precision, search mode) go on
+    # `model`, and a table that pairs rows across summaries pairs them by `name`
+    row = dict(row, params_b=resolve_params_b(row, where), origin=where, name=row["model"])
     row["size_class"] = str(row.get("size_class") or size_label(row["params_b"])).lower()
     return row
 

@@ -10,12 +10,14 @@ import io
 from pipeline.methods.registry import figure_rank, in_figure_order
 from pipeline.report.summaries import (
     MODES,
+    ORACLE_DATA_SUFFIX,
     em_gap_interval,
     em_interval,
     is_grpo,
     method_label,
     pct,
     pct_ci,
+    precision_of,
 )
 from pipeline.tasks import Task, get_task
 
@@ -152,9 +154,10 @@ def exemplars_markdown(figure_rows: list[dict], other_rows: list[dict], task: Ta
 
 def teachers_markdown(figure_rows: list[dict], other_rows: list[dict], task: Task | None = None) -> str:
     """teachers.md: each student trained on the stand-in teacher's data (a grid's compare_oracle)
-    beside the same size's student trained on the model teacher's data (figure 3's fine-tuned cell
-    of that method: not GRPO, not released), and the gap (the model teacher's minus the stand-in's,
-    with Newcombe's 95% interval)."""
+    beside the student of the same name trained on the model teacher's data (figure 3's fine-tuned
+    cell of that method: not GRPO, not released), and the gap (the model teacher's minus the
+    stand-in's, with Newcombe's 95% interval). Each side is named as its summary names it, with
+    the precision it was trained and run in."""
     task = get_task(task)
     metric = task.metric_label
     lines = [f"# Fine-tuned {task.title} {metric} (%) by teacher: the prompted model's data against the stand-in's", "",
@@ -163,9 +166,20 @@ def teachers_markdown(figure_rows: list[dict], other_rows: list[dict], task: Tas
              "data minus the stand-in's [Newcombe's 95% interval]; within noise when it contains 0.", "",
              f"| size | method | on the model teacher's data | {metric} | on the stand-in's data | {metric} | gap |",
              "|---|---|---|---:|---|---:|---:|"]
-    for other in sorted(other_rows, key=lambda r: (r["params_b"], r["model"], figure_rank(r["method"]))):
-        own = next((r for r in figure_rows if r["mode"] == "finetune" and not is_grpo(r) and not r.get("released")
-                    and (r["size_class"], r["method"]) == (other["size_class"], other["method"])), None)
-        lines.append(f"| {other['size_class']} | {method_label(other)} | {(own or {}).get('model', '–')} | "
-                     f"{_pct_n(own)} | {other['model']} | {_pct_n(other)} | {gap_text(own, other)} |")
+    for other in sorted(other_rows, key=lambda r: (r["params_b"], r["name"], figure_rank(r["method"]))):
+        own = own_student_row(figure_rows, other)
+        lines.append(f"| {other['size_class']} | {method_label(other)} | {_named(own)} | "
+                     f"{_pct_n(own)} | {_named(other)} | {_pct_n(other)} | {gap_text(own, other)} |")
     return "\n".join(lines) + "\n"
+
+
+def own_student_row(figure_rows: list[dict], other: dict) -> dict | None:
+    """The fine-tuned row of the student that `other` (`<student>-oracle-data`) was trained beside:
+    by name, so that two students of one size are never confused."""
+    own_name = other["name"].replace(ORACLE_DATA_SUFFIX, "", 1)
+    return next((r for r in figure_rows if r["mode"] == "finetune" and not is_grpo(r) and not r.get("released")
+                 and (r["name"], r["method"]) == (own_name, other["method"])), None)
+
+
+def _named(row: dict | None) -> str:
+    return "–" if row is None else f"{row['name']} [{precision_of(row)}]"

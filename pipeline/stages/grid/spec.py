@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from pipeline.core.config import at_least, checked, distinct, folder_name, in_range, listed
+from pipeline.report.summaries import ORACLE_DATA_SUFFIX
 from pipeline.rounds import SelfTrainingConfig
 
 
@@ -96,8 +97,6 @@ class RunConfig:
     compare_oracle: str | None = None
     node: TargetNode = field(default_factory=TargetNode)  # what --rehearse simulates
 
-    ORACLE_DATA_SUFFIX: ClassVar[str] = "-oracle-data"
-
     def oracle_data_name(self, student: str) -> str:
         """The name (folders, labels) of a student trained on the stand-in's data (compare_oracle)."""
-        return f"{student}{self.ORACLE_DATA_SUFFIX}"
+        return f"{student}{ORACLE_DATA_SUFFIX}"
