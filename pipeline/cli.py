@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-from pipeline.core.errors import PipelineError, os_error_message  # stdlib only: keeps --help fast
+from pipeline.core.errors import one_line_errors  # stdlib only: keeps --help fast
 from pipeline.core.progress import use_lines_off_terminal  # stdlib only too
 
 # stage name -> (module, one-line help)
@@ -43,15 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run a stage. Bad input (PipelineError) and what the operating system refuses (OSError:
     permissions, a full disk, too many open files), raised anywhere, end in one line, exit 2."""
-    try:
+    def run() -> int:
         use_lines_off_terminal()  # progress bars as periodic lines in a log file
         return run_stage(argv)
-    except PipelineError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except OSError as exc:
-        print(f"error: {os_error_message(exc)}", file=sys.stderr)
-        return 2
+
+    try:
+        return one_line_errors(run)
     except KeyboardInterrupt:
         print("interrupted: finished work is saved; re-run the same command to resume", file=sys.stderr)
         return 130

@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from pipeline.core.errors import PipelineError, os_error_message  # noqa: E402
+from pipeline.core.errors import PipelineError, one_line_errors  # noqa: E402
 from pipeline.core.storage import read_jsonl, require_complete  # noqa: E402
 from pipeline.report.intervals import difference_interval, mcnemar_exact, wilson  # noqa: E402
 
@@ -73,14 +73,7 @@ def percent(interval) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Exit 2 with one `error:` line for a bad input (never a traceback)."""
-    try:
-        return report(argv)
-    except PipelineError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        print(f"error: {os_error_message(exc)}", file=sys.stderr)
-        return 2
+    return one_line_errors(lambda: report(argv))
 
 
 def report(argv: list[str] | None) -> int:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import errno
 import os
+import sys
+from collections.abc import Callable
 
 
 class PipelineError(Exception):
@@ -45,6 +47,19 @@ def os_error_message(exc: OSError, path: str | os.PathLike | None = None) -> str
     hint = _OS_ERROR_HINTS.get(exc.errno)
     text = f"{reason}: {hint}" if hint else reason
     return f"{where}: {text}" if where is not None else text
+def one_line_errors(run: Callable[[], int]) -> int:
+    """A command's entrance: `run()`'s exit code, or for bad input (PipelineError) and what the
+    operating system refuses (OSError) one `error:` line on stderr and exit 2, never a traceback."""
+    try:
+        return run()
+    except PipelineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except OSError as exc:
+        print(f"error: {os_error_message(exc)}", file=sys.stderr)
+        return 2
+
+
 class BackendFailure(PipelineError):
     """A model or page source that failed for good (e.g. an HTTP call out of retries).
 

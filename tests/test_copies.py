@@ -1,0 +1,87 @@
+"""pipeline/report/copies.py: the answers a prompted eval copied from its exemplars, read from a
+real eval folder (the eval CLI against a scripted teacher on a stand-in server, labelled as such:
+it answers what the test tells it to, so the copies are known) over the real 26k-page index in
+the retriever mode, with the paper's exemplars as this mode ships them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from episode_testdata import REPO, ScriptedTeacher, child_env, run_pipeline, write_questions
+from http_servers import FakeOpenAI
+
+from pipeline.methods.prompts import load_prompt
+from pipeline.report.copies import copies_markdown, exemplar_answers, folder_copies
+
+
+def copies_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipeline.report.copies", *args], cwd=REPO, env=child_env(),
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_the_exemplar_answers_of_each_shipped_set_in_prompt_order():
+    """The last answer is the exemplar next to the question: the paper's sets end in yes, ours in 1948."""
+    for fmt in ("standard", "cot", "act", "react"):
+        ours = exemplar_answers(load_prompt(fmt, "ours", search="bm25").exemplars)
+        assert ours == ["The Conversation", "66,135", "no", "mathematician", "July 8, 1951", "1948"], fmt
+        paper = exemplar_answers(load_prompt(fmt, "paper", search="bm25").exemplars)
+        assert len(paper) == 6 and paper[0] == "1,800 to 7,000 ft" and paper[-1].lower() == "yes", (fmt, paper)
+    assert exemplar_answers(load_prompt("act", "ours").exemplars)[-1] == "1948"  # the title mode's set too
+
+
+@pytest.fixture(scope="module")
+def copying_eval(tmp_path_factory, index):
+    """A prompted eval (Act and Standard, the paper's exemplars, bm25) of four questions by a
+    scripted teacher (a stand-in server): the first, whose gold answer is yes, answered yes (a right
+    copy of the last exemplar's answer); the second answered yes (a wrong copy); the third answered
+    the first exemplar's answer (a wrong copy of another exemplar); the fourth answered right."""
+    from pipeline.tasks.hotpotqa.questions import load_question_set
+
+    pool = load_question_set("offline-eval")
+    yes = next(q for q in pool if q.answer == "yes")
+    others = [q for q in pool if q.answer.lower() not in ("yes", "no")][:3]
+    questions = [yes, *others]
+    answers = {others[0].question: "yes", others[1].question: "1,800 to 7,000 ft"}
+    out = tmp_path_factory.mktemp("eval") / "copying-prompt"
+    with FakeOpenAI(model="copier") as server:
+        server.replies = ScriptedTeacher(questions, answers=answers)
+        proc = run_pipeline("eval", "model.backend=openai", "model.model=copier", f"model.base_url={server.url}/v1",
+                            "size_class=270m", "params_b=0.27", f"questions={write_questions(out.parent / 'q.jsonl', questions)}",
+                            f"wiki.index={index}", "wiki.search=bm25", "prompting.exemplars=paper",
+                            f"out_dir={out}", "methods=[act,standard]")
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def test_a_prompted_eval_folders_copies_are_counted_per_method(copying_eval):
+    act, standard = folder_copies(copying_eval)
+    for c in (act, standard):
+        assert (c.n, c.right, c.as_last, c.as_last_right, c.as_any, c.as_any_right, c.right_without_copies) == \
+            (4, 2, 2, 1, 3, 1, 1), c
+    assert act.last == "yes" and standard.last == "Yes"  # as each format's exemplars write it
+    table = copies_markdown([("copying-prompt", act)])
+    assert "| copying-prompt | act | 4 | 50.0 | yes | 2 | 1 | 3 | 1 | 25.0 |" in table
+
+
+def test_the_command_refuses_what_it_cannot_read_in_one_line(copying_eval, tmp_path):
+    """A fine-tuned eval (no exemplars), an unfinished one, a missing folder: exit 2, one line."""
+    def refused(folder) -> str:
+        proc = copies_cli(str(folder))
+        assert proc.returncode == 2 and proc.stdout == "", (proc.returncode, proc.stdout, proc.stderr)
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+        return lines[0]
+
+    manifest = json.loads((copying_eval / "manifest.json").read_text())
+    for name, changes, expected in (("tuned", {"mode": "finetune"}, "only a prompted one has exemplars"),
+                                    ("unfinished", {"complete": False}, "incomplete")):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "manifest.json").write_text(json.dumps({**manifest, **changes}))
+        assert expected in refused(folder)
+    assert "no manifest" in refused(tmp_path / "nothing-here")
+    ok = copies_cli(str(copying_eval))
+    assert ok.returncode == 0 and "| copying-prompt | standard | 4 | 50.0 | Yes |" in ok.stdout, ok.stderr
