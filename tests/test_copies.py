@@ -32,12 +32,12 @@ def test_the_exemplar_answers_of_each_shipped_set_in_prompt_order():
     assert exemplar_answers(load_prompt("act", "ours").exemplars)[-1] == "1948"  # the title mode's set too
 
 
-@pytest.fixture(scope="module")
-def copying_eval(tmp_path_factory, index):
-    """A prompted eval (Act and Standard, the paper's exemplars, bm25) of four questions by a
-    scripted teacher (a stand-in server): the first, whose gold answer is yes, answered yes (a right
-    copy of the last exemplar's answer); the second answered yes (a wrong copy); the third answered
-    the first exemplar's answer (a wrong copy of another exemplar); the fourth answered right."""
+def copying_run(stage: str, out, index):
+    """A prompted `eval` or `generate` (Act and Standard, the paper's exemplars, bm25) of four
+    questions by a scripted teacher (a stand-in server): the first, whose gold answer is yes,
+    answered yes (a right copy of the last exemplar's answer); the second answered yes (a wrong
+    copy); the third answered the first exemplar's answer (a wrong copy of another exemplar); the
+    fourth answered right."""
     from pipeline.tasks.hotpotqa.questions import load_question_set
 
     pool = load_question_set("offline-eval")
@@ -45,15 +45,21 @@ def copying_eval(tmp_path_factory, index):
     others = [q for q in pool if q.answer.lower() not in ("yes", "no")][:3]
     questions = [yes, *others]
     answers = {others[0].question: "yes", others[1].question: "1,800 to 7,000 ft"}
-    out = tmp_path_factory.mktemp("eval") / "copying-prompt"
+    model = {"eval": ("model", "size_class=270m", "params_b=0.27"), "generate": ("teacher",)}[stage]
     with FakeOpenAI(model="copier") as server:
         server.replies = ScriptedTeacher(questions, answers=answers)
-        proc = run_pipeline("eval", "model.backend=openai", "model.model=copier", f"model.base_url={server.url}/v1",
-                            "size_class=270m", "params_b=0.27", f"questions={write_questions(out.parent / 'q.jsonl', questions)}",
+        proc = run_pipeline(stage, f"{model[0]}.backend=openai", f"{model[0]}.model=copier",
+                            f"{model[0]}.base_url={server.url}/v1", *model[1:],
+                            f"questions={write_questions(out.parent / 'q.jsonl', questions)}",
                             f"wiki.index={index}", "wiki.search=bm25", "prompting.exemplars=paper",
                             f"out_dir={out}", "methods=[act,standard]")
     assert proc.returncode == 0, proc.stderr
     return out
+
+
+@pytest.fixture(scope="module")
+def copying_eval(tmp_path_factory, index):
+    return copying_run("eval", tmp_path_factory.mktemp("eval") / "copying-prompt", index)
 
 
 def test_a_prompted_eval_folders_copies_are_counted_per_method(copying_eval):
@@ -66,8 +72,17 @@ def test_a_prompted_eval_folders_copies_are_counted_per_method(copying_eval):
     assert "| copying-prompt | act | 4 | 50.0 | yes | 2 | 1 | 3 | 1 | 25.0 |" in table
 
 
+def test_a_prompted_teachers_generate_folder_is_read_the_same_way(tmp_path, index):
+    """The teacher's episodes (generate's folder): the same counts, so a report can say how many of
+    the rows a prompted teacher's data keeps are copies."""
+    act, standard = folder_copies(copying_run("generate", tmp_path / "generate", index))
+    for c in (act, standard):
+        assert (c.n, c.right, c.as_last, c.as_last_right, c.as_any, c.as_any_right) == (4, 2, 2, 1, 3, 1), c
+
+
 def test_the_command_refuses_what_it_cannot_read_in_one_line(copying_eval, tmp_path):
-    """A fine-tuned eval (no exemplars), an unfinished one, a missing folder: exit 2, one line."""
+    """A fine-tuned eval (no exemplars), the oracle stand-in's generate run, an unfinished one, a
+    missing folder: exit 2, one line."""
     def refused(folder) -> str:
         proc = copies_cli(str(folder))
         assert proc.returncode == 2 and proc.stdout == "", (proc.returncode, proc.stdout, proc.stderr)
@@ -76,7 +91,9 @@ def test_the_command_refuses_what_it_cannot_read_in_one_line(copying_eval, tmp_p
         return lines[0]
 
     manifest = json.loads((copying_eval / "manifest.json").read_text())
+    oracle = {"stage": "generate", "config": {**manifest["config"], "oracle": "agent"}}
     for name, changes, expected in (("tuned", {"mode": "finetune"}, "only a prompted one has exemplars"),
+                                    ("oracle", oracle, "only a prompted one has exemplars"),
                                     ("unfinished", {"complete": False}, "incomplete")):
         folder = tmp_path / name
         folder.mkdir()

@@ -6,6 +6,7 @@ method of a prompted eval folder: how many predictions are the last exemplar's a
 are any exemplar's answer, how many of those were right, and the EM left without them.
 
     python -m pipeline.report.copies runs/<experiment>/eval/<model>-prompt [more eval folders]
+    python -m pipeline.report.copies runs/<experiment>/generate      # a prompted teacher's episodes
 
 A prediction counts as a copy when it matches an exemplar's answer by the task's own exact match
 (HotpotQA's normalisation: case, articles, punctuation), the same test the gold answer gets.
@@ -67,14 +68,16 @@ def count_copies(records: list[dict], answers: list[str], task: Task, method: st
 
 
 def folder_copies(folder: Path) -> list[Copies]:
-    """Each method of one prompted eval folder (its manifest says the exemplars, mode and task)."""
+    """Each method of one prompted eval folder, or of a generate folder of a prompted teacher (its
+    manifest says the exemplars, the search mode and the task)."""
     from pipeline.methods import FORMATS_USED
     from pipeline.methods.prompts import load_prompt
 
-    manifest = require_complete(folder / "manifest.json", f"eval folder {folder}")
+    manifest = require_complete(folder / "manifest.json", f"eval or generate folder {folder}")
     config = manifest.get("config") or {}
-    if manifest.get("mode") != "prompt":
-        raise PipelineError(f"{folder}: a {manifest.get('mode')} eval; only a prompted one has exemplars to copy")
+    if not prompted_with_exemplars(manifest):
+        raise PipelineError(f"{folder}: not a prompted model's eval or generate run; only a prompted one has "
+                            "exemplars to copy")
     task = get_task(manifest.get("task"))
     exemplars = config["prompting"]["exemplars"]
     search = (config.get("wiki") or {}).get("search", "title")
@@ -86,6 +89,15 @@ def folder_copies(folder: Path) -> list[Copies]:
         prefix = load_prompt(FORMATS_USED[method][-1], exemplars, task=task, search=search)
         out.append(count_copies(read_jsonl(path), exemplar_answers(prefix.exemplars), task, method))
     return out
+
+
+def prompted_with_exemplars(manifest: dict) -> bool:
+    """An eval of a prompted model, or a generate run whose teacher is a model prompted few-shot
+    (not the oracle stand-in, not zero-shot)."""
+    config = manifest.get("config") or {}
+    if manifest.get("stage") == "generate":
+        return config.get("oracle") is None and (config.get("prompting") or {}).get("style") == "prompt"
+    return manifest.get("mode") == "prompt"
 
 
 def copies_markdown(rows: list[tuple[str, Copies]]) -> str:
@@ -100,7 +112,7 @@ def copies_markdown(rows: list[tuple[str, Copies]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline.report.copies", description=__doc__.split("\n\n")[0])
-    parser.add_argument("folders", nargs="+", type=Path, help="prompted eval folders (each with manifest.json)")
+    parser.add_argument("folders", nargs="+", type=Path, help="eval folders of prompted models, or generate folders of prompted teachers (each with manifest.json)")
     args = parser.parse_args(argv)
 
     def report() -> int:
