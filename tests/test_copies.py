@@ -1,5 +1,5 @@
-"""pipeline/report/copies.py: the answers a prompted eval copied from its exemplars, read from a
-real eval folder (the eval CLI against a scripted teacher on a stand-in server, labelled as such:
+"""pipeline/report/copies.py: the answers an eval or a teacher said again (the one said most, and
+a prompted model's copies of its exemplars' answers), read from a real eval folder (the eval CLI against a scripted teacher on a stand-in server, labelled as such:
 it answers what the test tells it to, so the copies are known) over the real 26k-page index in
 the retriever mode, with the paper's exemplars as this mode ships them."""
 
@@ -62,27 +62,45 @@ def copying_eval(tmp_path_factory, index):
     return copying_run("eval", tmp_path_factory.mktemp("eval") / "copying-prompt", index)
 
 
+def counts(c) -> tuple:
+    return (c.n, c.right, c.most.answer, c.most.times, c.most.right, c.last.times, c.last.right,
+            c.any.times, c.any.right, c.right_without_copies)
+
+
 def test_a_prompted_eval_folders_copies_are_counted_per_method(copying_eval):
     act, standard = folder_copies(copying_eval)
-    for c in (act, standard):
-        assert (c.n, c.right, c.as_last, c.as_last_right, c.as_any, c.as_any_right, c.right_without_copies) == \
-            (4, 2, 2, 1, 3, 1, 1), c
-    assert act.last == "yes" and standard.last == "Yes"  # as each format's exemplars write it
+    assert counts(act) == (4, 2, "yes", 2, 1, 2, 1, 3, 1, 1), act
+    assert counts(standard) == (4, 2, "yes", 2, 1, 2, 1, 3, 1, 1), standard
+    assert act.last.answer == "yes" and standard.last.answer == "Yes"  # as each format's exemplars write it
     table = copies_markdown([("copying-prompt", act)])
-    assert "| copying-prompt | act | 4 | 50.0 | yes | 2 | 1 | 3 | 1 | 25.0 |" in table
+    assert "| copying-prompt | act | 4 | 50.0 | 'yes' 2 | 1 | 'yes' 2 | 1 | 3 | 1 | 25.0 |" in table
 
 
 def test_a_prompted_teachers_generate_folder_is_read_the_same_way(tmp_path, index):
     """The teacher's episodes (generate's folder): the same counts, so a report can say how many of
     the rows a prompted teacher's data keeps are copies."""
-    act, standard = folder_copies(copying_run("generate", tmp_path / "generate", index))
-    for c in (act, standard):
-        assert (c.n, c.right, c.as_last, c.as_last_right, c.as_any, c.as_any_right) == (4, 2, 2, 1, 3, 1), c
+    for c in folder_copies(copying_run("generate", tmp_path / "generate", index)):
+        assert counts(c) == (4, 2, "yes", 2, 1, 2, 1, 3, 1, 1), c
+
+
+def test_a_folder_without_exemplars_gets_the_answer_said_most_alone(copying_eval, tmp_path):
+    """A fine-tuned student's eval (zero-shot: no exemplars) or the stand-in's generate run: the
+    answer said most is counted, the exemplar columns are dashes."""
+    manifest = json.loads((copying_eval / "manifest.json").read_text())
+    for name, changes in (("tuned", {"mode": "finetune"}),
+                          ("oracle", {"stage": "generate", "config": {**manifest["config"], "oracle": "agent"}})):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "manifest.json").write_text(json.dumps({**manifest, **changes}))
+        for method in ("act", "standard"):
+            (folder / f"{method}.jsonl").write_bytes((copying_eval / f"{method}.jsonl").read_bytes())
+        act = folder_copies(folder)[0]
+        assert (act.most.answer, act.most.times, act.most.right, act.last, act.any) == ("yes", 2, 1, None, None)
+        assert f"| {name} | act | 4 | 50.0 | 'yes' 2 | 1 | – | – | – | – | – |" in copies_markdown([(name, act)])
 
 
 def test_the_command_refuses_what_it_cannot_read_in_one_line(copying_eval, tmp_path):
-    """A fine-tuned eval (no exemplars), the oracle stand-in's generate run, an unfinished one, a
-    missing folder: exit 2, one line."""
+    """An unfinished run, a missing folder, a listed method without records: exit 2, one line."""
     def refused(folder) -> str:
         proc = copies_cli(str(folder))
         assert proc.returncode == 2 and proc.stdout == "", (proc.returncode, proc.stdout, proc.stderr)
@@ -91,14 +109,12 @@ def test_the_command_refuses_what_it_cannot_read_in_one_line(copying_eval, tmp_p
         return lines[0]
 
     manifest = json.loads((copying_eval / "manifest.json").read_text())
-    oracle = {"stage": "generate", "config": {**manifest["config"], "oracle": "agent"}}
-    for name, changes, expected in (("tuned", {"mode": "finetune"}, "only a prompted one has exemplars"),
-                                    ("oracle", oracle, "only a prompted one has exemplars"),
-                                    ("unfinished", {"complete": False}, "incomplete")):
-        folder = tmp_path / name
+    unfinished, no_records = tmp_path / "unfinished", tmp_path / "no-records"
+    for folder, changes in ((unfinished, {"complete": False}), (no_records, {})):
         folder.mkdir()
         (folder / "manifest.json").write_text(json.dumps({**manifest, **changes}))
-        assert expected in refused(folder)
+    assert "incomplete" in refused(unfinished)
+    assert "act.jsonl: no records of act" in refused(no_records)
     assert "no manifest" in refused(tmp_path / "nothing-here")
     ok = copies_cli(str(copying_eval))
-    assert ok.returncode == 0 and "| copying-prompt | standard | 4 | 50.0 | Yes |" in ok.stdout, ok.stderr
+    assert ok.returncode == 0 and "| copying-prompt | standard | 4 | 50.0 | 'yes' 2 | 1 | 'Yes' 2 | 1 | 3 | 1 | 25.0 |" in ok.stdout, ok.stderr

@@ -1,15 +1,18 @@
-"""Answers copied from the prompt's exemplars: how much of a prompted model's EM is an exemplar's
-own answer said again. A small prompted model often ends every episode with the answer of the
-exemplar nearest the question (the last one), whatever it read: with the paper's exemplars,
-whose last answer is "yes", that scores on every yes question it meets. This table says, per
-method of a prompted eval folder: how many predictions are the last exemplar's answer, how many
-are any exemplar's answer, how many of those were right, and the EM left without them.
+"""Answers said again: how much of a model's EM is one answer repeated. A small prompted model
+often ends every episode with the answer of the exemplar nearest the question (the last one),
+whatever it read: with the paper's exemplars, whose last answer is "yes", that scores on every yes
+question it meets; a student trained on such a teacher's right episodes may say yes to all. This
+table says, per method of an eval or generate folder: the answer said most (any folder: a
+fine-tuned student collapsed onto one answer shows there), and where the prompts carried exemplars
+how many predictions are the last exemplar's answer, how many are any exemplar's answer, how many
+of those were right, and the EM left without them.
 
     python -m pipeline.report.copies runs/<experiment>/eval/<model>-prompt [more eval folders]
-    python -m pipeline.report.copies runs/<experiment>/generate      # a prompted teacher's episodes
+    python -m pipeline.report.copies runs/<experiment>/generate      # a teacher's episodes
 
 A prediction counts as a copy when it matches an exemplar's answer by the task's own exact match
-(HotpotQA's normalisation: case, articles, punctuation), the same test the gold answer gets.
+(HotpotQA's normalisation: case, articles, punctuation), the same test the gold answer gets; the
+answer said most is counted by the same normalisation.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,56 +42,76 @@ def exemplar_answers(exemplars_text: str) -> list[str]:
 
 
 @dataclass(frozen=True)
+class Said:
+    """One answer and how often a method's records said it."""
+
+    answer: str
+    times: int
+    right: int  # of those, EM = 1
+
+
+@dataclass(frozen=True)
 class Copies:
     method: str
     n: int
     right: int  # EM = 1
-    last: str  # the last exemplar's answer
-    as_last: int  # predictions that are the last exemplar's answer
-    as_last_right: int
-    as_any: int  # predictions that are any exemplar's answer (the last included)
-    as_any_right: int
+    most: Said | None  # the answer said most (a fine-tuned student collapsed onto one shows here too)
+    last: Said | None  # the last exemplar's answer (None: no exemplars in its prompts)
+    any: Said | None  # any exemplar's answer, the last included (answer: how many exemplars)
 
     @property
     def right_without_copies(self) -> int:
-        return self.right - self.as_any_right
+        return self.right - (self.any.right if self.any else 0)
 
 
 def count_copies(records: list[dict], answers: list[str], task: Task, method: str) -> Copies:
-    """The copies among one method's records, against its prompt's exemplar answers."""
-    if not answers:
-        raise PipelineError(f"{method}: its exemplars hold no answer to compare with")
+    """The copies among one method's records, against its prompts' exemplar answers (none: a
+    zero-shot student's or the stand-in's records, whose most said answer is still counted)."""
+
+    def said(answer: str, hits: list[dict]) -> Said:
+        return Said(answer, len(hits), sum(r["em"] == 1.0 for r in hits))
 
     def matches(prediction: str | None, answer: str) -> bool:
         return prediction is not None and task.scores(prediction, answer)["em"] == 1.0
 
-    last = [r for r in records if matches(r.get("prediction"), answers[-1])]
-    any_ = [r for r in records if any(matches(r.get("prediction"), a) for a in answers)]
-    return Copies(method, len(records), sum(r["em"] == 1.0 for r in records), answers[-1],
-                  len(last), sum(r["em"] == 1.0 for r in last), len(any_), sum(r["em"] == 1.0 for r in any_))
+    counted = Counter(task.normalize(r["prediction"]) for r in records if r.get("prediction") is not None)
+    most = None
+    if counted:
+        top = counted.most_common(1)[0][0]
+        said_as = next(r["prediction"] for r in records if r.get("prediction") is not None
+                       and task.normalize(r["prediction"]) == top)
+        most = said(said_as, [r for r in records if r.get("prediction") is not None
+                              and task.normalize(r["prediction"]) == top])
+    last = any_ = None
+    if answers:
+        last = said(answers[-1], [r for r in records if matches(r.get("prediction"), answers[-1])])
+        any_ = said(f"{len(answers)} exemplars'",
+                    [r for r in records if any(matches(r.get("prediction"), a) for a in answers)])
+    return Copies(method, len(records), sum(r["em"] == 1.0 for r in records), most, last, any_)
 
 
 def folder_copies(folder: Path) -> list[Copies]:
-    """Each method of one prompted eval folder, or of a generate folder of a prompted teacher (its
-    manifest says the exemplars, the search mode and the task)."""
+    """Each method of an eval or generate folder (its manifest says the exemplars, the search mode
+    and the task); the exemplar columns only where a model was prompted with exemplars."""
     from pipeline.methods import FORMATS_USED
     from pipeline.methods.prompts import load_prompt
 
     manifest = require_complete(folder / "manifest.json", f"eval or generate folder {folder}")
     config = manifest.get("config") or {}
-    if not prompted_with_exemplars(manifest):
-        raise PipelineError(f"{folder}: not a prompted model's eval or generate run; only a prompted one has "
-                            "exemplars to copy")
     task = get_task(manifest.get("task"))
-    exemplars = config["prompting"]["exemplars"]
     search = (config.get("wiki") or {}).get("search", "title")
     out = []
-    for method in config["methods"]:
+    for method in config.get("methods") or []:
         path = folder / f"{method}.jsonl"
         if not path.is_file():
             raise PipelineError(f"{path}: no records of {method}; the folder's manifest lists it")
-        prefix = load_prompt(FORMATS_USED[method][-1], exemplars, task=task, search=search)
-        out.append(count_copies(read_jsonl(path), exemplar_answers(prefix.exemplars), task, method))
+        answers = []
+        if prompted_with_exemplars(manifest):
+            prefix = load_prompt(FORMATS_USED[method][-1], config["prompting"]["exemplars"], task=task, search=search)
+            answers = exemplar_answers(prefix.exemplars)
+        out.append(count_copies(read_jsonl(path), answers, task, method))
+    if not out:
+        raise PipelineError(f"{folder}: its manifest lists no method; is it an eval or generate folder?")
     return out
 
 
@@ -101,18 +125,24 @@ def prompted_with_exemplars(manifest: dict) -> bool:
 
 
 def copies_markdown(rows: list[tuple[str, Copies]]) -> str:
-    lines = ["| eval | method | n | EM % | last exemplar's answer | said as the answer | of them right | "
-             "any exemplar's answer | of them right | EM % without copies |",
-             "|---|---|---:|---:|---|---:|---:|---:|---:|---:|"]
+    def cell(said: Said | None, what: str) -> str:
+        return "– | –" if said is None else f"{what}{said.times} | {said.right}"
+
+    lines = ["| run | method | n | EM % | the answer said most: times | of them right | "
+             "the last exemplar's answer: times | of them right | any exemplar's answer: times | of them right | "
+             "EM % without copies |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, c in rows:
-        lines.append(f"| {name} | {c.method} | {c.n} | {100 * c.right / c.n:.1f} | {c.last} | {c.as_last} | "
-                     f"{c.as_last_right} | {c.as_any} | {c.as_any_right} | {100 * c.right_without_copies / c.n:.1f} |")
+        without = "–" if c.any is None else f"{100 * c.right_without_copies / c.n:.1f}"
+        lines.append(f"| {name} | {c.method} | {c.n} | {100 * c.right / c.n:.1f} | "
+                     f"{cell(c.most, f'{c.most.answer!r} ' if c.most else '')} | "
+                     f"{cell(c.last, f'{c.last.answer!r} ' if c.last else '')} | {cell(c.any, '')} | {without} |")
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline.report.copies", description=__doc__.split("\n\n")[0])
-    parser.add_argument("folders", nargs="+", type=Path, help="eval folders of prompted models, or generate folders of prompted teachers (each with manifest.json)")
+    parser.add_argument("folders", nargs="+", type=Path, help="eval or generate folders (each with manifest.json)")
     args = parser.parse_args(argv)
 
     def report() -> int:
