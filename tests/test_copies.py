@@ -63,15 +63,15 @@ def copying_eval(tmp_path_factory, index):
 
 
 def counts(c) -> tuple:
-    return (c.n, c.right, c.most.answer, c.most.times, c.most.right, c.last.times, c.last.right,
-            c.any.times, c.any.right, c.right_without_copies)
+    return (c.n, c.right, c.most.answer, c.most.times, c.most.right, c.last_exemplar.times, c.last_exemplar.right,
+            c.any_exemplar.times, c.any_exemplar.right, c.right_without_copies)
 
 
 def test_a_prompted_eval_folders_copies_are_counted_per_method(copying_eval):
     act, standard = folder_copies(copying_eval)
     assert counts(act) == (4, 2, "yes", 2, 1, 2, 1, 3, 1, 1), act
     assert counts(standard) == (4, 2, "yes", 2, 1, 2, 1, 3, 1, 1), standard
-    assert act.last.answer == "yes" and standard.last.answer == "Yes"  # as each format's exemplars write it
+    assert act.last_exemplar.answer == "yes" and standard.last_exemplar.answer == "Yes"  # as each format's exemplars write it
     table = copies_markdown([("copying-prompt", act)])
     assert "| copying-prompt | act | 4 | 50.0 | 'yes' 2 | 1 | 'yes' 2 | 1 | 3 | 1 | 25.0 |" in table
 
@@ -95,7 +95,7 @@ def test_a_folder_without_exemplars_gets_the_answer_said_most_alone(copying_eval
         for method in ("act", "standard"):
             (folder / f"{method}.jsonl").write_bytes((copying_eval / f"{method}.jsonl").read_bytes())
         act = folder_copies(folder)[0]
-        assert (act.most.answer, act.most.times, act.most.right, act.last, act.any) == ("yes", 2, 1, None, None)
+        assert (act.most.answer, act.most.times, act.most.right, act.last_exemplar, act.any_exemplar) == ("yes", 2, 1, None, None)
         assert f"| {name} | act | 4 | 50.0 | 'yes' 2 | 1 | – | – | – | – | – |" in copies_markdown([(name, act)])
 
 

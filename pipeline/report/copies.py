@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from collections import Counter
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,17 +56,17 @@ class Copies:
     n: int
     right: int  # EM = 1
     most: Said | None  # the answer said most (a fine-tuned student collapsed onto one shows here too)
-    last: Said | None  # the last exemplar's answer (None: no exemplars in its prompts)
-    any: Said | None  # any exemplar's answer, the last included (answer: how many exemplars)
+    last_exemplar: Said | None  # the last exemplar's answer (None: no exemplars in its prompts)
+    any_exemplar: Said | None  # any exemplar's answer, the last included
 
     @property
     def right_without_copies(self) -> int:
-        return self.right - (self.any.right if self.any else 0)
+        return self.right - (self.any_exemplar.right if self.any_exemplar else 0)
 
 
 def count_copies(records: list[dict], answers: list[str], task: Task, method: str) -> Copies:
     """The copies among one method's records, against its prompts' exemplar answers (none: a
-    zero-shot student's or the stand-in's records, whose most said answer is still counted)."""
+    zero-shot student's or the stand-in's records, whose answer said most is still counted)."""
 
     def said(answer: str, hits: list[dict]) -> Said:
         return Said(answer, len(hits), sum(r["em"] == 1.0 for r in hits))
@@ -74,19 +74,18 @@ def count_copies(records: list[dict], answers: list[str], task: Task, method: st
     def matches(prediction: str | None, answer: str) -> bool:
         return prediction is not None and task.scores(prediction, answer)["em"] == 1.0
 
-    counted = Counter(task.normalize(r["prediction"]) for r in records if r.get("prediction") is not None)
+    by_answer: dict[str, list[dict]] = defaultdict(list)  # normalised answer -> its records, first seen first
+    for r in records:
+        if r.get("prediction") is not None:
+            by_answer[task.normalize(r["prediction"])].append(r)
     most = None
-    if counted:
-        top = counted.most_common(1)[0][0]
-        said_as = next(r["prediction"] for r in records if r.get("prediction") is not None
-                       and task.normalize(r["prediction"]) == top)
-        most = said(said_as, [r for r in records if r.get("prediction") is not None
-                              and task.normalize(r["prediction"]) == top])
+    if by_answer:
+        hits = max(by_answer.values(), key=len)  # a tie: the answer seen first
+        most = said(hits[0]["prediction"], hits)
     last = any_ = None
     if answers:
         last = said(answers[-1], [r for r in records if matches(r.get("prediction"), answers[-1])])
-        any_ = said(f"{len(answers)} exemplars'",
-                    [r for r in records if any(matches(r.get("prediction"), a) for a in answers)])
+        any_ = said("any", [r for r in records if any(matches(r.get("prediction"), a) for a in answers)])
     return Copies(method, len(records), sum(r["em"] == 1.0 for r in records), most, last, any_)
 
 
@@ -125,18 +124,20 @@ def prompted_with_exemplars(manifest: dict) -> bool:
 
 
 def copies_markdown(rows: list[tuple[str, Copies]]) -> str:
-    def cell(said: Said | None, what: str) -> str:
-        return "– | –" if said is None else f"{what}{said.times} | {said.right}"
+    def cell(said: Said | None, named: bool = True) -> str:
+        return "– | –" if said is None else f"{f'{said.answer!r} ' if named else ''}{said.times} | {said.right}"
+
+    def share(count: int, n: int) -> str:
+        return f"{100 * count / n:.1f}" if n else "–"
 
     lines = ["| run | method | n | EM % | the answer said most: times | of them right | "
              "the last exemplar's answer: times | of them right | any exemplar's answer: times | of them right | "
              "EM % without copies |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, c in rows:
-        without = "–" if c.any is None else f"{100 * c.right_without_copies / c.n:.1f}"
-        lines.append(f"| {name} | {c.method} | {c.n} | {100 * c.right / c.n:.1f} | "
-                     f"{cell(c.most, f'{c.most.answer!r} ' if c.most else '')} | "
-                     f"{cell(c.last, f'{c.last.answer!r} ' if c.last else '')} | {cell(c.any, '')} | {without} |")
+        without = "–" if c.any_exemplar is None else share(c.right_without_copies, c.n)
+        lines.append(f"| {name} | {c.method} | {c.n} | {share(c.right, c.n)} | {cell(c.most)} | "
+                     f"{cell(c.last_exemplar)} | {cell(c.any_exemplar, named=False)} | {without} |")
     return "\n".join(lines) + "\n"
 
 
