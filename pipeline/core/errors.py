@@ -47,6 +47,8 @@ def os_error_message(exc: OSError, path: str | os.PathLike | None = None) -> str
     hint = _OS_ERROR_HINTS.get(exc.errno)
     text = f"{reason}: {hint}" if hint else reason
     return f"{where}: {text}" if where is not None else text
+
+
 def one_line_errors(run: Callable[[], int]) -> int:
     """A command's entrance: `run()`'s exit code, or for bad input (PipelineError) and what the
     operating system refuses (OSError) one `error:` line on stderr and exit 2, never a traceback."""

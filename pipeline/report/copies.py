@@ -10,9 +10,9 @@ of those were right, and the EM left without them.
     python -m pipeline.report.copies runs/<experiment>/eval/<model>-prompt [more eval folders]
     python -m pipeline.report.copies runs/<experiment>/generate      # a teacher's episodes
 
-A prediction counts as a copy when it matches an exemplar's answer by the task's own exact match
-(HotpotQA's normalisation: case, articles, punctuation), the same test the gold answer gets; the
-answer said most is counted by the same normalisation.
+A prediction counts as a copy when it matches an exemplar's answer in the form the task compares
+answers in (`Task.normalize`, HotpotQA's: case, articles, punctuation), the test its exact match
+puts the gold answer to; the answer said most is counted in the same form.
 """
 
 from __future__ import annotations
@@ -71,9 +71,7 @@ def count_copies(records: list[dict], answers: list[str], task: Task, method: st
     def said(answer: str, hits: list[dict]) -> Said:
         return Said(answer, len(hits), sum(r["em"] == 1.0 for r in hits))
 
-    def matches(prediction: str | None, answer: str) -> bool:
-        return prediction is not None and task.scores(prediction, answer)["em"] == 1.0
-
+    # each prediction in the form the task compares answers in (its exact match), once
     by_answer: dict[str, list[dict]] = defaultdict(list)  # normalised answer -> its records, first seen first
     for r in records:
         if r.get("prediction") is not None:
@@ -84,8 +82,9 @@ def count_copies(records: list[dict], answers: list[str], task: Task, method: st
         most = said(hits[0]["prediction"], hits)
     last = any_ = None
     if answers:
-        last = said(answers[-1], [r for r in records if matches(r.get("prediction"), answers[-1])])
-        any_ = said("any", [r for r in records if any(matches(r.get("prediction"), a) for a in answers)])
+        last = said(answers[-1], by_answer.get(task.normalize(answers[-1]), []))
+        exemplars = dict.fromkeys(task.normalize(a) for a in answers)  # two exemplars may share an answer
+        any_ = said("any", [r for key in exemplars for r in by_answer.get(key, [])])
     return Copies(method, len(records), sum(r["em"] == 1.0 for r in records), most, last, any_)
 
 
